@@ -1,0 +1,363 @@
+//! The event log's plumbing: connecting to NATS, creating and reconciling the
+//! JetStream streams, and publishing with a dedup id, W3C trace context and
+//! the event type header, awaiting JetStream's ack.
+
+use std::time::Duration;
+
+use async_nats::HeaderMap;
+use async_nats::jetstream::{self, message::PublishMessage, stream};
+use bytes::Bytes;
+use prost::Message as _;
+use runyard_events::{Event, Namespace, event_type};
+
+mod trace;
+pub use trace::{TraceParent, traceparent_for};
+
+/// Header carrying the event type (`JobObserved`, ...).
+pub const EVENT_TYPE_HEADER: &str = "Runyard-Event-Type";
+/// W3C trace context header.
+pub const TRACEPARENT_HEADER: &str = "traceparent";
+
+/// Errors talking to NATS.
+#[derive(Debug, thiserror::Error)]
+pub enum BusError {
+    /// The client is not connected; nothing was sent.
+    #[error("not connected to nats")]
+    Disconnected,
+    /// The server did not acknowledge in time; the message may or may not be
+    /// stored (a retry with the same id is safe).
+    #[error("no acknowledgement from jetstream within {0:?}")]
+    AckTimeout(Duration),
+    /// The message is larger than the server accepts.
+    #[error("message of {0} bytes exceeds the server's max_payload")]
+    TooLarge(usize),
+    /// Any other failure of a publish or stream operation.
+    #[error("{context}: {source}")]
+    Nats {
+        /// What was being done.
+        context: &'static str,
+        /// The client's error.
+        #[source]
+        source: async_nats::Error,
+    },
+    /// Could not connect at all.
+    #[error("connecting to {url}: {source}")]
+    Connect {
+        /// Where.
+        url: String,
+        /// Why.
+        #[source]
+        source: async_nats::ConnectError,
+    },
+}
+
+/// How long streams keep what they hold, and the dedup window.
+#[derive(Debug, Clone)]
+pub struct StreamSettings {
+    /// `<NS>_EVENTS` retention by age (default 90 days).
+    pub events_max_age: Duration,
+    /// `<NS>_RAW` retention by age (default 7 days).
+    pub raw_max_age: Duration,
+    /// Duplicate window of both streams (default 24 h, capped at each
+    /// stream's max age).
+    pub duplicate_window: Duration,
+    /// Replicas (1 on a single server, 3 on a cluster).
+    pub replicas: usize,
+}
+
+impl Default for StreamSettings {
+    fn default() -> Self {
+        Self {
+            events_max_age: Duration::from_secs(90 * 24 * 3600),
+            raw_max_age: Duration::from_secs(7 * 24 * 3600),
+            duplicate_window: Duration::from_secs(24 * 3600),
+            replicas: 1,
+        }
+    }
+}
+
+/// What JetStream said about a stored message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stored {
+    /// Stream sequence.
+    pub sequence: u64,
+    /// True when the id was already in the dedup window.
+    pub duplicate: bool,
+}
+
+/// One message to publish.
+#[derive(Debug, Clone)]
+pub struct Outgoing {
+    /// Subject.
+    pub subject: String,
+    /// `Nats-Msg-Id`: the dedup id.
+    pub id: String,
+    /// Extra headers (the raw delivery's headers, the event type, ...).
+    pub headers: Vec<(String, String)>,
+    /// Body.
+    pub payload: Bytes,
+}
+
+/// A connection to the event log of one namespace.
+#[derive(Clone, Debug)]
+pub struct Bus {
+    client: async_nats::Client,
+    js: jetstream::Context,
+    ns: Namespace,
+    ack_timeout: Duration,
+}
+
+impl Bus {
+    /// Connects to `url`. With `wait_for_server`, a server that is down at
+    /// start is retried in the background instead of failing (the client
+    /// reports disconnected until it is up).
+    pub async fn connect(
+        url: &str,
+        ns: Namespace,
+        name: &str,
+        wait_for_server: bool,
+    ) -> Result<Self, BusError> {
+        let mut opts = async_nats::ConnectOptions::new()
+            .name(name)
+            .connection_timeout(Duration::from_secs(5))
+            // Reconnect forever with a capped back-off: a service must outlive
+            // a NATS restart without being restarted itself.
+            .max_reconnects(None)
+            .reconnect_delay_callback(|attempts| {
+                Duration::from_millis(
+                    (50 * 2u64.saturating_pow(attempts.min(10) as u32)).min(2_000),
+                )
+            })
+            .event_callback(|event| async move {
+                tracing::info!(%event, "nats connection event");
+            });
+        if wait_for_server {
+            opts = opts.retry_on_initial_connect();
+        }
+        let client = opts
+            .connect(url)
+            .await
+            .map_err(|source| BusError::Connect {
+                url: url.to_owned(),
+                source,
+            })?;
+        Ok(Self::from_client(client, ns))
+    }
+
+    /// Wraps an existing client.
+    pub fn from_client(client: async_nats::Client, ns: Namespace) -> Self {
+        let ack_timeout = Duration::from_secs(5);
+        let js = jetstream::ContextBuilder::new()
+            .timeout(ack_timeout)
+            .max_ack_inflight(8192)
+            .backpressure_on_inflight(true)
+            .build(client.clone());
+        Self {
+            client,
+            js,
+            ns,
+            ack_timeout,
+        }
+    }
+
+    /// Sets how long a publish waits for JetStream's ack.
+    pub fn with_ack_timeout(mut self, timeout: Duration) -> Self {
+        self.ack_timeout = timeout;
+        self.js = jetstream::ContextBuilder::new()
+            .timeout(timeout)
+            .max_ack_inflight(8192)
+            .backpressure_on_inflight(true)
+            .build(self.client.clone());
+        self
+    }
+
+    /// The namespace.
+    pub fn namespace(&self) -> &Namespace {
+        &self.ns
+    }
+
+    /// The underlying client.
+    pub fn client(&self) -> &async_nats::Client {
+        &self.client
+    }
+
+    /// The JetStream context.
+    pub fn jetstream(&self) -> &jetstream::Context {
+        &self.js
+    }
+
+    /// True while the client holds a connection.
+    pub fn is_connected(&self) -> bool {
+        self.client.connection_state() == async_nats::connection::State::Connected
+    }
+
+    /// The server's `max_payload`.
+    pub fn max_payload(&self) -> usize {
+        self.client.server_info().max_payload
+    }
+
+    /// Creates the namespace's streams, or brings an existing stream's
+    /// settings in line with `settings`. Safe to call from every replica on
+    /// every start.
+    pub async fn ensure_streams(&self, settings: &StreamSettings) -> Result<(), BusError> {
+        let config = |name: String, subject: String, max_age: Duration| stream::Config {
+            name,
+            subjects: vec![subject],
+            storage: stream::StorageType::File,
+            retention: stream::RetentionPolicy::Limits,
+            max_age,
+            duplicate_window: settings.duplicate_window.min(max_age),
+            num_replicas: settings.replicas,
+            allow_direct: true,
+            ..Default::default()
+        };
+        let events = config(
+            self.ns.events_stream(),
+            self.ns.all_events(),
+            settings.events_max_age,
+        );
+        let raw = config(
+            self.ns.raw_stream(),
+            self.ns.all_raw(),
+            settings.raw_max_age,
+        );
+        for wanted in [events, raw] {
+            self.reconcile_stream(wanted).await?;
+        }
+        Ok(())
+    }
+
+    async fn reconcile_stream(&self, wanted: stream::Config) -> Result<(), BusError> {
+        let mut existing = self
+            .js
+            .get_or_create_stream(wanted.clone())
+            .await
+            .map_err(|e| nats_err("creating stream", e))?;
+        let info = existing
+            .info()
+            .await
+            .map_err(|e| nats_err("reading stream info", e))?;
+        let have = &info.config;
+        let differs = have.subjects != wanted.subjects
+            || have.max_age != wanted.max_age
+            || have.duplicate_window != wanted.duplicate_window
+            || have.num_replicas != wanted.num_replicas
+            || have.allow_direct != wanted.allow_direct;
+        if differs {
+            tracing::info!(stream = %wanted.name, "updating stream settings");
+            // Keep server-assigned fields the update may not change.
+            let update = stream::Config {
+                storage: have.storage,
+                ..wanted
+            };
+            self.js
+                .update_stream(update)
+                .await
+                .map_err(|e| nats_err("updating stream", e))?;
+        }
+        Ok(())
+    }
+
+    /// True when both streams of the namespace exist (asks the server).
+    pub async fn streams_exist(&self) -> bool {
+        for name in [self.ns.events_stream(), self.ns.raw_stream()] {
+            let probe = tokio::time::timeout(Duration::from_secs(1), self.js.get_stream(&name));
+            match probe.await {
+                Ok(Ok(_)) => {}
+                _ => return false,
+            }
+        }
+        true
+    }
+
+    /// Publishes an event on its subject with `Nats-Msg-Id` = the event id,
+    /// `traceparent` and `Runyard-Event-Type`, and awaits the ack.
+    pub async fn publish_event(
+        &self,
+        event: &Event,
+        traceparent: &TraceParent,
+    ) -> Result<Stored, BusError> {
+        let outgoing = self.event_message(event, traceparent)?;
+        self.publish(outgoing).await
+    }
+
+    /// Encodes an event as an [`Outgoing`] message (subject from the body).
+    pub fn event_message(
+        &self,
+        event: &Event,
+        traceparent: &TraceParent,
+    ) -> Result<Outgoing, BusError> {
+        let subject = self.ns.subject_for(event).ok_or(BusError::Nats {
+            context: "routing event",
+            source: "event has no source or body".into(),
+        })?;
+        Ok(Outgoing {
+            subject,
+            id: event.id.clone(),
+            headers: vec![
+                (TRACEPARENT_HEADER.into(), traceparent.to_string()),
+                (EVENT_TYPE_HEADER.into(), event_type(event).into()),
+            ],
+            payload: Bytes::from(event.encode_to_vec()),
+        })
+    }
+
+    /// Publishes one message and awaits JetStream's ack (bounded by the ack
+    /// timeout). Fails fast when disconnected, so callers never wait on a
+    /// message sitting in the client's buffer.
+    pub async fn publish(&self, msg: Outgoing) -> Result<Stored, BusError> {
+        if !self.is_connected() {
+            return Err(BusError::Disconnected);
+        }
+        let mut headers = HeaderMap::new();
+        for (k, v) in &msg.headers {
+            headers.insert(k.as_str(), v.as_str());
+        }
+        let size = msg.payload.len();
+        // `headers` replaces the whole map, so it must come before
+        // `message_id`, which adds `Nats-Msg-Id` to it.
+        let publish = PublishMessage::build()
+            .headers(headers)
+            .payload(msg.payload)
+            .message_id(&msg.id);
+        let timeout = self.ack_timeout;
+        let fut = async {
+            let ack_future = self
+                .js
+                .send_publish(msg.subject, publish)
+                .await
+                .map_err(|e| classify_publish(e, size, timeout))?;
+            ack_future
+                .await
+                .map_err(|e| classify_publish(e, size, timeout))
+        };
+        let ack = tokio::time::timeout(timeout, fut)
+            .await
+            .map_err(|_| BusError::AckTimeout(timeout))??;
+        Ok(Stored {
+            sequence: ack.sequence,
+            duplicate: ack.duplicate,
+        })
+    }
+}
+
+fn classify_publish(
+    e: jetstream::context::PublishError,
+    size: usize,
+    timeout: Duration,
+) -> BusError {
+    use jetstream::context::PublishErrorKind as K;
+    match e.kind() {
+        K::TimedOut => BusError::AckTimeout(timeout),
+        K::MaxPayloadExceeded => BusError::TooLarge(size),
+        K::BrokenPipe => BusError::Disconnected,
+        _ => nats_err("publishing", e),
+    }
+}
+
+fn nats_err(context: &'static str, e: impl Into<async_nats::Error>) -> BusError {
+    BusError::Nats {
+        context,
+        source: e.into(),
+    }
+}

@@ -1,0 +1,123 @@
+//! W3C trace context (`traceparent`) carried in NATS headers, so one
+//! delivery's path through the services is one trace.
+
+use std::fmt;
+
+/// A parsed or freshly made `traceparent` value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TraceParent {
+    /// 16-byte trace id (never all zero).
+    pub trace_id: u128,
+    /// 8-byte id of the span that emitted this message (never zero).
+    pub span_id: u64,
+    /// Trace flags (`01` = sampled).
+    pub flags: u8,
+}
+
+impl TraceParent {
+    /// A new trace with a random id.
+    pub fn new_root() -> Self {
+        Self {
+            trace_id: nonzero_u128(),
+            span_id: nonzero_u64(),
+            flags: 1,
+        }
+    }
+
+    /// The same trace, a new span (this hop).
+    pub fn child(&self) -> Self {
+        Self {
+            span_id: nonzero_u64(),
+            ..*self
+        }
+    }
+
+    /// Parses version-00 `traceparent`; anything else is `None`.
+    pub fn parse(s: &str) -> Option<Self> {
+        let mut parts = s.trim().split('-');
+        let (v, t, p, f) = (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+        if parts.next().is_some() || v != "00" || t.len() != 32 || p.len() != 16 || f.len() != 2 {
+            return None;
+        }
+        let lower_hex = |s: &str| {
+            s.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        };
+        if !(lower_hex(t) && lower_hex(p) && lower_hex(f)) {
+            return None;
+        }
+        let trace_id = u128::from_str_radix(t, 16).ok()?;
+        let span_id = u64::from_str_radix(p, 16).ok()?;
+        let flags = u8::from_str_radix(f, 16).ok()?;
+        (trace_id != 0 && span_id != 0).then_some(Self {
+            trace_id,
+            span_id,
+            flags,
+        })
+    }
+}
+
+impl fmt::Display for TraceParent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "00-{:032x}-{:016x}-{:02x}",
+            self.trace_id, self.span_id, self.flags
+        )
+    }
+}
+
+/// Continues an incoming `traceparent` (a new span in the same trace), or
+/// starts a new trace when there is none or it is malformed.
+pub fn traceparent_for(incoming: Option<&str>) -> TraceParent {
+    incoming
+        .and_then(TraceParent::parse)
+        .map_or_else(TraceParent::new_root, |p| p.child())
+}
+
+fn nonzero_u128() -> u128 {
+    loop {
+        let v: u128 = rand::random();
+        if v != 0 {
+            return v;
+        }
+    }
+}
+
+fn nonzero_u64() -> u64 {
+    loop {
+        let v: u64 = rand::random();
+        if v != 0 {
+            return v;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn continues_a_valid_trace_with_a_new_span() {
+        let incoming = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let tp = traceparent_for(Some(incoming));
+        assert_eq!(tp.trace_id, 0x4bf92f3577b34da6a3ce929d0e0e4736);
+        assert_ne!(tp.span_id, 0x00f067aa0ba902b7);
+        assert_eq!(TraceParent::parse(&tp.to_string()), Some(tp));
+    }
+
+    #[test]
+    fn malformed_context_starts_a_new_trace() {
+        for bad in [
+            "",
+            "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+        ] {
+            assert_eq!(TraceParent::parse(bad), None, "{bad:?}");
+        }
+        let tp = traceparent_for(Some("garbage"));
+        assert_ne!(tp.trace_id, 0);
+    }
+}

@@ -1,0 +1,131 @@
+//! Process-wide chores every runyard binary does the same way: the rustls
+//! crypto provider, tracing (JSON or pretty), the Prometheus registry and its
+//! text exposition, and the shutdown signal.
+
+use std::io::IsTerminal;
+use std::sync::{Arc, Mutex};
+
+pub use prometheus_client;
+use prometheus_client::registry::Registry;
+
+/// Installs rustls' `ring` provider for the process. Must run before the first
+/// TLS connection (async-nats and reqwest panic otherwise); calling it twice is
+/// harmless.
+pub fn install_crypto_provider() {
+    // An `Err` means a provider is already installed, which is what we want.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    /// One JSON object per line (production).
+    Json,
+    /// Human-readable (a terminal).
+    Pretty,
+}
+
+impl LogFormat {
+    /// `RUNYARD_LOG_FORMAT` if set (`json` | `pretty`), else pretty on a TTY
+    /// and JSON otherwise.
+    pub fn from_env() -> Self {
+        match std::env::var("RUNYARD_LOG_FORMAT").ok().as_deref() {
+            Some("json") => Self::Json,
+            Some("pretty") => Self::Pretty,
+            _ if std::io::stderr().is_terminal() => Self::Pretty,
+            _ => Self::Json,
+        }
+    }
+}
+
+/// Initializes the global tracing subscriber from `RUST_LOG` (default `info`)
+/// and [`LogFormat::from_env`]. Logs go to stderr. A second call is a no-op.
+pub fn init_tracing() {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match LogFormat::from_env() {
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .try_init(),
+        LogFormat::Pretty => builder.try_init(),
+    };
+}
+
+/// A shareable Prometheus registry.
+#[derive(Clone, Debug, Default)]
+pub struct Metrics {
+    registry: Arc<Mutex<Registry>>,
+}
+
+impl Metrics {
+    /// A registry whose metric names get the `runyard_` prefix.
+    pub fn new() -> Self {
+        Self {
+            registry: Arc::new(Mutex::new(Registry::with_prefix("runyard"))),
+        }
+    }
+
+    /// Registers metrics; the closure gets the registry.
+    pub fn register(&self, f: impl FnOnce(&mut Registry)) {
+        let mut reg = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+        f(&mut reg);
+    }
+
+    /// The Prometheus text exposition of everything registered.
+    pub fn encode(&self) -> String {
+        let reg = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &reg);
+        out
+    }
+}
+
+/// The content type of [`Metrics::encode`]'s output.
+pub const METRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Resolves when the process receives SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = term => {},
+    }
+    tracing::info!("shutdown signal received");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prometheus_client::metrics::counter::Counter;
+
+    #[test]
+    fn registered_metrics_are_exposed_with_prefix() {
+        let m = Metrics::new();
+        let c: Counter = Counter::default();
+        m.register(|r| r.register("deliveries", "deliveries seen", c.clone()));
+        c.inc();
+        let text = m.encode();
+        assert!(text.contains("runyard_deliveries_total 1"), "{text}");
+    }
+}

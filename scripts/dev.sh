@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# The local stack without Docker: `up` builds runyard, starts a current
+# nats-server and the services in the background, and sends sample
+# deliveries through them; `down` stops everything; `status` shows it.
+#
+# State (logs, pids, the JetStream store) lives in .runyard/ (git-ignored).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/lib.sh
+
+STATE="$RUNYARD_STATE_DIR/dev"
+NATS_PORT="${RUNYARD_DEV_NATS_PORT:-4333}"
+INGEST_ADDR="${RUNYARD_DEV_INGEST_LISTEN:-127.0.0.1:8080}"
+export RUNYARD_NATS_URL="nats://127.0.0.1:${NATS_PORT}"
+export RUNYARD_NAMESPACE="${RUNYARD_NAMESPACE:-runyard}"
+export RUNYARD_GITHUB_WEBHOOK_SECRET="${RUNYARD_GITHUB_WEBHOOK_SECRET:-dev-github-secret}"
+export RUNYARD_GITLAB_WEBHOOK_TOKEN="${RUNYARD_GITLAB_WEBHOOK_TOKEN:-dev-gitlab-token}"
+export RUNYARD_USAGE_TOKEN="${RUNYARD_USAGE_TOKEN:-dev-usage-token}"
+export RUNYARD_LOG_FORMAT="${RUNYARD_LOG_FORMAT:-json}"
+BIN=target/debug
+
+running() { [[ -f "$STATE/$1.pid" ]] && kill -0 "$(cat "$STATE/$1.pid")" 2>/dev/null; }
+
+down() {
+  for svc in ingest nats; do
+    if running "$svc"; then
+      kill "$(cat "$STATE/$svc.pid")" 2>/dev/null || true
+      log "stopped $svc"
+    fi
+    rm -f "$STATE/$svc.pid"
+  done
+}
+
+wait_http() {
+  for _ in $(seq 1 100); do
+    curl -fsS "$1" >/dev/null 2>&1 && return 0
+    sleep 0.1
+  done
+  echo "$1 did not become ready" >&2
+  return 1
+}
+
+sign() { # body-file → sha256=<hex>
+  python3 -c 'import hmac,hashlib,sys; print("sha256="+hmac.new(sys.argv[1].encode(), open(sys.argv[2],"rb").read(), hashlib.sha256).hexdigest())' \
+    "$RUNYARD_GITHUB_WEBHOOK_SECRET" "$1"
+}
+
+demo() {
+  local base="http://${INGEST_ADDR}" fx=libs/forge/tests/fixtures
+  log "GitHub workflow_job (queued), signed, delivered twice: the second is a duplicate"
+  for _ in 1 2; do
+    curl -sS -X POST "$base/webhooks/github" -H 'Content-Type: application/json' \
+      -H 'X-GitHub-Event: workflow_job' -H 'X-GitHub-Delivery: 72d3162e-cc78-11e3-81ab-4c9367dc0958' \
+      -H "X-Hub-Signature-256: $(sign $fx/github_workflow_job_queued.json)" \
+      --data-binary @$fx/github_workflow_job_queued.json -w '  → HTTP %{http_code}\n'
+  done
+  log "a forged GitHub delivery is refused"
+  curl -sS -X POST "$base/webhooks/github" -H 'X-GitHub-Event: workflow_job' \
+    -H 'X-GitHub-Delivery: forged' -H 'X-Hub-Signature-256: sha256=00' \
+    --data-binary @$fx/github_workflow_job_queued.json -w '  → HTTP %{http_code}\n'
+  log "GitLab Pipeline Hook: one pipeline event plus one job event per build"
+  curl -sS -X POST "$base/webhooks/gitlab" -H 'Content-Type: application/json' \
+    -H 'X-Gitlab-Event: Pipeline Hook' -H "X-Gitlab-Token: $RUNYARD_GITLAB_WEBHOOK_TOKEN" \
+    -H 'X-Gitlab-Instance: https://gitlab.example.com' -H "Idempotency-Key: demo-$(date +%s)" \
+    --data-binary @$fx/gitlab_pipeline_failed.json -w '  → HTTP %{http_code}\n'
+  log "a usage report from a finished job"
+  curl -sS -X POST "$base/v1/usage" -H 'Content-Type: application/json' \
+    -H "Authorization: Bearer $RUNYARD_USAGE_TOKEN" \
+    --data-binary @$fx/usage_report.json -w '  → HTTP %{http_code}\n'
+  log "the event log now holds (runyard-tail):"
+  "$BIN/runyard-tail"
+}
+
+up() {
+  mkdir -p "$STATE"
+  log "building runyard"
+  cargo build --quiet --bin runyard-ingest --bin runyard-tail
+  if ! running nats; then
+    start_nats "$NATS_PORT" "$STATE/nats"
+    echo "$NATS_PID" > "$STATE/nats.pid"
+    log "nats-server on $RUNYARD_NATS_URL"
+  fi
+  if ! running ingest; then
+    RUNYARD_INGEST_LISTEN="$INGEST_ADDR" "$BIN/runyard-ingest" > "$STATE/ingest.log" 2>&1 &
+    echo $! > "$STATE/ingest.pid"
+    wait_http "http://${INGEST_ADDR}/readyz"
+    log "runyard-ingest on http://${INGEST_ADDR} (log: $STATE/ingest.log)"
+  fi
+  demo
+  log "stack is up; stop it with: bash scripts/dev.sh down"
+}
+
+case "${1:-up}" in
+  up) up ;;
+  down) down ;;
+  demo) demo ;;
+  status) for s in nats ingest; do running "$s" && echo "$s running" || echo "$s stopped"; done ;;
+  *) echo "usage: $0 [up|down|demo|status]" >&2; exit 2 ;;
+esac

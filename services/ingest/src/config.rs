@@ -1,0 +1,195 @@
+//! Typed, layered configuration: defaults → optional TOML file → `RUNYARD_*`
+//! environment variables (ARCHITECTURE.md, "Configuration").
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use bytesize::ByteSize;
+use figment::Figment;
+use figment::providers::{Env, Format, Serialized, Toml};
+use secrecy::SecretString;
+use serde::{Deserialize, Serialize};
+
+/// Everything `runyard-ingest` can be told.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// `RUNYARD_NATS_URL`.
+    pub nats_url: String,
+    /// `RUNYARD_NAMESPACE`.
+    pub namespace: String,
+    /// `RUNYARD_INGEST_LISTEN`; port 0 binds an ephemeral port.
+    pub ingest_listen: SocketAddr,
+    /// `RUNYARD_GITHUB_WEBHOOK_SECRET`; unset → the GitHub route answers 503.
+    #[serde(skip_serializing)]
+    pub github_webhook_secret: Option<SecretString>,
+    /// `RUNYARD_GITHUB_WEBHOOK_SECRET_FILE`.
+    pub github_webhook_secret_file: Option<PathBuf>,
+    /// `RUNYARD_GITLAB_WEBHOOK_TOKEN`; unset → the GitLab route answers 503.
+    #[serde(skip_serializing)]
+    pub gitlab_webhook_token: Option<SecretString>,
+    /// `RUNYARD_GITLAB_WEBHOOK_TOKEN_FILE`.
+    pub gitlab_webhook_token_file: Option<PathBuf>,
+    /// `RUNYARD_USAGE_TOKEN`; unset → `/v1/usage` answers 503.
+    #[serde(skip_serializing)]
+    pub usage_token: Option<SecretString>,
+    /// `RUNYARD_USAGE_TOKEN_FILE`.
+    pub usage_token_file: Option<PathBuf>,
+    /// `RUNYARD_INGEST_MAX_BODY` (default 25 MiB, GitHub's payload cap).
+    pub ingest_max_body: ByteSize,
+    /// `RUNYARD_INGEST_ACK_TIMEOUT`: how long a delivery waits for
+    /// JetStream before answering 503 (below the forges' 10 s delivery
+    /// timeout).
+    #[serde(with = "humantime_serde")]
+    pub ingest_ack_timeout: Duration,
+    /// `RUNYARD_EVENTS_MAX_AGE`: retention of the event log.
+    #[serde(with = "humantime_serde")]
+    pub events_max_age: Duration,
+    /// `RUNYARD_RAW_MAX_AGE`: retention of raw deliveries.
+    #[serde(with = "humantime_serde")]
+    pub raw_max_age: Duration,
+    /// `RUNYARD_STREAM_REPLICAS`.
+    pub stream_replicas: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            nats_url: "nats://127.0.0.1:4222".into(),
+            namespace: "runyard".into(),
+            ingest_listen: SocketAddr::from(([0, 0, 0, 0], 8080)),
+            github_webhook_secret: None,
+            github_webhook_secret_file: None,
+            gitlab_webhook_token: None,
+            gitlab_webhook_token_file: None,
+            usage_token: None,
+            usage_token_file: None,
+            ingest_max_body: ByteSize::mib(25),
+            ingest_ack_timeout: Duration::from_secs(5),
+            events_max_age: Duration::from_secs(90 * 24 * 3600),
+            raw_max_age: Duration::from_secs(7 * 24 * 3600),
+            stream_replicas: 1,
+        }
+    }
+}
+
+/// The environment keys ingest reads (without the `RUNYARD_` prefix); other
+/// services' variables in the same environment are ignored, not rejected.
+const ENV_KEYS: &[&str] = &[
+    "nats_url",
+    "namespace",
+    "ingest_listen",
+    "github_webhook_secret",
+    "github_webhook_secret_file",
+    "gitlab_webhook_token",
+    "gitlab_webhook_token_file",
+    "usage_token",
+    "usage_token_file",
+    "ingest_max_body",
+    "ingest_ack_timeout",
+    "events_max_age",
+    "raw_max_age",
+    "stream_replicas",
+];
+
+/// A configuration that could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// A value is missing or of the wrong type, or a key is unknown.
+    #[error("invalid configuration: {0}")]
+    Invalid(#[from] Box<figment::Error>),
+    /// A `*_FILE` secret could not be read.
+    #[error("reading {path}: {source}")]
+    SecretFile {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+impl Config {
+    /// Loads defaults, then `file` (TOML) if given, then the environment.
+    pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
+        let mut fig = Figment::from(Serialized::defaults(Config::default()));
+        if let Some(file) = file {
+            fig = fig.merge(Toml::file_exact(file));
+        }
+        fig = fig.merge(Env::prefixed("RUNYARD_").only(ENV_KEYS));
+        let mut config: Config = fig.extract().map_err(Box::new)?;
+        config.resolve_secret_files()?;
+        Ok(config)
+    }
+
+    /// A secret given as a file wins only when the value itself is unset.
+    fn resolve_secret_files(&mut self) -> Result<(), ConfigError> {
+        let pairs = [
+            (
+                &mut self.github_webhook_secret,
+                &self.github_webhook_secret_file,
+            ),
+            (
+                &mut self.gitlab_webhook_token,
+                &self.gitlab_webhook_token_file,
+            ),
+            (&mut self.usage_token, &self.usage_token_file),
+        ];
+        for (value, file) in pairs {
+            if let (None, Some(path)) = (value.as_ref(), file) {
+                let text =
+                    std::fs::read_to_string(path).map_err(|source| ConfigError::SecretFile {
+                        path: path.clone(),
+                        source,
+                    })?;
+                *value = Some(SecretString::from(
+                    text.trim_end_matches(['\n', '\r']).to_owned(),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_match_the_contract() {
+        let c = Config::default();
+        assert_eq!(c.nats_url, "nats://127.0.0.1:4222");
+        assert_eq!(c.namespace, "runyard");
+        assert_eq!(c.ingest_listen.to_string(), "0.0.0.0:8080");
+        assert_eq!(c.ingest_max_body, ByteSize::mib(25));
+        assert!(c.github_webhook_secret.is_none());
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment::Jail's own error type
+    fn file_then_env_layering_and_unknown_keys() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file(
+                "ingest.toml",
+                "namespace = \"fromfile\"\ningest_max_body = \"1MiB\"\n",
+            )?;
+            jail.create_file("secret", "s3cret\n")?;
+            jail.set_env("RUNYARD_NAMESPACE", "fromenv");
+            jail.set_env("RUNYARD_DATABASE_URL", "postgres://ignored");
+            jail.set_env("RUNYARD_GITHUB_WEBHOOK_SECRET_FILE", "secret");
+            let c = Config::load(Some(Path::new("ingest.toml"))).map_err(|e| e.to_string())?;
+            assert_eq!(c.namespace, "fromenv");
+            assert_eq!(c.ingest_max_body, ByteSize::mib(1));
+            use secrecy::ExposeSecret;
+            assert_eq!(
+                c.github_webhook_secret
+                    .as_ref()
+                    .map(|s| s.expose_secret().to_owned()),
+                Some("s3cret".to_owned())
+            );
+            jail.create_file("bad.toml", "no_such_key = 1\n")?;
+            assert!(Config::load(Some(Path::new("bad.toml"))).is_err());
+            Ok(())
+        });
+    }
+}

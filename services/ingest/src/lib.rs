@@ -1,0 +1,162 @@
+//! runyard ingest: verifies GitHub/GitLab webhooks and runner usage reports,
+//! normalizes them into `runyard.events.v1.Event`s and makes them durable in
+//! JetStream before answering 2xx — an accepted delivery is never lost, and a
+//! duplicate delivery is never counted twice.
+
+pub mod config;
+mod metrics;
+mod routes;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use runyard_bus::{Bus, StreamSettings};
+use runyard_events::Namespace;
+use runyard_telemetry::Metrics;
+use secrecy::SecretString;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+pub use config::Config;
+use metrics::IngestMetrics;
+
+/// Shared state of the HTTP handlers.
+#[derive(Debug)]
+struct Inner {
+    bus: Bus,
+    github_secret: Option<SecretString>,
+    gitlab_token: Option<SecretString>,
+    usage_token: Option<SecretString>,
+    max_body: usize,
+    registry: Metrics,
+    metrics: IngestMetrics,
+    /// Set once the streams are known to exist; cleared when a publish fails
+    /// in a way that may mean they are gone, so the keeper re-creates them.
+    streams_ready: AtomicBool,
+}
+
+type AppState = Arc<Inner>;
+
+/// A built ingest service: bound to its address, connected (or connecting)
+/// to NATS, ready to [`run`](App::run).
+#[derive(Debug)]
+pub struct App {
+    listener: TcpListener,
+    state: AppState,
+    settings: StreamSettings,
+}
+
+impl App {
+    /// Binds the listener and connects to NATS. A NATS that is down at start
+    /// is not fatal: ingest answers 503 and `/readyz` stays red until it is up.
+    pub async fn build(config: Config) -> anyhow::Result<Self> {
+        let ns = Namespace::new(config.namespace.clone())?;
+        let bus = Bus::connect(&config.nats_url, ns, "runyard-ingest", true)
+            .await?
+            .with_ack_timeout(config.ingest_ack_timeout);
+        let listener = TcpListener::bind(config.ingest_listen)
+            .await
+            .with_context(|| format!("binding {}", config.ingest_listen))?;
+        let registry = Metrics::new();
+        let metrics = IngestMetrics::register(&registry);
+        let settings = StreamSettings {
+            events_max_age: config.events_max_age,
+            raw_max_age: config.raw_max_age,
+            replicas: config.stream_replicas,
+            ..StreamSettings::default()
+        };
+        let state = Arc::new(Inner {
+            bus,
+            github_secret: config.github_webhook_secret,
+            gitlab_token: config.gitlab_webhook_token,
+            usage_token: config.usage_token,
+            max_body: usize::try_from(config.ingest_max_body.as_u64()).unwrap_or(usize::MAX),
+            registry,
+            metrics,
+            streams_ready: AtomicBool::new(false),
+        });
+        // Give a server that is up a moment to answer, so a freshly built app
+        // is ready at once; a server that is down is handled by the keeper.
+        wait_connected(&state.bus, Duration::from_secs(2)).await;
+        if state.bus.is_connected() {
+            ensure_streams(&state, &settings).await;
+        }
+        let addr = listener.local_addr()?;
+        tracing::info!(%addr, namespace = %state.bus.namespace(), "ingest listening");
+        Ok(Self {
+            listener,
+            state,
+            settings,
+        })
+    }
+
+    /// The bound address (useful with port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        #[allow(clippy::expect_used)]
+        self.listener
+            .local_addr()
+            .expect("a bound listener has an address")
+    }
+
+    /// Serves until `shutdown` resolves; in-flight deliveries finish (and are
+    /// acknowledged by JetStream) before it returns.
+    pub async fn run(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> anyhow::Result<()> {
+        let stop = CancellationToken::new();
+        let keeper = tokio::spawn(stream_keeper(
+            self.state.clone(),
+            self.settings.clone(),
+            stop.clone(),
+        ));
+        let router = routes::router(self.state.clone());
+        axum::serve(self.listener, router)
+            .with_graceful_shutdown(shutdown)
+            .await
+            .context("serving http")?;
+        stop.cancel();
+        let _ = keeper.await;
+        // Everything answered 202 is already acked; flush anything else.
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.state.bus.client().flush()).await;
+        tracing::info!("ingest stopped");
+        Ok(())
+    }
+}
+
+async fn wait_connected(bus: &Bus, limit: Duration) {
+    let deadline = tokio::time::Instant::now() + limit;
+    while !bus.is_connected() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn ensure_streams(state: &Inner, settings: &StreamSettings) {
+    match state.bus.ensure_streams(settings).await {
+        Ok(()) => {
+            if !state.streams_ready.swap(true, Ordering::SeqCst) {
+                tracing::info!("event log streams ready");
+            }
+        }
+        Err(error) => tracing::warn!(%error, "could not set up the event log streams"),
+    }
+}
+
+/// Keeps the streams in place: (re)creates them whenever NATS is reachable
+/// and they are not known to exist — at start with NATS down, and after a
+/// server lost its store.
+async fn stream_keeper(state: AppState, settings: StreamSettings, stop: CancellationToken) {
+    loop {
+        if state.bus.is_connected() && !state.streams_ready.load(Ordering::SeqCst) {
+            ensure_streams(&state, &settings).await;
+        }
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(Duration::from_millis(500)) => {}
+        }
+    }
+}

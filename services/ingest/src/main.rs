@@ -1,0 +1,29 @@
+//! `runyard-ingest`: webhooks and usage reports into durable JetStream events.
+
+use std::path::PathBuf;
+
+use anyhow::Context as _;
+use clap::Parser;
+
+/// Verifies and normalizes GitHub/GitLab webhooks and usage reports into
+/// events on the NATS JetStream event log.
+#[derive(Parser, Debug)]
+#[command(version)]
+struct Args {
+    /// TOML configuration file; environment variables override it.
+    #[arg(long)]
+    config: Option<PathBuf>,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    runyard_telemetry::install_crypto_provider();
+    runyard_telemetry::init_tracing();
+    let args = Args::parse();
+    let config =
+        runyard_ingest::Config::load(args.config.as_deref()).context("loading configuration")?;
+    let app = runyard_ingest::App::build(config)
+        .await
+        .context("starting ingest")?;
+    app.run(runyard_telemetry::shutdown_signal()).await
+}

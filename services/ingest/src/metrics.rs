@@ -1,0 +1,65 @@
+//! Ingest's Prometheus metrics.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use runyard_telemetry::Metrics;
+
+/// Labels of `runyard_ingest_deliveries_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DeliveryLabels {
+    /// `github`, `gitlab` or `usage`.
+    pub forge: &'static str,
+    /// `accepted`, `duplicate`, `ignored`, `unauthorized`, `invalid`,
+    /// `too_large`, `unsupported_media_type`, `not_configured`, `unavailable`.
+    pub result: &'static str,
+}
+
+/// Handles to the metrics ingest updates.
+#[derive(Clone, Debug)]
+pub struct IngestMetrics {
+    /// Deliveries by forge and result.
+    pub deliveries: Family<DeliveryLabels, Counter>,
+    /// Time from the start of the publishes to the last JetStream ack.
+    pub publish_latency: Histogram,
+    /// Raw deliveries not kept because they exceed the server's max_payload.
+    pub raw_skipped: Counter,
+}
+
+impl IngestMetrics {
+    /// Creates the metrics and registers them in `registry`.
+    pub fn register(registry: &Metrics) -> Self {
+        let m = Self {
+            deliveries: Family::default(),
+            publish_latency: Histogram::new(exponential_buckets(0.0002, 2.0, 16)),
+            raw_skipped: Counter::default(),
+        };
+        registry.register(|r| {
+            let r = r.sub_registry_with_prefix("ingest");
+            r.register(
+                "deliveries",
+                "Deliveries by forge and result",
+                m.deliveries.clone(),
+            );
+            r.register(
+                "publish_latency_seconds",
+                "Time until JetStream acknowledged every message of a delivery",
+                m.publish_latency.clone(),
+            );
+            r.register(
+                "raw_skipped",
+                "Raw deliveries not kept because they exceed the server's max_payload",
+                m.raw_skipped.clone(),
+            );
+        });
+        m
+    }
+
+    /// Counts one delivery.
+    pub fn delivery(&self, forge: &'static str, result: &'static str) {
+        self.deliveries
+            .get_or_create(&DeliveryLabels { forge, result })
+            .inc();
+    }
+}

@@ -1,0 +1,469 @@
+//! The HTTP edge: routes, body limits, authentication and the one mapping
+//! from outcomes to status codes.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use bytes::Bytes;
+use http_body_util::BodyExt as _;
+use runyard_bus::{BusError, Outgoing, TraceParent, traceparent_for};
+use runyard_events::{Event, ids};
+use runyard_forge::{
+    GithubDelivery, GitlabDelivery, Normalized, PayloadError, normalize_github, normalize_gitlab,
+    normalize_usage, verify,
+};
+use secrecy::ExposeSecret;
+use serde_json::json;
+use time::OffsetDateTime;
+
+use crate::AppState;
+
+/// Seconds a client should wait before retrying a 503.
+const RETRY_AFTER_SECS: u64 = 5;
+
+/// Headers never copied into the raw-delivery stream.
+const SECRET_HEADERS: &[&str] = &[
+    "authorization",
+    "proxy-authorization",
+    "cookie",
+    "x-gitlab-token",
+];
+
+pub(crate) fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/webhooks/github", post(github))
+        .route("/webhooks/gitlab", post(gitlab))
+        .route("/v1/usage", post(usage))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        // A slow client must not hold a connection forever; well under the
+        // forges' own 10 s delivery timeout for anything but huge bodies.
+        .layer(tower_http::timeout::TimeoutLayer::with_status_code(
+            StatusCode::REQUEST_TIMEOUT,
+            Duration::from_secs(30),
+        ))
+        .with_state(state)
+}
+
+/// Every answer ingest gives, mapped to a status in one place.
+#[derive(Debug)]
+enum Outcome {
+    Accepted {
+        event_id: String,
+        duplicate: bool,
+        events: usize,
+    },
+    Ignored(String),
+    NotConfigured(&'static str),
+    Unauthorized(String),
+    TooLarge(usize),
+    UnsupportedMediaType(String),
+    Invalid {
+        field: Option<String>,
+        message: String,
+    },
+    Unavailable(String),
+}
+
+impl Outcome {
+    fn result_label(&self, duplicate_label: bool) -> &'static str {
+        match self {
+            Outcome::Accepted { .. } if duplicate_label => "duplicate",
+            Outcome::Accepted { .. } => "accepted",
+            Outcome::Ignored(_) => "ignored",
+            Outcome::NotConfigured(_) => "not_configured",
+            Outcome::Unauthorized(_) => "unauthorized",
+            Outcome::TooLarge(_) => "too_large",
+            Outcome::UnsupportedMediaType(_) => "unsupported_media_type",
+            Outcome::Invalid { .. } => "invalid",
+            Outcome::Unavailable(_) => "unavailable",
+        }
+    }
+}
+
+impl IntoResponse for Outcome {
+    fn into_response(self) -> Response {
+        match self {
+            Outcome::Accepted {
+                event_id,
+                duplicate,
+                events,
+            } => {
+                let mut body = json!({"event_id": event_id, "duplicate": duplicate});
+                if events > 1 {
+                    body["events"] = json!(events);
+                }
+                (StatusCode::ACCEPTED, axum::Json(body)).into_response()
+            }
+            Outcome::Ignored(reason) => {
+                (StatusCode::OK, axum::Json(json!({"ignored": reason}))).into_response()
+            }
+            Outcome::NotConfigured(what) => {
+                let mut r = error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("{what} not configured"),
+                    None,
+                );
+                retry_after(&mut r);
+                r
+            }
+            Outcome::Unauthorized(msg) => error(StatusCode::UNAUTHORIZED, msg, None),
+            Outcome::TooLarge(limit) => error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("body exceeds the limit of {limit} bytes"),
+                Some("body".into()),
+            ),
+            Outcome::UnsupportedMediaType(ct) => error(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                format!("unsupported content type {ct:?}"),
+                Some("Content-Type".into()),
+            ),
+            Outcome::Invalid { field, message } => error(StatusCode::BAD_REQUEST, message, field),
+            Outcome::Unavailable(msg) => {
+                let mut r = error(StatusCode::SERVICE_UNAVAILABLE, msg, None);
+                retry_after(&mut r);
+                r
+            }
+        }
+    }
+}
+
+fn error(status: StatusCode, message: impl Into<String>, field: Option<String>) -> Response {
+    let message: String = message.into();
+    let body = match field {
+        Some(field) => json!({"error": message, "field": field}),
+        None => json!({"error": message}),
+    };
+    (status, axum::Json(body)).into_response()
+}
+
+fn retry_after(r: &mut Response) {
+    r.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
+}
+
+fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+fn payload_outcome(e: PayloadError) -> Outcome {
+    match e {
+        PayloadError::UnsupportedMediaType(ct) => Outcome::UnsupportedMediaType(ct),
+        other => Outcome::Invalid {
+            field: other.field().map(str::to_owned),
+            message: other.to_string(),
+        },
+    }
+}
+
+/// Reads the body up to `limit` bytes: a declared length over the limit is
+/// refused without reading anything, a chunked body as soon as it passes it.
+async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, Outcome> {
+    let declared =
+        header_str(headers, header::CONTENT_LENGTH.as_str()).and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(Outcome::TooLarge(limit));
+    }
+    match http_body_util::Limited::new(body, limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(Outcome::TooLarge(limit)),
+        Err(_) => Err(Outcome::Invalid {
+            field: Some("body".into()),
+            message: "body: could not be read".into(),
+        }),
+    }
+}
+
+/// The raw delivery as kept in `<NS>_RAW`: original headers (minus secrets)
+/// under an `Http-` prefix so they can never be taken for NATS's own headers.
+fn raw_message(
+    state: &AppState,
+    kind: &str,
+    key: &str,
+    headers: &HeaderMap,
+    body: Bytes,
+    tp: &TraceParent,
+) -> Outgoing {
+    let mut out_headers = vec![
+        (runyard_bus::TRACEPARENT_HEADER.to_owned(), tp.to_string()),
+        (
+            runyard_bus::EVENT_TYPE_HEADER.to_owned(),
+            "RawDelivery".to_owned(),
+        ),
+    ];
+    for (name, value) in headers {
+        if SECRET_HEADERS.contains(&name.as_str()) {
+            continue;
+        }
+        if let Ok(v) = value.to_str() {
+            out_headers.push((format!("Http-{}", name.as_str()), v.to_owned()));
+        }
+    }
+    Outgoing {
+        subject: state.bus.namespace().raw_subject(kind),
+        id: ids::raw(key),
+        headers: out_headers,
+        payload: body,
+    }
+}
+
+/// Publishes the raw delivery and every event concurrently and waits for
+/// all acks: 202 only when everything is durable.
+async fn publish(state: &AppState, raw: Outgoing, events: Vec<Event>, tp: &TraceParent) -> Outcome {
+    let Some(primary) = events.first().map(|e| e.id.clone()) else {
+        return Outcome::Ignored("nothing to record".into());
+    };
+    if !state.bus.is_connected() {
+        return Outcome::Unavailable("event log unavailable, retry later".into());
+    }
+    let mut messages = Vec::with_capacity(events.len());
+    for e in &events {
+        match state.bus.event_message(e, tp) {
+            Ok(m) => messages.push(m),
+            Err(error) => {
+                tracing::error!(%error, event_id = %e.id, "normalized event cannot be routed");
+                return Outcome::Invalid {
+                    field: None,
+                    message: "delivery could not be turned into an event".into(),
+                };
+            }
+        }
+    }
+    let started = Instant::now();
+    // A raw body over the server's max_payload cannot be kept: the events
+    // still are (they are small), and the skip is counted.
+    let raw_fits = raw.payload.len() + 4096 <= state.bus.max_payload();
+    let raw_publish = async {
+        if raw_fits {
+            state.bus.publish(raw).await.map(Some)
+        } else {
+            state.metrics.raw_skipped.inc();
+            tracing::warn!(
+                bytes = raw.payload.len(),
+                "raw delivery over max_payload not kept"
+            );
+            Ok(None)
+        }
+    };
+    let event_publishes =
+        futures::future::join_all(messages.into_iter().map(|m| state.bus.publish(m)));
+    let (raw_result, event_results) = tokio::join!(raw_publish, event_publishes);
+    state
+        .metrics
+        .publish_latency
+        .observe(started.elapsed().as_secs_f64());
+
+    let mut duplicate = false;
+    let results = std::iter::once(raw_result.map(|_| None))
+        .chain(event_results.into_iter().map(|r| r.map(Some)));
+    for (i, r) in results.enumerate() {
+        match r {
+            Ok(Some(stored)) if i == 1 => duplicate = stored.duplicate,
+            Ok(_) => {}
+            Err(BusError::TooLarge(n)) => {
+                tracing::warn!(bytes = n, "event over max_payload");
+                return Outcome::TooLarge(state.bus.max_payload());
+            }
+            Err(error) => {
+                if matches!(error, BusError::Nats { .. }) {
+                    // Possibly a missing stream: let the keeper check again.
+                    state.streams_ready.store(false, Ordering::SeqCst);
+                }
+                tracing::warn!(%error, event_id = %primary, "delivery not made durable");
+                return Outcome::Unavailable("event log unavailable, retry later".into());
+            }
+        }
+    }
+    Outcome::Accepted {
+        event_id: primary,
+        duplicate,
+        events: events.len(),
+    }
+}
+
+fn finish(state: &AppState, forge: &'static str, outcome: Outcome) -> Response {
+    let duplicate = matches!(
+        outcome,
+        Outcome::Accepted {
+            duplicate: true,
+            ..
+        }
+    );
+    let result = outcome.result_label(duplicate);
+    state.metrics.delivery(forge, result);
+    match &outcome {
+        Outcome::Accepted {
+            event_id,
+            duplicate,
+            ..
+        } => {
+            tracing::info!(forge, %event_id, duplicate, "delivery accepted");
+        }
+        Outcome::Unavailable(_) | Outcome::NotConfigured(_) | Outcome::Unauthorized(_) => {
+            tracing::warn!(forge, result, "delivery refused");
+        }
+        _ => tracing::debug!(forge, result, "delivery answered"),
+    }
+    outcome.into_response()
+}
+
+#[tracing::instrument(skip_all, fields(delivery = header_str(&headers, "x-github-delivery").unwrap_or("")))]
+async fn github(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+    let outcome = github_outcome(&state, &headers, body).await;
+    finish(&state, "github", outcome)
+}
+
+async fn github_outcome(state: &AppState, headers: &HeaderMap, body: Body) -> Outcome {
+    let Some(secret) = state.github_secret.as_ref() else {
+        return Outcome::NotConfigured("github webhook");
+    };
+    let body = match read_body(headers, body, state.max_body).await {
+        Ok(b) => b,
+        Err(o) => return o,
+    };
+    if let Err(e) = verify::github_signature(
+        secret.expose_secret().as_bytes(),
+        &body,
+        header_str(headers, "x-hub-signature-256"),
+    ) {
+        return Outcome::Unauthorized(format!("X-Hub-Signature-256: {e}"));
+    }
+    let delivery = GithubDelivery {
+        event: header_str(headers, "x-github-event"),
+        delivery_id: header_str(headers, "x-github-delivery"),
+        hook_id: header_str(headers, "x-github-hook-id"),
+        enterprise_host: header_str(headers, "x-github-enterprise-host"),
+        content_type: header_str(headers, header::CONTENT_TYPE.as_str()),
+        body: &body,
+        received_at: OffsetDateTime::now_utc(),
+    };
+    match normalize_github(&delivery) {
+        Err(e) => payload_outcome(e),
+        Ok(Normalized::Ignored(reason)) => Outcome::Ignored(reason),
+        Ok(Normalized::Events(events)) => {
+            let tp = traceparent_for(header_str(headers, "traceparent"));
+            let key = delivery.delivery_id.map(ids::github).unwrap_or_default();
+            let raw = raw_message(state, "github", &key, headers, body.clone(), &tp);
+            publish(state, raw, events, &tp).await
+        }
+    }
+}
+
+#[tracing::instrument(skip_all, fields(delivery = header_str(&headers, "idempotency-key").or(header_str(&headers, "x-gitlab-event-uuid")).unwrap_or("")))]
+async fn gitlab(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+    let outcome = gitlab_outcome(&state, &headers, body).await;
+    finish(&state, "gitlab", outcome)
+}
+
+async fn gitlab_outcome(state: &AppState, headers: &HeaderMap, body: Body) -> Outcome {
+    let Some(token) = state.gitlab_token.as_ref() else {
+        return Outcome::NotConfigured("gitlab webhook");
+    };
+    // The token is a header: check it before reading the body at all.
+    if !verify::token_matches(
+        token.expose_secret().as_bytes(),
+        headers.get("x-gitlab-token").map(HeaderValue::as_bytes),
+    ) {
+        return Outcome::Unauthorized("X-Gitlab-Token: missing or wrong".into());
+    }
+    let body = match read_body(headers, body, state.max_body).await {
+        Ok(b) => b,
+        Err(o) => return o,
+    };
+    let delivery = GitlabDelivery {
+        event: header_str(headers, "x-gitlab-event"),
+        idempotency_key: header_str(headers, "idempotency-key"),
+        event_uuid: header_str(headers, "x-gitlab-event-uuid"),
+        webhook_uuid: header_str(headers, "x-gitlab-webhook-uuid"),
+        instance: header_str(headers, "x-gitlab-instance"),
+        content_type: header_str(headers, header::CONTENT_TYPE.as_str()),
+        body: &body,
+        received_at: OffsetDateTime::now_utc(),
+    };
+    match normalize_gitlab(&delivery) {
+        Err(e) => payload_outcome(e),
+        Ok(Normalized::Ignored(reason)) => Outcome::Ignored(reason),
+        Ok(Normalized::Events(events)) => {
+            let tp = traceparent_for(header_str(headers, "traceparent"));
+            let key = delivery
+                .idempotency_key
+                .filter(|k| !k.trim().is_empty())
+                .or(delivery.event_uuid)
+                .map(str::trim)
+                .map(|k| format!("gitlab:{k}"))
+                .unwrap_or_default();
+            let raw = raw_message(state, "gitlab", &key, headers, body.clone(), &tp);
+            publish(state, raw, events, &tp).await
+        }
+    }
+}
+
+#[tracing::instrument(skip_all)]
+async fn usage(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+    let outcome = usage_outcome(&state, &headers, body).await;
+    finish(&state, "usage", outcome)
+}
+
+async fn usage_outcome(state: &AppState, headers: &HeaderMap, body: Body) -> Outcome {
+    let Some(token) = state.usage_token.as_ref() else {
+        return Outcome::NotConfigured("usage reports");
+    };
+    let given = verify::bearer(
+        headers
+            .get(header::AUTHORIZATION)
+            .map(HeaderValue::as_bytes),
+    );
+    if !verify::token_matches(token.expose_secret().as_bytes(), given) {
+        return Outcome::Unauthorized("Authorization: missing or wrong bearer token".into());
+    }
+    let body = match read_body(headers, body, state.max_body).await {
+        Ok(b) => b,
+        Err(o) => return o,
+    };
+    let content_type = header_str(headers, header::CONTENT_TYPE.as_str());
+    match normalize_usage(content_type, &body, OffsetDateTime::now_utc()) {
+        Err(e) => payload_outcome(e),
+        Ok(event) => {
+            let tp = traceparent_for(header_str(headers, "traceparent"));
+            let raw = raw_message(state, "usage", &event.id, headers, body.clone(), &tp);
+            publish(state, raw, vec![event], &tp).await
+        }
+    }
+}
+
+async fn healthz() -> impl IntoResponse {
+    (StatusCode::OK, axum::Json(json!({"status": "ok"})))
+}
+
+async fn readyz(State(state): State<AppState>) -> Response {
+    let connected = state.bus.is_connected();
+    let streams = state.streams_ready.load(Ordering::SeqCst);
+    let status = if connected && streams {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (
+        status,
+        axum::Json(json!({"nats_connected": connected, "streams_ready": streams})),
+    )
+        .into_response()
+}
+
+async fn metrics(State(state): State<AppState>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            runyard_telemetry::METRICS_CONTENT_TYPE,
+        )],
+        state.registry.encode(),
+    )
+        .into_response()
+}

@@ -1,0 +1,787 @@
+//! ingest against a real nats-server: every route, answer code and rule of
+//! the ingest contract.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use runyard_events::{Body, Conclusion, Event, Forge, JobStatus, Namespace};
+use runyard_ingest::{App, Config};
+use runyard_testkit::{
+    NatsServer, TestNats, decode_events, fixture, github_signature, stream_messages,
+    unique_namespace,
+};
+use serde_json::{Value, json};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+const GH_SECRET: &str = "gh-secret-for-tests";
+const GL_TOKEN: &str = "gl-token-for-tests";
+const USAGE_TOKEN: &str = "usage-token-for-tests";
+
+struct Harness {
+    _nats: TestNats,
+    ns: Namespace,
+    base: String,
+    http: reqwest::Client,
+    nats: async_nats::Client,
+    shutdown: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<anyhow::Result<()>>>,
+}
+
+fn test_config(nats_url: String, ns: &Namespace) -> Config {
+    Config {
+        nats_url,
+        namespace: ns.to_string(),
+        ingest_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        github_webhook_secret: Some(GH_SECRET.to_owned().into()),
+        gitlab_webhook_token: Some(GL_TOKEN.to_owned().into()),
+        usage_token: Some(USAGE_TOKEN.to_owned().into()),
+        ingest_ack_timeout: Duration::from_secs(2),
+        ..Config::default()
+    }
+}
+
+impl Harness {
+    async fn start() -> Self {
+        Self::start_with(TestNats::get().await, |_| {}).await
+    }
+
+    async fn start_with(nats: TestNats, tweak: impl FnOnce(&mut Config)) -> Self {
+        runyard_telemetry::install_crypto_provider();
+        let ns = unique_namespace();
+        let mut config = test_config(nats.url(), &ns);
+        tweak(&mut config);
+        let app = App::build(config).await.expect("app builds");
+        let addr = app.local_addr();
+        let (tx, rx) = oneshot::channel::<()>();
+        let task = tokio::spawn(app.run(async move {
+            let _ = rx.await;
+        }));
+        let client = async_nats::connect(nats.url()).await.expect("nats client");
+        Self {
+            _nats: nats,
+            ns,
+            base: format!("http://{addr}"),
+            http: reqwest::Client::new(),
+            nats: client,
+            shutdown: Some(tx),
+            task: Some(task),
+        }
+    }
+
+    async fn github(&self, event: &str, delivery: &str, body: &str) -> (u16, Value) {
+        let req = self
+            .http
+            .post(format!("{}/webhooks/github", self.base))
+            .header("X-GitHub-Event", event)
+            .header("X-GitHub-Delivery", delivery)
+            .header("X-GitHub-Hook-ID", "42")
+            .header(
+                "X-Hub-Signature-256",
+                github_signature(GH_SECRET, body.as_bytes()),
+            )
+            .header("Content-Type", "application/json")
+            .body(body.to_owned());
+        send(req).await
+    }
+
+    async fn gitlab(&self, event: &str, key: &str, body: &str) -> (u16, Value) {
+        let req = self
+            .http
+            .post(format!("{}/webhooks/gitlab", self.base))
+            .header("X-Gitlab-Event", event)
+            .header("Idempotency-Key", key)
+            .header("X-Gitlab-Event-UUID", format!("uuid-{key}"))
+            .header("X-Gitlab-Instance", "https://gitlab.example.com")
+            .header("X-Gitlab-Token", GL_TOKEN)
+            .header("Content-Type", "application/json")
+            .body(body.to_owned());
+        send(req).await
+    }
+
+    async fn usage(&self, body: &str) -> (u16, Value) {
+        let req = self
+            .http
+            .post(format!("{}/v1/usage", self.base))
+            .bearer_auth(USAGE_TOKEN)
+            .header("Content-Type", "application/json")
+            .body(body.to_owned());
+        send(req).await
+    }
+
+    async fn events(&self) -> Vec<async_nats::jetstream::Message> {
+        stream_messages(&self.nats, &self.ns.events_stream()).await
+    }
+
+    async fn raw(&self) -> Vec<async_nats::jetstream::Message> {
+        stream_messages(&self.nats, &self.ns.raw_stream()).await
+    }
+
+    async fn stop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(task) = self.task.take() {
+            task.await.expect("join").expect("clean shutdown");
+        }
+    }
+}
+
+async fn send(req: reqwest::RequestBuilder) -> (u16, Value) {
+    let resp = req.send().await.expect("request sent");
+    let status = resp.status().as_u16();
+    let body = resp.json::<Value>().await.unwrap_or(Value::Null);
+    (status, body)
+}
+
+fn job(event: &Event) -> &runyard_events::JobObserved {
+    match event.body.as_ref() {
+        Some(Body::JobObserved(j)) => j,
+        other => panic!("expected JobObserved, got {other:?}"),
+    }
+}
+
+fn header<'a>(m: &'a async_nats::jetstream::Message, name: &str) -> Option<&'a str> {
+    m.headers.as_ref()?.get(name).map(|v| v.as_str())
+}
+
+#[tokio::test]
+async fn github_workflow_job_lifecycle_becomes_job_events() {
+    let mut h = Harness::start().await;
+    let cases = [
+        ("queued", JobStatus::Queued),
+        ("waiting", JobStatus::Waiting),
+        ("in_progress", JobStatus::InProgress),
+        ("completed", JobStatus::Completed),
+    ];
+    for (i, (action, _)) in cases.iter().enumerate() {
+        let body = fixture(&format!("github_workflow_job_{action}.json"));
+        let (status, answer) = h.github("workflow_job", &format!("d-{i}"), &body).await;
+        assert_eq!(status, 202, "{action}: {answer}");
+        assert_eq!(answer["event_id"], format!("github:d-{i}"));
+        assert_eq!(answer["duplicate"], false);
+    }
+    let msgs = h.events().await;
+    assert_eq!(msgs.len(), 4);
+    let events = decode_events(&msgs);
+    let payload: Value =
+        serde_json::from_str(&fixture("github_workflow_job_completed.json")).unwrap();
+    let job_id = payload["workflow_job"]["id"].as_u64().unwrap();
+    for ((msg, event), (action, status)) in msgs.iter().zip(&events).zip(cases) {
+        assert_eq!(
+            msg.subject.as_str(),
+            format!("{}.v1.job.github.{action}", h.ns),
+            "subject"
+        );
+        assert_eq!(header(msg, "Nats-Msg-Id"), Some(event.id.as_str()));
+        assert_eq!(header(msg, "Runyard-Event-Type"), Some("JobObserved"));
+        assert!(header(msg, "traceparent").is_some_and(|t| t.starts_with("00-")));
+        let j = job(event);
+        assert_eq!(j.status(), status);
+        let key = j.job.as_ref().unwrap();
+        assert_eq!((key.forge(), key.job_id), (Forge::Github, job_id));
+        assert_eq!(key.instance, "github.com");
+        assert_eq!(
+            j.pipeline_id,
+            payload["workflow_job"]["run_id"].as_u64().unwrap()
+        );
+        assert_eq!(
+            j.project,
+            payload["repository"]["full_name"].as_str().unwrap()
+        );
+        assert!(!j.labels.is_empty());
+        let source = event.source.as_ref().unwrap();
+        assert_eq!(source.hook_id, "42");
+        assert!(event.received_at.is_some() && event.occurred_at.is_some());
+    }
+    let done = job(&events[3]);
+    assert_eq!(done.conclusion(), Conclusion::Failure);
+    assert!(done.completed_at.is_some() && done.started_at.is_some());
+    assert!(!done.runner_name.is_empty());
+    // Every accepted delivery is also kept raw, without secrets.
+    let raw = h.raw().await;
+    assert_eq!(raw.len(), 4);
+    assert_eq!(
+        raw[0].payload.as_ref(),
+        fixture("github_workflow_job_queued.json").as_bytes()
+    );
+    assert_eq!(header(&raw[0], "Http-x-github-delivery"), Some("d-0"));
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn github_form_encoded_delivery_is_accepted() {
+    let mut h = Harness::start().await;
+    let json_body = fixture("github_workflow_job_queued.json");
+    let form = serde_urlencoded::to_string([("payload", json_body.as_str())]).unwrap();
+    let req = h
+        .http
+        .post(format!("{}/webhooks/github", h.base))
+        .header("X-GitHub-Event", "workflow_job")
+        .header("X-GitHub-Delivery", "form-1")
+        .header(
+            "X-Hub-Signature-256",
+            github_signature(GH_SECRET, form.as_bytes()),
+        )
+        .header("Content-Type", "application/x-www-form-urlencoded")
+        .body(form);
+    let (status, answer) = send(req).await;
+    assert_eq!(status, 202, "{answer}");
+    let events = decode_events(&h.events().await);
+    assert_eq!(job(&events[0]).status(), JobStatus::Queued);
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn ping_and_other_events_are_ignored_without_publishing() {
+    let mut h = Harness::start().await;
+    let (status, answer) = h
+        .github(
+            "ping",
+            "p-1",
+            r#"{"zen":"Keep it logically awesome.","hook_id":1}"#,
+        )
+        .await;
+    assert_eq!(status, 200);
+    assert!(answer.get("ignored").is_some(), "{answer}");
+    let (status, answer) = h.github("issues", "p-2", r#"{"action":"opened"}"#).await;
+    assert_eq!(status, 200);
+    assert!(answer.get("ignored").is_some(), "{answer}");
+    let (status, answer) = h
+        .gitlab("Job Hook", "m-1", &fixture("gitlab_job_manual.json"))
+        .await;
+    assert_eq!(status, 200, "{answer}");
+    assert!(answer.get("ignored").is_some());
+    let (status, _) = h
+        .gitlab("Push Hook", "m-2", r#"{"object_kind":"push"}"#)
+        .await;
+    assert_eq!(status, 200);
+    assert!(h.events().await.is_empty());
+    assert!(h.raw().await.is_empty());
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn gitlab_job_hooks_map_statuses() {
+    let mut h = Harness::start().await;
+    let cases = [
+        ("gitlab_job_pending.json", "queued", JobStatus::Queued),
+        (
+            "gitlab_job_running.json",
+            "in_progress",
+            JobStatus::InProgress,
+        ),
+        ("gitlab_job_failed.json", "completed", JobStatus::Completed),
+    ];
+    for (i, (file, _, _)) in cases.iter().enumerate() {
+        let (status, answer) = h
+            .gitlab("Job Hook", &format!("k-{i}"), &fixture(file))
+            .await;
+        assert_eq!(status, 202, "{file}: {answer}");
+        let id = answer["event_id"].as_str().unwrap();
+        assert!(id.starts_with(&format!("gitlab:k-{i}:")), "{id}");
+    }
+    let msgs = h.events().await;
+    let events = decode_events(&msgs);
+    assert_eq!(events.len(), 3);
+    let payload: Value = serde_json::from_str(&fixture("gitlab_job_failed.json")).unwrap();
+    for ((msg, event), (_, token, status)) in msgs.iter().zip(&events).zip(cases) {
+        assert_eq!(
+            msg.subject.as_str(),
+            format!("{}.v1.job.gitlab.{token}", h.ns)
+        );
+        let j = job(event);
+        assert_eq!(j.status(), status);
+        let key = j.job.as_ref().unwrap();
+        assert_eq!(key.instance, "gitlab.example.com");
+        assert_eq!(key.job_id, payload["build_id"].as_u64().unwrap());
+        assert_eq!(j.pipeline_id, payload["pipeline_id"].as_u64().unwrap());
+    }
+    let failed = job(&events[2]);
+    assert_eq!(failed.conclusion(), Conclusion::Failure);
+    assert_eq!(failed.failure_reason, "script_failure");
+    assert_eq!(
+        events[2].id,
+        format!(
+            "gitlab:k-2:{}:failed",
+            payload["build_id"].as_u64().unwrap()
+        )
+    );
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn gitlab_pipeline_hook_gives_pipeline_and_job_events() {
+    let mut h = Harness::start().await;
+    let body = fixture("gitlab_pipeline_failed.json");
+    let (status, answer) = h.gitlab("Pipeline Hook", "pipe-1", &body).await;
+    assert_eq!(status, 202, "{answer}");
+    let payload: Value = serde_json::from_str(&body).unwrap();
+    let pid = payload["object_attributes"]["id"].as_u64().unwrap();
+    assert_eq!(
+        answer["event_id"],
+        format!("gitlab:pipe-1:pipeline:{pid}:failed")
+    );
+    let msgs = h.events().await;
+    let events = decode_events(&msgs);
+    // One pipeline event and one job event per non-manual build.
+    let builds = payload["builds"].as_array().unwrap();
+    let non_manual = builds.iter().filter(|b| b["status"] != "manual").count();
+    assert_eq!(events.len(), 1 + non_manual);
+    let Some(Body::PipelineObserved(p)) = events[0].body.as_ref() else {
+        panic!("first event is the pipeline");
+    };
+    assert_eq!(p.pipeline_id, pid);
+    assert_eq!(p.status, "failed");
+    assert_eq!(
+        msgs[0].subject.as_str(),
+        format!("{}.v1.pipeline.gitlab.failed", h.ns)
+    );
+    let mut ids: Vec<_> = events.iter().map(|e| e.id.clone()).collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), events.len(), "every event has its own id");
+    for e in &events[1..] {
+        assert_eq!(job(e).pipeline_id, pid);
+    }
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn usage_report_becomes_usage_event() {
+    let mut h = Harness::start().await;
+    let (status, answer) = h.usage(&fixture("usage_report.json")).await;
+    assert_eq!(status, 202, "{answer}");
+    assert_eq!(answer["event_id"], "usage:gitlab:gitlab.example.com:4711:1");
+    let msgs = h.events().await;
+    assert_eq!(
+        msgs[0].subject.as_str(),
+        format!("{}.v1.usage.gitlab", h.ns)
+    );
+    let events = decode_events(&msgs);
+    let Some(Body::UsageReported(u)) = events[0].body.as_ref() else {
+        panic!("usage event expected");
+    };
+    assert_eq!(u.peak_memory_bytes, 9_123_456_789);
+    assert_eq!(u.memory_limit_bytes, Some(12_000_000_000));
+    assert_eq!(
+        u.workload.get("package").map(String::as_str),
+        Some("py-torch")
+    );
+    assert_eq!(u.r#ref, "develop");
+    assert!(!u.oom_killed);
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn same_delivery_three_times_is_one_event() {
+    let mut h = Harness::start().await;
+    let body = fixture("github_workflow_job_queued.json");
+    let mut dups = Vec::new();
+    for _ in 0..3 {
+        let (status, answer) = h.github("workflow_job", "same-delivery", &body).await;
+        assert_eq!(status, 202);
+        assert_eq!(answer["event_id"], "github:same-delivery");
+        dups.push(answer["duplicate"].as_bool().unwrap());
+    }
+    assert_eq!(dups, [false, true, true]);
+    let usage = fixture("usage_report.json");
+    assert_eq!(h.usage(&usage).await.1["duplicate"], false);
+    assert_eq!(h.usage(&usage).await.1["duplicate"], true);
+    assert_eq!(h.events().await.len(), 2);
+    assert_eq!(h.raw().await.len(), 2);
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn bad_input_gets_a_clear_answer_and_publishes_nothing() {
+    let mut h = Harness::start_with(TestNats::get().await, |c| {
+        c.ingest_max_body = bytesize::ByteSize::kib(64);
+    })
+    .await;
+    let good = fixture("github_workflow_job_queued.json");
+    let url = format!("{}/webhooks/github", h.base);
+    let signed = |body: &str| github_signature(GH_SECRET, body.as_bytes());
+
+    // Wrong and missing signatures: 401, checked before the body is parsed.
+    let (s, a) = send(
+        h.http
+            .post(&url)
+            .header("X-GitHub-Event", "workflow_job")
+            .header("X-GitHub-Delivery", "bad-1")
+            .header(
+                "X-Hub-Signature-256",
+                github_signature("not-the-secret", good.as_bytes()),
+            )
+            .body(good.clone()),
+    )
+    .await;
+    assert_eq!(s, 401, "{a}");
+    let (s, _) = send(
+        h.http
+            .post(&url)
+            .header("X-GitHub-Event", "workflow_job")
+            .header("X-GitHub-Delivery", "bad-2")
+            .body("not even json"),
+    )
+    .await;
+    assert_eq!(s, 401);
+
+    // Body problems, each naming the field.
+    let payload: Value = serde_json::from_str(&good).unwrap();
+    let cases: Vec<(String, &str)> = vec![
+        ("{not json".into(), "body"),
+        ("[1,2,3]".into(), ""),
+        (
+            {
+                let mut p = payload.clone();
+                p["workflow_job"].as_object_mut().unwrap().remove("id");
+                p.to_string()
+            },
+            "workflow_job.id",
+        ),
+        (
+            {
+                let mut p = payload.clone();
+                p["workflow_job"]["id"] = json!("12345");
+                p.to_string()
+            },
+            "workflow_job.id",
+        ),
+        (
+            {
+                let mut p = payload.clone();
+                p["workflow_job"]["id"] = json!(-5);
+                p.to_string()
+            },
+            "workflow_job.id",
+        ),
+        (
+            {
+                let mut p = payload.clone();
+                p["workflow_job"]["created_at"] = json!("1970-01-01T00:00:00Z");
+                p.to_string()
+            },
+            "workflow_job.created_at",
+        ),
+        (
+            {
+                let mut p = payload.clone();
+                p["workflow_job"]["created_at"] = json!("yesterday-ish");
+                p.to_string()
+            },
+            "workflow_job.created_at",
+        ),
+    ];
+    for (i, (body, field)) in cases.iter().enumerate() {
+        let (s, a) = send(
+            h.http
+                .post(&url)
+                .header("X-GitHub-Event", "workflow_job")
+                .header("X-GitHub-Delivery", format!("bad-body-{i}"))
+                .header("X-Hub-Signature-256", signed(body))
+                .header("Content-Type", "application/json")
+                .body(body.clone()),
+        )
+        .await;
+        assert_eq!(s, 400, "case {i}: {a}");
+        assert!(a["error"].is_string(), "{a}");
+        if !field.is_empty() {
+            assert_eq!(a["field"], *field, "case {i}: {a}");
+        }
+    }
+    // Missing delivery id.
+    let (s, a) = send(
+        h.http
+            .post(&url)
+            .header("X-GitHub-Event", "workflow_job")
+            .header("X-Hub-Signature-256", signed(&good))
+            .body(good.clone()),
+    )
+    .await;
+    assert_eq!(
+        (s, a["field"].as_str()),
+        (400, Some("X-GitHub-Delivery")),
+        "{a}"
+    );
+
+    // Unsupported content type.
+    let (s, _) = send(
+        h.http
+            .post(&url)
+            .header("X-GitHub-Event", "workflow_job")
+            .header("X-GitHub-Delivery", "bad-ct")
+            .header("X-Hub-Signature-256", signed(&good))
+            .header("Content-Type", "text/xml")
+            .body(good.clone()),
+    )
+    .await;
+    assert_eq!(s, 415);
+
+    // Over the body limit: declared length, and a chunked body with no length.
+    let big = "x".repeat(100 * 1024);
+    let (s, _) = send(
+        h.http
+            .post(&url)
+            .header("X-GitHub-Event", "workflow_job")
+            .header("X-GitHub-Delivery", "big-1")
+            .header("X-Hub-Signature-256", signed(&big))
+            .body(big.clone()),
+    )
+    .await;
+    assert_eq!(s, 413);
+    let chunks: Vec<Result<Vec<u8>, std::io::Error>> =
+        (0..100).map(|_| Ok(vec![b'x'; 1024])).collect();
+    let (s, _) = send(
+        h.http
+            .post(&url)
+            .header("X-GitHub-Event", "workflow_job")
+            .header("X-GitHub-Delivery", "big-2")
+            .header("X-Hub-Signature-256", signed(&big))
+            .body(reqwest::Body::wrap_stream(futures::stream::iter(chunks))),
+    )
+    .await;
+    assert_eq!(s, 413);
+
+    // GitLab: wrong token, missing build_id, id not a number.
+    let gl = format!("{}/webhooks/gitlab", h.base);
+    let (s, _) = send(
+        h.http
+            .post(&gl)
+            .header("X-Gitlab-Event", "Job Hook")
+            .header("X-Gitlab-Token", "wrong")
+            .header("Idempotency-Key", "g-1")
+            .body(fixture("gitlab_job_pending.json")),
+    )
+    .await;
+    assert_eq!(s, 401);
+    let mut gpay: Value = serde_json::from_str(&fixture("gitlab_job_pending.json")).unwrap();
+    gpay.as_object_mut().unwrap().remove("build_id");
+    let (s, a) = h.gitlab("Job Hook", "g-2", &gpay.to_string()).await;
+    assert_eq!((s, a["field"].as_str()), (400, Some("build_id")), "{a}");
+    gpay["build_id"] = json!("seven");
+    let (s, a) = h.gitlab("Job Hook", "g-3", &gpay.to_string()).await;
+    assert_eq!((s, a["field"].as_str()), (400, Some("build_id")), "{a}");
+
+    // Usage: wrong token, negative size, non-numeric size, unknown forge, no job id.
+    let (s, _) = send(
+        h.http
+            .post(format!("{}/v1/usage", h.base))
+            .bearer_auth("wrong")
+            .body(fixture("usage_report.json")),
+    )
+    .await;
+    assert_eq!(s, 401);
+    let usage: Value = serde_json::from_str(&fixture("usage_report.json")).unwrap();
+    let bad_usage = [
+        ("peak_memory_bytes", json!(-1)),
+        ("peak_memory_bytes", json!("lots")),
+        ("forge", json!("bitbucket")),
+        ("job_id", Value::Null),
+    ];
+    for (field, value) in bad_usage {
+        let mut u = usage.clone();
+        if value.is_null() {
+            u.as_object_mut().unwrap().remove(field);
+        } else {
+            u[field] = value;
+        }
+        let (s, a) = h.usage(&u.to_string()).await;
+        assert_eq!((s, a["field"].as_str()), (400, Some(field)), "{a}");
+    }
+
+    assert!(
+        h.events().await.is_empty(),
+        "nothing published on bad input"
+    );
+    assert!(h.raw().await.is_empty());
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn unconfigured_secrets_answer_503_not_configured() {
+    let mut h = Harness::start_with(TestNats::get().await, |c| {
+        c.github_webhook_secret = None;
+        c.gitlab_webhook_token = None;
+        c.usage_token = None;
+    })
+    .await;
+    let body = fixture("github_workflow_job_queued.json");
+    let (s, a) = h.github("workflow_job", "nc-1", &body).await;
+    assert_eq!(s, 503);
+    assert!(
+        a["error"].as_str().unwrap().contains("not configured"),
+        "{a}"
+    );
+    assert_eq!(
+        h.gitlab("Job Hook", "nc-2", &fixture("gitlab_job_pending.json"))
+            .await
+            .0,
+        503
+    );
+    assert_eq!(h.usage(&fixture("usage_report.json")).await.0, 503);
+    assert!(h.events().await.is_empty());
+    h.stop().await;
+}
+
+async fn poll_status(http: &reqwest::Client, url: &str, want: u16, limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if let Ok(r) = http.get(url).send().await
+            && r.status().as_u16() == want
+        {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
+}
+
+#[tokio::test]
+async fn nats_down_means_503_and_recovery_without_restart() {
+    let mut server = NatsServer::start().await;
+    let url = server.url();
+    let mut h = Harness::start_with(TestNats::Shared(url), |_| {}).await;
+    let body = fixture("github_workflow_job_queued.json");
+    assert_eq!(h.github("workflow_job", "up-1", &body).await.0, 202);
+    assert!(
+        poll_status(
+            &h.http,
+            &format!("{}/readyz", h.base),
+            200,
+            Duration::from_secs(5)
+        )
+        .await
+    );
+
+    server.stop().await;
+    assert!(
+        poll_status(
+            &h.http,
+            &format!("{}/readyz", h.base),
+            503,
+            Duration::from_secs(10)
+        )
+        .await,
+        "readyz goes red"
+    );
+    let resp = h
+        .http
+        .post(format!("{}/webhooks/github", h.base))
+        .header("X-GitHub-Event", "workflow_job")
+        .header("X-GitHub-Delivery", "down-1")
+        .header(
+            "X-Hub-Signature-256",
+            github_signature(GH_SECRET, body.as_bytes()),
+        )
+        .body(body.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 503);
+    assert!(resp.headers().get("retry-after").is_some());
+
+    server.start_again().await;
+    assert!(
+        poll_status(
+            &h.http,
+            &format!("{}/readyz", h.base),
+            200,
+            Duration::from_secs(20)
+        )
+        .await,
+        "ingest recovers by itself"
+    );
+    assert_eq!(h.github("workflow_job", "back-1", &body).await.0, 202);
+    let client = async_nats::connect(server.url()).await.unwrap();
+    let events = decode_events(&stream_messages(&client, &h.ns.events_stream()).await);
+    let ids: Vec<_> = events.iter().map(|e| e.id.as_str()).collect();
+    assert_eq!(
+        ids,
+        ["github:up-1", "github:back-1"],
+        "nothing answered 503 was stored"
+    );
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn graceful_shutdown_finishes_in_flight_deliveries() {
+    let mut h = Harness::start().await;
+    let body = fixture("github_workflow_job_queued.json");
+    let mut tasks = Vec::new();
+    for i in 0..40 {
+        let http = h.http.clone();
+        let url = format!("{}/webhooks/github", h.base);
+        let body = body.clone();
+        tasks.push(tokio::spawn(async move {
+            http.post(url)
+                .header("X-GitHub-Event", "workflow_job")
+                .header("X-GitHub-Delivery", format!("inflight-{i}"))
+                .header(
+                    "X-Hub-Signature-256",
+                    github_signature(GH_SECRET, body.as_bytes()),
+                )
+                .body(body)
+                .send()
+                .await
+                .map(|r| r.status().as_u16())
+        }));
+    }
+    tokio::task::yield_now().await;
+    h.stop().await;
+    let mut accepted = 0;
+    for t in tasks {
+        match t.await.unwrap() {
+            Ok(202) => accepted += 1,
+            Ok(other) => panic!("unexpected answer {other} during shutdown"),
+            Err(_) => {} // refused after the listener closed: the forge retries
+        }
+    }
+    let stored = h.events().await.len();
+    assert_eq!(stored, accepted, "every 202 is in the stream, nothing else");
+}
+
+#[tokio::test]
+async fn health_readiness_and_metrics() {
+    let mut h = Harness::start().await;
+    assert_eq!(
+        h.http
+            .get(format!("{}/healthz", h.base))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    assert_eq!(
+        h.http
+            .get(format!("{}/readyz", h.base))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    h.github(
+        "workflow_job",
+        "m-1",
+        &fixture("github_workflow_job_queued.json"),
+    )
+    .await;
+    let text = h
+        .http
+        .get(format!("{}/metrics", h.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        text.contains(r#"runyard_ingest_deliveries_total{forge="github",result="accepted"} 1"#),
+        "{text}"
+    );
+    assert!(text.contains("runyard_ingest_publish_latency_seconds"));
+    assert!(!text.contains(GH_SECRET));
+    h.stop().await;
+}

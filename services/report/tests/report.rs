@@ -1,0 +1,610 @@
+//! Drives `post` and the real `runyard-report` binary against a fake ingest
+//! (axum on 127.0.0.1:0) that records every request and answers from a
+//! script.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post as post_route;
+use runyard_report::{
+    CgroupUsage, Error, Forge, ReportInputs, RetryPolicy, build_report, http_client, post,
+    usage_url,
+};
+use secrecy::SecretString;
+use serde_json::{Value, json};
+
+const TOKEN: &str = "s3cret-usage-token";
+const EVENT_ID: &str = "usage:gitlab:gitlab.example.com:4711:1";
+
+/// One scripted answer.
+#[derive(Debug, Clone)]
+struct Reply {
+    status: u16,
+    retry_after: Option<&'static str>,
+    body: String,
+}
+
+impl Reply {
+    fn accepted() -> Self {
+        Reply {
+            status: 202,
+            retry_after: None,
+            body: json!({"event_id": EVENT_ID, "duplicate": false}).to_string(),
+        }
+    }
+
+    fn unavailable(retry_after: &'static str) -> Self {
+        Reply {
+            status: 503,
+            retry_after: Some(retry_after),
+            body: json!({"error": "event log unavailable"}).to_string(),
+        }
+    }
+
+    fn bad_request() -> Self {
+        Reply {
+            status: 400,
+            retry_after: None,
+            body: json!({"error": "missing field `job_id`"}).to_string(),
+        }
+    }
+}
+
+/// What the fake saw of one request.
+#[derive(Debug, Clone)]
+struct Seen {
+    authorization: Option<String>,
+    content_type: Option<String>,
+    body: Value,
+}
+
+#[derive(Debug)]
+struct Shared {
+    script: Vec<Reply>,
+    seen: Mutex<Vec<Seen>>,
+}
+
+#[derive(Debug)]
+struct FakeIngest {
+    base_url: String,
+    shared: Arc<Shared>,
+}
+
+impl FakeIngest {
+    /// Starts the fake; the n-th request gets `script[n]`, later ones the
+    /// last entry. A wrong bearer token gets 401 like the real ingest.
+    async fn start(script: Vec<Reply>) -> Self {
+        let shared = Arc::new(Shared {
+            script,
+            seen: Mutex::new(Vec::new()),
+        });
+        let app = axum::Router::new()
+            .route("/v1/usage", post_route(usage))
+            .with_state(Arc::clone(&shared));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind fake ingest");
+        let addr = listener.local_addr().expect("local addr");
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        FakeIngest {
+            base_url: format!("http://{addr}"),
+            shared,
+        }
+    }
+
+    fn seen(&self) -> Vec<Seen> {
+        self.shared
+            .seen
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
+async fn usage(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
+    let text = |name| {
+        headers
+            .get(name)
+            .and_then(|v: &HeaderValue| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    let seen = Seen {
+        authorization: text(header::AUTHORIZATION),
+        content_type: text(header::CONTENT_TYPE),
+        body: serde_json::from_slice(&body).unwrap_or(Value::Null),
+    };
+    let bearer_ok = seen.authorization.as_deref() == Some(&format!("Bearer {TOKEN}"));
+    let n = {
+        let mut all = shared.seen.lock().unwrap_or_else(PoisonError::into_inner);
+        all.push(seen);
+        all.len() - 1
+    };
+    if !bearer_ok {
+        return (StatusCode::UNAUTHORIZED, r#"{"error":"unauthorized"}"#).into_response();
+    }
+    let reply = &shared.script[n.min(shared.script.len() - 1)];
+    let mut response = (
+        StatusCode::from_u16(reply.status).expect("scripted status"),
+        reply.body.clone(),
+    )
+        .into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    if let Some(after) = reply.retry_after {
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static(after));
+    }
+    response
+}
+
+/// The body has the contract's shape: required identity, known keys only,
+/// numbers where numbers belong.
+fn assert_usage_shape(body: &Value) {
+    let object = body.as_object().expect("usage body is a JSON object");
+    let known = [
+        "forge",
+        "instance",
+        "job_id",
+        "attempt",
+        "ref",
+        "project",
+        "workload",
+        "peak_memory_bytes",
+        "memory_request_bytes",
+        "memory_limit_bytes",
+        "cpu_seconds",
+        "wall_seconds",
+        "cpu_request_millicores",
+        "oom_killed",
+        "exit_code",
+    ];
+    for key in object.keys() {
+        assert!(known.contains(&key.as_str()), "unexpected key {key}");
+    }
+    assert!(matches!(body["forge"].as_str(), Some("github" | "gitlab")));
+    assert!(body["instance"].is_string());
+    assert!(body["job_id"].is_u64());
+    assert!(body["attempt"].is_u64());
+    assert!(body["workload"].is_object());
+    assert!(body["oom_killed"].is_boolean());
+    for key in [
+        "peak_memory_bytes",
+        "memory_request_bytes",
+        "memory_limit_bytes",
+        "cpu_request_millicores",
+    ] {
+        assert!(body.get(key).is_none_or(Value::is_u64), "{key}");
+    }
+}
+
+fn fast_policy() -> RetryPolicy {
+    RetryPolicy {
+        total_timeout: Duration::from_secs(20),
+        request_timeout: Duration::from_secs(5),
+        min_delay: Duration::from_millis(5),
+        max_delay: Duration::from_millis(20),
+        max_retries: 5,
+        retry_after_cap: Duration::from_millis(10),
+    }
+}
+
+fn sample_report() -> runyard_report::Report {
+    let inputs = ReportInputs {
+        forge: Some(Forge::Gitlab),
+        instance: Some("gitlab.example.com".to_owned()),
+        job_id: Some("4711".to_owned()),
+        workload: vec!["package=zlib,version=1.3.1".to_owned()],
+        exit_code: Some("0".to_owned()),
+        ..ReportInputs::default()
+    };
+    let cgroup = CgroupUsage {
+        peak_memory_bytes: Some(1_000_000),
+        memory_limit_bytes: Some(2_000_000),
+        oom_kills: Some(0),
+        cpu_usage_usec: Some(1_500_000),
+    };
+    build_report(&inputs, &cgroup, |_| None, time::OffsetDateTime::now_utc())
+        .expect("sample report")
+}
+
+async fn post_sample(
+    fake_url: &str,
+    token: &str,
+    policy: &RetryPolicy,
+) -> Result<runyard_report::IngestAnswer, Error> {
+    let client = http_client(policy).expect("client");
+    let url = usage_url(fake_url).expect("url");
+    post(
+        &client,
+        &url,
+        &SecretString::from(token),
+        &sample_report(),
+        policy,
+    )
+    .await
+}
+
+#[tokio::test]
+async fn post_retries_503_then_succeeds() {
+    let fake = FakeIngest::start(vec![
+        Reply::unavailable("1"),
+        Reply::unavailable("1"),
+        Reply::accepted(),
+    ])
+    .await;
+    let answer = post_sample(&fake.base_url, TOKEN, &fast_policy())
+        .await
+        .expect("accepted after retries");
+    assert_eq!(answer.event_id.as_deref(), Some(EVENT_ID));
+    assert!(!answer.duplicate);
+
+    let seen = fake.seen();
+    assert_eq!(seen.len(), 3);
+    for request in &seen {
+        assert_eq!(
+            request.authorization.as_deref(),
+            Some(&*format!("Bearer {TOKEN}"))
+        );
+        assert_eq!(request.content_type.as_deref(), Some("application/json"));
+        assert_usage_shape(&request.body);
+        // Every retry sends the same report.
+        assert_eq!(request.body, seen[0].body);
+    }
+    assert_eq!(
+        seen[0].body["workload"],
+        json!({"package": "zlib", "version": "1.3.1"})
+    );
+    assert_eq!(seen[0].body["cpu_seconds"], json!(1.5));
+}
+
+#[tokio::test]
+async fn post_does_not_retry_400() {
+    let fake = FakeIngest::start(vec![Reply::bad_request(), Reply::accepted()]).await;
+    let err = post_sample(&fake.base_url, TOKEN, &fast_policy())
+        .await
+        .expect_err("400 is final");
+    match &err {
+        Error::Rejected { status, body } => {
+            assert_eq!(*status, 400);
+            assert!(body.contains("job_id"), "{body}");
+        }
+        other => panic!("expected Rejected, got {other:?}"),
+    }
+    assert_eq!(fake.seen().len(), 1);
+}
+
+#[tokio::test]
+async fn wrong_token_is_final() {
+    let fake = FakeIngest::start(vec![Reply::accepted()]).await;
+    let err = post_sample(&fake.base_url, "wrong", &fast_policy())
+        .await
+        .expect_err("401 is final");
+    assert!(
+        matches!(err, Error::Rejected { status: 401, .. }),
+        "{err:?}"
+    );
+    assert_eq!(fake.seen().len(), 1);
+}
+
+#[tokio::test]
+async fn post_gives_up_after_max_retries() {
+    let fake = FakeIngest::start(vec![Reply::unavailable("0")]).await;
+    let policy = RetryPolicy {
+        max_retries: 2,
+        ..fast_policy()
+    };
+    let err = post_sample(&fake.base_url, TOKEN, &policy)
+        .await
+        .expect_err("always 503");
+    assert!(
+        matches!(
+            err,
+            Error::Unavailable {
+                status: 503,
+                attempts: 3,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert_eq!(fake.seen().len(), 3);
+}
+
+#[tokio::test]
+async fn retry_after_is_honoured_within_the_deadline() {
+    // Retry-After: 1 (s) under a 30 s cap, and a 300 ms deadline: the
+    // reporter waits for the server rather than hammering it with its 5 ms
+    // back-off, so the deadline passes after exactly one attempt.
+    let fake = FakeIngest::start(vec![Reply::unavailable("1")]).await;
+    let policy = RetryPolicy {
+        total_timeout: Duration::from_millis(300),
+        retry_after_cap: Duration::from_secs(30),
+        ..fast_policy()
+    };
+    let err = post_sample(&fake.base_url, TOKEN, &policy)
+        .await
+        .expect_err("deadline");
+    match &err {
+        Error::Deadline { attempts, last, .. } => {
+            assert_eq!(*attempts, 1);
+            assert!(last.contains("503"), "{last}");
+        }
+        other => panic!("expected Deadline, got {other:?}"),
+    }
+    assert_eq!(fake.seen().len(), 1);
+}
+
+#[tokio::test]
+async fn connection_refused_is_retried_then_reported() {
+    // A port that was just free: nothing listens there.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    drop(listener);
+    let policy = RetryPolicy {
+        max_retries: 2,
+        ..fast_policy()
+    };
+    let err = post_sample(&format!("http://{addr}"), TOKEN, &policy)
+        .await
+        .expect_err("nothing listens");
+    assert!(
+        matches!(err, Error::Transport { attempts: 3, .. }),
+        "{err:?}"
+    );
+}
+
+/// A fake cgroup v2 directory holding the contract's example numbers.
+fn fake_cgroup() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (name, contents) in [
+        ("memory.peak", "9123456789\n"),
+        ("memory.max", "12000000000\n"),
+        (
+            "memory.events",
+            "low 0\nhigh 0\nmax 0\noom 0\noom_kill 0\noom_group_kill 0\n",
+        ),
+        (
+            "cpu.stat",
+            "usage_usec 5400500000\nuser_usec 5000000000\nsystem_usec 400500000\n",
+        ),
+    ] {
+        std::fs::write(dir.path().join(name), contents).expect("write cgroup file");
+    }
+    dir
+}
+
+/// The real binary with a clean environment (so the CI it runs under can't
+/// leak in) plus `env`.
+fn binary(env: &[(&str, &str)]) -> tokio::process::Command {
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_runyard-report"));
+    command.env_clear().env("RUST_LOG", "info");
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    command
+}
+
+#[tokio::test]
+async fn binary_posts_cgroup_usage() {
+    let fake = FakeIngest::start(vec![Reply::unavailable("1"), Reply::accepted()]).await;
+    let cgroup = fake_cgroup();
+    let token_file = cgroup.path().join("token");
+    std::fs::write(&token_file, format!("{TOKEN}\n")).expect("write token");
+    let token_path = token_file.to_str().expect("utf-8 path");
+
+    let output = binary(&[
+        ("RUNYARD_USAGE_TOKEN_FILE", token_path),
+        ("KUBERNETES_MEMORY_REQUEST", "8000M"),
+        ("RUNYARD_JOB_EXIT_CODE", "0"),
+    ])
+    .args([
+        "--cgroup-dir",
+        cgroup.path().to_str().expect("utf-8 path"),
+        "--url",
+        &fake.base_url,
+        "--forge",
+        "gitlab",
+        "--instance",
+        "gitlab.example.com",
+        "--job-id",
+        "4711",
+        "--ref",
+        "develop",
+        "--workload",
+        "package=py-torch,version=2.3.1",
+        "--workload",
+        "compiler=gcc,compiler_version=12.3.0,variants=+cuda~rocm",
+        "--cpu-request",
+        "8",
+        "--wall-seconds",
+        "900.2",
+        "--retry-min-delay",
+        "10ms",
+        "--retry-after-cap",
+        "10ms",
+        "--fail-on-error",
+    ])
+    .output()
+    .await
+    .expect("run runyard-report");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "exit {:?}: {stderr}",
+        output.status
+    );
+    assert!(stderr.contains(EVENT_ID), "event id logged: {stderr}");
+    assert!(!stderr.contains(TOKEN), "token leaked: {stderr}");
+    assert!(output.stdout.is_empty());
+
+    let seen = fake.seen();
+    assert_eq!(seen.len(), 2, "one 503, one retry");
+    let body = &seen[1].body;
+    assert_usage_shape(body);
+    assert_eq!(
+        *body,
+        json!({
+            "forge": "gitlab", "instance": "gitlab.example.com", "job_id": 4711,
+            "attempt": 1, "ref": "develop",
+            "workload": {"package": "py-torch", "version": "2.3.1", "compiler": "gcc",
+                         "compiler_version": "12.3.0", "variants": "+cuda~rocm"},
+            "peak_memory_bytes": 9123456789u64, "memory_request_bytes": 8000000000u64,
+            "memory_limit_bytes": 12000000000u64, "cpu_seconds": 5400.5,
+            "wall_seconds": 900.2, "cpu_request_millicores": 8000,
+            "oom_killed": false, "exit_code": 0
+        })
+    );
+    let bytes = serde_json::to_vec(body).expect("json");
+    runyard_forge::normalize_usage(
+        Some("application/json"),
+        &bytes,
+        time::OffsetDateTime::now_utc(),
+    )
+    .expect("ingest's normalizer accepts the posted body");
+}
+
+#[tokio::test]
+async fn binary_dry_run_prints_and_posts_nothing() {
+    let cgroup = fake_cgroup();
+    std::fs::write(cgroup.path().join("memory.events"), "oom 2\noom_kill 2\n")
+        .expect("write memory.events");
+    let output = binary(&[
+        ("GITLAB_CI", "true"),
+        ("CI_SERVER_URL", "https://gitlab.example.com"),
+        ("CI_JOB_ID", "4711"),
+        ("CI_PROJECT_PATH", "spack/spack"),
+        ("CI_JOB_NAME", "build zlib"),
+        ("CI_COMMIT_REF_NAME", "develop"),
+    ])
+    .args([
+        "--cgroup-dir",
+        cgroup.path().to_str().expect("utf-8 path"),
+        "--dry-run",
+    ])
+    .output()
+    .await
+    .expect("run runyard-report");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let body: Value = serde_json::from_slice(&output.stdout).expect("JSON on stdout");
+    assert_usage_shape(&body);
+    assert_eq!(body["job_id"], 4711);
+    assert_eq!(body["project"], "spack/spack");
+    assert_eq!(
+        body["workload"],
+        json!({"project": "spack/spack", "job": "build zlib"})
+    );
+    assert_eq!(
+        body["oom_killed"], true,
+        "cgroup oom_kill > 0 even without an exit code"
+    );
+    assert!(body.get("exit_code").is_none());
+}
+
+#[tokio::test]
+async fn binary_exit_status_follows_fail_on_error() {
+    let fake = FakeIngest::start(vec![Reply::bad_request()]).await;
+    let cgroup = fake_cgroup();
+    let run = |fail_on_error: bool| {
+        let mut command = binary(&[("RUNYARD_USAGE_TOKEN", TOKEN)]);
+        command.args([
+            "--cgroup-dir",
+            cgroup.path().to_str().expect("utf-8 path"),
+            "--url",
+            &fake.base_url,
+            "--forge",
+            "github",
+            "--job-id",
+            "51725241954",
+        ]);
+        if fail_on_error {
+            command.arg("--fail-on-error");
+        }
+        command.output()
+    };
+
+    let lenient = run(false).await.expect("run runyard-report");
+    let stderr = String::from_utf8_lossy(&lenient.stderr);
+    assert!(
+        lenient.status.success(),
+        "default never fails the job: {stderr}"
+    );
+    assert!(
+        stderr.contains("missing field"),
+        "server's answer logged: {stderr}"
+    );
+    assert!(!stderr.contains(TOKEN), "token leaked: {stderr}");
+
+    let strict = run(true).await.expect("run runyard-report");
+    let stderr = String::from_utf8_lossy(&strict.stderr);
+    assert_eq!(strict.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("400"), "{stderr}");
+
+    // No retries on a 400, in either mode.
+    assert_eq!(fake.seen().len(), 2);
+}
+
+#[tokio::test]
+async fn binary_refuses_to_post_without_a_peak() {
+    // Ingest requires peak_memory_bytes; rather than send 0 (which would
+    // teach the allocator the job needs nothing) the reporter stops early.
+    let fake = FakeIngest::start(vec![Reply::accepted()]).await;
+    let cgroup = fake_cgroup();
+    std::fs::remove_file(cgroup.path().join("memory.peak")).expect("remove memory.peak");
+    let output = binary(&[("RUNYARD_USAGE_TOKEN", TOKEN)])
+        .args([
+            "--cgroup-dir",
+            cgroup.path().to_str().expect("utf-8 path"),
+            "--url",
+            &fake.base_url,
+            "--forge",
+            "gitlab",
+            "--instance",
+            "gitlab.example.com",
+            "--job-id",
+            "4711",
+            "--fail-on-error",
+        ])
+        .output()
+        .await
+        .expect("run runyard-report");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("peak_memory_bytes"), "{stderr}");
+    assert!(fake.seen().is_empty());
+}
+
+#[test]
+fn report_is_what_ingest_accepts() {
+    // The same normalizer ingest runs on `POST /v1/usage`.
+    let report = sample_report();
+    let body = serde_json::to_vec(&report).expect("json");
+    let event = runyard_forge::normalize_usage(
+        Some("application/json"),
+        &body,
+        time::OffsetDateTime::now_utc(),
+    )
+    .expect("ingest accepts the report");
+    assert_eq!(event.id, "usage:gitlab:gitlab.example.com:4711:1");
+    let Some(runyard_events::Body::UsageReported(usage)) = event.body else {
+        panic!("not a UsageReported: {:?}", event.body);
+    };
+    assert_eq!(usage.peak_memory_bytes, 1_000_000);
+    assert_eq!(usage.memory_limit_bytes, Some(2_000_000));
+    assert_eq!(usage.memory_request_bytes, None);
+    assert_eq!(usage.cpu_seconds, 1.5);
+    assert_eq!(usage.exit_code, Some(0));
+    assert_eq!(
+        usage.workload.get("package").map(String::as_str),
+        Some("zlib")
+    );
+}
