@@ -11,6 +11,8 @@ source scripts/lib.sh
 STATE="$RUNYARD_STATE_DIR/dev"
 NATS_PORT="${RUNYARD_DEV_NATS_PORT:-4333}"
 INGEST_ADDR="${RUNYARD_DEV_INGEST_LISTEN:-127.0.0.1:8080}"
+TRACKER_ADDR="${RUNYARD_DEV_TRACKER_LISTEN:-127.0.0.1:8082}"
+export RUNYARD_DATABASE_URL="${RUNYARD_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/runyard}"
 export RUNYARD_NATS_URL="nats://127.0.0.1:${NATS_PORT}"
 export RUNYARD_NAMESPACE="${RUNYARD_NAMESPACE:-runyard}"
 export RUNYARD_GITHUB_WEBHOOK_SECRET="${RUNYARD_GITHUB_WEBHOOK_SECRET:-dev-github-secret}"
@@ -22,7 +24,7 @@ BIN=target/debug
 running() { [[ -f "$STATE/$1.pid" ]] && kill -0 "$(cat "$STATE/$1.pid")" 2>/dev/null; }
 
 down() {
-  for svc in ingest nats; do
+  for svc in job-tracker ingest nats; do
     if running "$svc"; then
       kill "$(cat "$STATE/$svc.pid")" 2>/dev/null || true
       log "stopped $svc"
@@ -69,12 +71,19 @@ demo() {
     --data-binary @$fx/usage_report.json -w '  → HTTP %{http_code}\n'
   log "the event log now holds (runyard-tail):"
   "$BIN/runyard-tail"
+  log "job-tracker projected it into Postgres ($RUNYARD_DATABASE_URL):"
+  for _ in $(seq 1 50); do
+    [[ "$(psql "$RUNYARD_DATABASE_URL" -Atqc 'SELECT count(*) FROM usage_samples' 2>/dev/null)" -ge 1 ]] && break
+    sleep 0.2
+  done
+  psql "$RUNYARD_DATABASE_URL" -qc "SELECT forge, instance, job_id, status, conclusion, failure_reason, name FROM jobs ORDER BY job_id"
+  psql "$RUNYARD_DATABASE_URL" -qc "SELECT job_id, workload_key, peak_memory_bytes, oom_killed, job_status FROM job_usage"
 }
 
 up() {
   mkdir -p "$STATE"
   log "building runyard"
-  cargo build --quiet --bin runyard-ingest --bin runyard-tail
+  cargo build --quiet --bin runyard-ingest --bin runyard-tail --bin runyard-job-tracker
   if ! running nats; then
     start_nats "$NATS_PORT" "$STATE/nats"
     echo "$NATS_PID" > "$STATE/nats.pid"
@@ -86,6 +95,13 @@ up() {
     wait_http "http://${INGEST_ADDR}/readyz"
     log "runyard-ingest on http://${INGEST_ADDR} (log: $STATE/ingest.log)"
   fi
+  ensure_postgres
+  if ! running job-tracker; then
+    RUNYARD_TRACKER_HTTP_LISTEN="$TRACKER_ADDR" "$BIN/runyard-job-tracker" > "$STATE/job-tracker.log" 2>&1 &
+    echo $! > "$STATE/job-tracker.pid"
+    wait_http "http://${TRACKER_ADDR}/readyz"
+    log "runyard-job-tracker projecting into $RUNYARD_DATABASE_URL (log: $STATE/job-tracker.log)"
+  fi
   demo
   log "stack is up; stop it with: bash scripts/dev.sh down"
 }
@@ -94,6 +110,6 @@ case "${1:-up}" in
   up) up ;;
   down) down ;;
   demo) demo ;;
-  status) for s in nats ingest; do running "$s" && echo "$s running" || echo "$s stopped"; done ;;
+  status) for s in nats ingest job-tracker; do running "$s" && echo "$s running" || echo "$s stopped"; done ;;
   *) echo "usage: $0 [up|down|demo|status]" >&2; exit 2 ;;
 esac

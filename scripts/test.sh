@@ -1,14 +1,24 @@
 #!/usr/bin/env bash
-# The test command (README.md): installs what the tests need, starts a
-# throwaway nats-server with JetStream, runs every test, and tears it down.
+# The test command (README.md): installs what the tests need (a current
+# nats-server, a running Postgres), starts a throwaway nats-server with
+# JetStream, runs every test (each in its own namespace / database), and
+# tears everything down.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib.sh
 
+ensure_postgres
+export RUNYARD_TEST_DATABASE_URL="${RUNYARD_TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}"
+drop_test_databases() {
+  psql "$RUNYARD_TEST_DATABASE_URL" -Atqc "SELECT datname FROM pg_database WHERE datname LIKE 'runyard\_t\_%'" 2>/dev/null |
+    while read -r db; do psql "$RUNYARD_TEST_DATABASE_URL" -qc "DROP DATABASE IF EXISTS \"$db\" WITH (FORCE)" >/dev/null 2>&1 || true; done
+}
+drop_test_databases
+
 dir="$(mktemp -d "${TMPDIR:-/tmp}/runyard-test.XXXXXX")"
 port="$(free_port)"
 start_nats "$port" "$dir"
-cleanup() { kill "$NATS_PID" 2>/dev/null || true; wait "$NATS_PID" 2>/dev/null || true; rm -rf "$dir"; }
+cleanup() { kill "$NATS_PID" 2>/dev/null || true; wait "$NATS_PID" 2>/dev/null || true; rm -rf "$dir"; drop_test_databases; }
 trap cleanup EXIT
 
 export RUNYARD_TEST_NATS_URL="nats://127.0.0.1:${port}"

@@ -200,6 +200,13 @@ impl Bus {
     /// settings in line with `settings`. Safe to call from every replica on
     /// every start.
     pub async fn ensure_streams(&self, settings: &StreamSettings) -> Result<(), BusError> {
+        for wanted in self.stream_configs(settings) {
+            self.reconcile_stream(wanted).await?;
+        }
+        Ok(())
+    }
+
+    fn stream_configs(&self, settings: &StreamSettings) -> [stream::Config; 2] {
         let config = |name: String, subject: String, max_age: Duration| stream::Config {
             name,
             subjects: vec![subject],
@@ -211,18 +218,32 @@ impl Bus {
             allow_direct: true,
             ..Default::default()
         };
-        let events = config(
-            self.ns.events_stream(),
-            self.ns.all_events(),
-            settings.events_max_age,
-        );
-        let raw = config(
-            self.ns.raw_stream(),
-            self.ns.all_raw(),
-            settings.raw_max_age,
-        );
-        for wanted in [events, raw] {
-            self.reconcile_stream(wanted).await?;
+        [
+            config(
+                self.ns.events_stream(),
+                self.ns.all_events(),
+                settings.events_max_age,
+            ),
+            config(
+                self.ns.raw_stream(),
+                self.ns.all_raw(),
+                settings.raw_max_age,
+            ),
+        ]
+    }
+
+    /// Creates the streams only where they are missing, leaving existing
+    /// settings alone: for consumers, so they never fight ingest (which owns
+    /// retention settings) over them.
+    pub async fn create_streams_if_missing(
+        &self,
+        settings: &StreamSettings,
+    ) -> Result<(), BusError> {
+        for wanted in self.stream_configs(settings) {
+            self.js
+                .get_or_create_stream(wanted)
+                .await
+                .map_err(|e| nats_err("creating stream", e))?;
         }
         Ok(())
     }

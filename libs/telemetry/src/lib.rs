@@ -114,6 +114,27 @@ pub async fn shutdown_signal() {
     tracing::info!("shutdown signal received");
 }
 
+/// Loads a service's typed configuration: `T::default()`, then the TOML
+/// `file` if given, then `RUNYARD_<KEY>` environment variables for the keys
+/// the service reads (other services' variables in the same environment are
+/// left alone; unknown keys in the file are rejected by the type's
+/// `deny_unknown_fields`).
+pub fn load_config<T>(
+    file: Option<&std::path::Path>,
+    env_keys: &[&str],
+) -> Result<T, Box<figment::Error>>
+where
+    T: serde::Serialize + serde::de::DeserializeOwned + Default,
+{
+    use figment::providers::{Env, Format, Serialized, Toml};
+    let mut fig = figment::Figment::from(Serialized::defaults(T::default()));
+    if let Some(file) = file {
+        fig = fig.merge(Toml::file_exact(file));
+    }
+    fig = fig.merge(Env::prefixed("RUNYARD_").only(env_keys));
+    fig.extract().map_err(Box::new)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

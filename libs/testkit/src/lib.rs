@@ -224,3 +224,84 @@ pub fn decode_events(msgs: &[async_nats::jetstream::Message]) -> Vec<runyard_eve
         })
         .collect()
 }
+
+pub mod proxy;
+pub mod synth;
+
+/// Env var with an admin URL of the tests' Postgres server.
+pub const DATABASE_URL_ENV: &str = "RUNYARD_TEST_DATABASE_URL";
+
+/// Prefix of per-test databases (`scripts/test.sh` drops leftovers).
+pub const TEST_DB_PREFIX: &str = "runyard_t_";
+
+/// A database of its own for one test, on the local Postgres. It is created
+/// by whoever migrates it first (the service under test); `drop` removes it.
+#[derive(Debug, Clone)]
+pub struct TestDb {
+    /// Its URL.
+    pub url: String,
+    /// Its name.
+    pub name: String,
+}
+
+impl TestDb {
+    /// A fresh, unique database URL (not created yet).
+    pub fn new() -> Self {
+        let server = std::env::var(DATABASE_URL_ENV)
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+        let base = server
+            .rsplit_once('/')
+            .map_or(server.as_str(), |(b, _)| b)
+            .to_owned();
+        let name = format!(
+            "{TEST_DB_PREFIX}{}",
+            &uuid::Uuid::new_v4().simple().to_string()[..16]
+        );
+        Self {
+            url: format!("{base}/{name}"),
+            name,
+        }
+    }
+
+    /// The same server, another database name.
+    pub fn sibling(&self, name: &str) -> String {
+        self.url.replacen(&self.name, name, 1)
+    }
+
+    /// Drops the database (best effort; connections are terminated).
+    pub async fn drop_db(&self) {
+        let admin = self.sibling("postgres");
+        if let Ok(mut conn) = <sqlx::PgConnection as sqlx::Connection>::connect(&admin).await {
+            let _ = sqlx::query(&format!(
+                "DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)",
+                self.name
+            ))
+            .execute(&mut conn)
+            .await;
+        }
+    }
+}
+
+impl Default for TestDb {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Polls `check` until it returns `Some` or `limit` passes.
+pub async fn eventually<T, F, Fut>(limit: Duration, mut check: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(v) = check().await {
+            return Some(v);
+        }
+        if Instant::now() > deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

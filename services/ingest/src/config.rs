@@ -6,8 +6,6 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use bytesize::ByteSize;
-use figment::Figment;
-use figment::providers::{Env, Format, Serialized, Toml};
 use secrecy::SecretString;
 use serde::{Deserialize, Serialize};
 
@@ -112,12 +110,7 @@ pub enum ConfigError {
 impl Config {
     /// Loads defaults, then `file` (TOML) if given, then the environment.
     pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
-        let mut fig = Figment::from(Serialized::defaults(Config::default()));
-        if let Some(file) = file {
-            fig = fig.merge(Toml::file_exact(file));
-        }
-        fig = fig.merge(Env::prefixed("RUNYARD_").only(ENV_KEYS));
-        let mut config: Config = fig.extract().map_err(Box::new)?;
+        let mut config: Config = runyard_telemetry::load_config(file, ENV_KEYS)?;
         config.resolve_secret_files()?;
         Ok(config)
     }

@@ -1,0 +1,363 @@
+//! Applying a batch of events to Postgres in one transaction: record the
+//! event ids (skipping those already applied), then upsert the merged rows
+//! with the same merge rules as [`crate::projection`].
+
+use std::sync::LazyLock;
+
+use runyard_events::Event;
+use sqlx::{PgPool, Postgres, Transaction};
+
+use crate::projection::{Delta, JobRow, PipelineRow, Unprojectable, UsageRow};
+
+/// One event to apply, with the stream sequence it came from.
+#[derive(Debug, Clone)]
+pub struct Incoming {
+    /// Stream sequence.
+    pub seq: u64,
+    /// The decoded event.
+    pub event: Event,
+}
+
+/// What applying a batch did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Applied {
+    /// Events applied for the first time.
+    pub new: usize,
+    /// Events skipped because they were applied before.
+    pub duplicates: usize,
+    /// Events that cannot be projected: `(stream seq, reason)`.
+    pub rejected: Vec<(u64, String)>,
+}
+
+/// Applies `batch` in one transaction. Events whose ids were applied before
+/// (by this or another replica, or earlier in the batch) have no effect.
+/// Events that cannot be projected are recorded as applied (so they are not
+/// retried forever) and returned in [`Applied::rejected`] for dead-lettering.
+pub async fn apply_batch(pool: &PgPool, batch: &[Incoming]) -> Result<Applied, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    let applied = apply_in(&mut tx, batch).await?;
+    tx.commit().await?;
+    Ok(applied)
+}
+
+/// [`apply_batch`] inside a caller's transaction.
+pub async fn apply_in(
+    tx: &mut Transaction<'_, Postgres>,
+    batch: &[Incoming],
+) -> Result<Applied, sqlx::Error> {
+    // Deduplicate within the batch first (redelivery can put one event in a
+    // batch twice); the lowest sequence is recorded.
+    let mut seen = std::collections::HashSet::new();
+    let unique: Vec<&Incoming> = batch
+        .iter()
+        .filter(|i| seen.insert(i.event.id.as_str()))
+        .collect();
+    let ids: Vec<String> = unique.iter().map(|i| i.event.id.clone()).collect();
+    let seqs: Vec<i64> = unique
+        .iter()
+        .map(|i| i64::try_from(i.seq).unwrap_or(i64::MAX))
+        .collect();
+    let fresh: Vec<String> = sqlx::query_scalar(
+        "INSERT INTO applied_events (event_id, stream_seq)
+         SELECT * FROM unnest($1::text[], $2::int8[])
+         ON CONFLICT DO NOTHING RETURNING event_id",
+    )
+    .bind(&ids)
+    .bind(&seqs)
+    .fetch_all(&mut **tx)
+    .await?;
+    let fresh: std::collections::HashSet<String> = fresh.into_iter().collect();
+
+    let mut delta = Delta::default();
+    let mut applied = Applied {
+        duplicates: batch.len() - fresh.len(),
+        ..Applied::default()
+    };
+    for i in unique.iter().filter(|i| fresh.contains(&i.event.id)) {
+        match delta.add(&i.event) {
+            Ok(()) => applied.new += 1,
+            Err(Unprojectable(reason)) => applied.rejected.push((i.seq, reason)),
+        }
+    }
+    upsert_jobs(tx, &delta).await?;
+    upsert_pipelines(tx, &delta).await?;
+    insert_usage(tx, &delta).await?;
+    Ok(applied)
+}
+
+/// Builds `col = CASE WHEN <excluded ranks higher> THEN COALESCE(EXCLUDED.col,
+/// t.col) ELSE COALESCE(t.col, EXCLUDED.col) END` for descriptive columns.
+fn pick(table: &str, cols: &[&str]) -> String {
+    let newer = format!(
+        "(EXCLUDED.rank_status, EXCLUDED.rank_at, EXCLUDED.rank_event COLLATE \"C\") > \
+         ({table}.rank_status, {table}.rank_at, {table}.rank_event COLLATE \"C\")"
+    );
+    cols.iter()
+        .map(|c| {
+            format!(
+                "{c} = CASE WHEN {newer} THEN COALESCE(EXCLUDED.{c}, {table}.{c}) \
+                 ELSE COALESCE({table}.{c}, EXCLUDED.{c}) END"
+            )
+        })
+        .chain(
+            ["rank_status", "rank_at", "rank_event"]
+                .iter()
+                .map(|c| format!("{c} = CASE WHEN {newer} THEN EXCLUDED.{c} ELSE {table}.{c} END")),
+        )
+        .collect::<Vec<_>>()
+        .join(",\n")
+}
+
+const JOB_PICKED: &[&str] = &[
+    "project",
+    "project_id",
+    "pipeline_id",
+    "run_attempt",
+    "name",
+    "stage",
+    "workflow_name",
+    "labels",
+    "forge_status",
+    "conclusion",
+    "failure_reason",
+    "runner_id",
+    "runner_name",
+    "runner_group_id",
+    "runner_group_name",
+    "ref",
+    "sha",
+    "tag",
+    "html_url",
+    "organization",
+    "enterprise",
+    "allow_failure",
+    "duration_seconds",
+    "queued_duration_seconds",
+];
+
+static UPSERT_JOBS: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "INSERT INTO jobs (forge, instance, job_id, status, project, project_id, pipeline_id,
+            run_attempt, name, stage, workflow_name, labels, forge_status, conclusion,
+            failure_reason, runner_id, runner_name, runner_group_id, runner_group_name, ref, sha,
+            tag, html_url, organization, enterprise, allow_failure, duration_seconds,
+            queued_duration_seconds, created_at, queued_at, started_at, completed_at,
+            first_seen_at, last_event_at, rank_status, rank_at, rank_event)
+         SELECT forge, instance, job_id, status, project, project_id, pipeline_id,
+            run_attempt, name, stage, workflow_name, labels::jsonb, forge_status, conclusion,
+            failure_reason, runner_id, runner_name, runner_group_id, runner_group_name, ref, sha,
+            tag, html_url, organization, enterprise, allow_failure, duration_seconds,
+            queued_duration_seconds, created_at, queued_at, started_at, completed_at,
+            first_seen_at, last_event_at, rank_status, rank_at, rank_event
+         FROM unnest($1::text[], $2::text[], $3::int8[], $4::int2[], $5::text[], $6::int8[],
+            $7::int8[], $8::int4[], $9::text[], $10::text[], $11::text[], $12::text[],
+            $13::text[], $14::text[], $15::text[], $16::int8[], $17::text[], $18::int8[],
+            $19::text[], $20::text[], $21::text[], $22::bool[], $23::text[], $24::text[],
+            $25::text[], $26::bool[], $27::float8[], $28::float8[], $29::timestamptz[],
+            $30::timestamptz[], $31::timestamptz[], $32::timestamptz[], $33::timestamptz[],
+            $34::timestamptz[], $35::int2[], $36::timestamptz[], $37::text[])
+            AS t(forge, instance, job_id, status, project, project_id, pipeline_id,
+            run_attempt, name, stage, workflow_name, labels, forge_status, conclusion,
+            failure_reason, runner_id, runner_name, runner_group_id, runner_group_name, ref, sha,
+            tag, html_url, organization, enterprise, allow_failure, duration_seconds,
+            queued_duration_seconds, created_at, queued_at, started_at, completed_at,
+            first_seen_at, last_event_at, rank_status, rank_at, rank_event)
+         ON CONFLICT (forge, instance, job_id) DO UPDATE SET
+            status = GREATEST(jobs.status, EXCLUDED.status),
+            created_at = LEAST(jobs.created_at, EXCLUDED.created_at),
+            queued_at = LEAST(jobs.queued_at, EXCLUDED.queued_at),
+            started_at = LEAST(jobs.started_at, EXCLUDED.started_at),
+            completed_at = LEAST(jobs.completed_at, EXCLUDED.completed_at),
+            first_seen_at = LEAST(jobs.first_seen_at, EXCLUDED.first_seen_at),
+            last_event_at = GREATEST(jobs.last_event_at, EXCLUDED.last_event_at),
+            {}",
+        pick("jobs", JOB_PICKED)
+    )
+});
+
+/// Sorted by key so concurrent replicas lock rows in the same order (no
+/// deadlocks between them).
+fn sorted<R>(map: &std::collections::HashMap<crate::projection::Key, R>) -> Vec<&R> {
+    let mut keys: Vec<_> = map.keys().collect();
+    keys.sort();
+    keys.into_iter().filter_map(|k| map.get(k)).collect()
+}
+
+macro_rules! column {
+    ($rows:expr, $f:ident) => {
+        $rows.iter().map(|r| r.$f.clone()).collect::<Vec<_>>()
+    };
+}
+
+async fn upsert_jobs(tx: &mut Transaction<'_, Postgres>, delta: &Delta) -> Result<(), sqlx::Error> {
+    if delta.jobs.is_empty() {
+        return Ok(());
+    }
+    let rows: Vec<&JobRow> = sorted(&delta.jobs);
+    let labels: Vec<Option<String>> = rows
+        .iter()
+        .map(|r| r.labels.as_ref().map(ToString::to_string))
+        .collect();
+    sqlx::query(&UPSERT_JOBS)
+        .bind(column!(rows, forge))
+        .bind(column!(rows, instance))
+        .bind(column!(rows, job_id))
+        .bind(column!(rows, status))
+        .bind(column!(rows, project))
+        .bind(column!(rows, project_id))
+        .bind(column!(rows, pipeline_id))
+        .bind(column!(rows, run_attempt))
+        .bind(column!(rows, name))
+        .bind(column!(rows, stage))
+        .bind(column!(rows, workflow_name))
+        .bind(labels)
+        .bind(column!(rows, forge_status))
+        .bind(column!(rows, conclusion))
+        .bind(column!(rows, failure_reason))
+        .bind(column!(rows, runner_id))
+        .bind(column!(rows, runner_name))
+        .bind(column!(rows, runner_group_id))
+        .bind(column!(rows, runner_group_name))
+        .bind(column!(rows, r#ref))
+        .bind(column!(rows, sha))
+        .bind(column!(rows, tag))
+        .bind(column!(rows, html_url))
+        .bind(column!(rows, organization))
+        .bind(column!(rows, enterprise))
+        .bind(column!(rows, allow_failure))
+        .bind(column!(rows, duration_seconds))
+        .bind(column!(rows, queued_duration_seconds))
+        .bind(column!(rows, created_at))
+        .bind(column!(rows, queued_at))
+        .bind(column!(rows, started_at))
+        .bind(column!(rows, completed_at))
+        .bind(column!(rows, first_seen_at))
+        .bind(column!(rows, last_event_at))
+        .bind(column!(rows, rank_status))
+        .bind(column!(rows, rank_at))
+        .bind(column!(rows, rank_event))
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+const PIPELINE_PICKED: &[&str] = &[
+    "project_id",
+    "project",
+    "ref",
+    "sha",
+    "tag",
+    "status",
+    "pipeline_source",
+    "web_url",
+    "duration_seconds",
+    "queued_duration_seconds",
+    "finished_at",
+];
+
+static UPSERT_PIPELINES: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "INSERT INTO pipelines (forge, instance, pipeline_id, project_id, project, ref, sha, tag,
+            status, pipeline_source, web_url, duration_seconds, queued_duration_seconds,
+            created_at, finished_at, first_seen_at, last_event_at, rank_status, rank_at,
+            rank_event)
+         SELECT * FROM unnest($1::text[], $2::text[], $3::int8[], $4::int8[], $5::text[],
+            $6::text[], $7::text[], $8::bool[], $9::text[], $10::text[], $11::text[],
+            $12::float8[], $13::float8[], $14::timestamptz[], $15::timestamptz[],
+            $16::timestamptz[], $17::timestamptz[], $18::int2[], $19::timestamptz[], $20::text[])
+         ON CONFLICT (forge, instance, pipeline_id) DO UPDATE SET
+            created_at = LEAST(pipelines.created_at, EXCLUDED.created_at),
+            first_seen_at = LEAST(pipelines.first_seen_at, EXCLUDED.first_seen_at),
+            last_event_at = GREATEST(pipelines.last_event_at, EXCLUDED.last_event_at),
+            {}",
+        pick("pipelines", PIPELINE_PICKED)
+    )
+});
+
+async fn upsert_pipelines(
+    tx: &mut Transaction<'_, Postgres>,
+    delta: &Delta,
+) -> Result<(), sqlx::Error> {
+    if delta.pipelines.is_empty() {
+        return Ok(());
+    }
+    let rows: Vec<&PipelineRow> = sorted(&delta.pipelines);
+    sqlx::query(&UPSERT_PIPELINES)
+        .bind(column!(rows, forge))
+        .bind(column!(rows, instance))
+        .bind(column!(rows, pipeline_id))
+        .bind(column!(rows, project_id))
+        .bind(column!(rows, project))
+        .bind(column!(rows, r#ref))
+        .bind(column!(rows, sha))
+        .bind(column!(rows, tag))
+        .bind(column!(rows, status))
+        .bind(column!(rows, pipeline_source))
+        .bind(column!(rows, web_url))
+        .bind(column!(rows, duration_seconds))
+        .bind(column!(rows, queued_duration_seconds))
+        .bind(column!(rows, created_at))
+        .bind(column!(rows, finished_at))
+        .bind(column!(rows, first_seen_at))
+        .bind(column!(rows, last_event_at))
+        .bind(column!(rows, rank_status))
+        .bind(column!(rows, rank_at))
+        .bind(column!(rows, rank_event))
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+async fn insert_usage(
+    tx: &mut Transaction<'_, Postgres>,
+    delta: &Delta,
+) -> Result<(), sqlx::Error> {
+    if delta.usage.is_empty() {
+        return Ok(());
+    }
+    let mut keys: Vec<_> = delta.usage.keys().collect();
+    keys.sort();
+    let rows: Vec<&UsageRow> = keys
+        .into_iter()
+        .filter_map(|k| delta.usage.get(k))
+        .collect();
+    sqlx::query(
+        "INSERT INTO usage_samples (forge, instance, job_id, attempt, event_id, ref, project,
+            workload, workload_key, peak_memory_bytes, memory_request_bytes, memory_limit_bytes,
+            cpu_seconds, wall_seconds, cpu_request_millicores, oom_killed, exit_code, reported_at)
+         SELECT forge, instance, job_id, attempt, event_id, ref, project, workload::jsonb,
+            workload_key, peak, req, lim, cpu, wall, cpureq, oom, exit, at
+         FROM unnest($1::text[], $2::text[], $3::int8[], $4::int4[], $5::text[], $6::text[],
+            $7::text[], $8::text[], $9::text[], $10::int8[], $11::int8[], $12::int8[],
+            $13::float8[], $14::float8[], $15::int8[], $16::bool[], $17::int4[],
+            $18::timestamptz[])
+            AS t(forge, instance, job_id, attempt, event_id, ref, project, workload,
+            workload_key, peak, req, lim, cpu, wall, cpureq, oom, exit, at)
+         ON CONFLICT (forge, instance, job_id, attempt) DO NOTHING",
+    )
+    .bind(column!(rows, forge))
+    .bind(column!(rows, instance))
+    .bind(column!(rows, job_id))
+    .bind(column!(rows, attempt))
+    .bind(column!(rows, event_id))
+    .bind(column!(rows, r#ref))
+    .bind(column!(rows, project))
+    .bind(
+        rows.iter()
+            .map(|r| r.workload.to_string())
+            .collect::<Vec<_>>(),
+    )
+    .bind(column!(rows, workload_key))
+    .bind(column!(rows, peak_memory_bytes))
+    .bind(column!(rows, memory_request_bytes))
+    .bind(column!(rows, memory_limit_bytes))
+    .bind(column!(rows, cpu_seconds))
+    .bind(column!(rows, wall_seconds))
+    .bind(column!(rows, cpu_request_millicores))
+    .bind(column!(rows, oom_killed))
+    .bind(column!(rows, exit_code))
+    .bind(column!(rows, reported_at))
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}

@@ -1,0 +1,97 @@
+//! Typed, layered configuration (defaults → TOML → `RUNYARD_*` env).
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// Everything `runyard-job-tracker` can be told.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// `RUNYARD_NATS_URL`.
+    pub nats_url: String,
+    /// `RUNYARD_NAMESPACE`.
+    pub namespace: String,
+    /// `RUNYARD_DATABASE_URL`.
+    pub database_url: String,
+    /// `RUNYARD_TRACKER_HTTP_LISTEN` (`/healthz`, `/readyz`, `/metrics`).
+    pub tracker_http_listen: SocketAddr,
+    /// `RUNYARD_TRACKER_BATCH_SIZE`: most events applied per transaction.
+    pub tracker_batch_size: usize,
+    /// `RUNYARD_TRACKER_BATCH_WAIT`: longest wait to fill a batch.
+    #[serde(with = "humantime_serde")]
+    pub tracker_batch_wait: Duration,
+    /// `RUNYARD_TRACKER_MAX_ATTEMPTS`: deliveries of an undecodable message
+    /// before it is dead-lettered.
+    pub tracker_max_attempts: u32,
+    /// `RUNYARD_TRACKER_ACK_WAIT`: how long JetStream waits for an ack before
+    /// redelivering (to this or another replica).
+    #[serde(with = "humantime_serde")]
+    pub tracker_ack_wait: Duration,
+    /// `RUNYARD_DATABASE_POOL_SIZE`.
+    pub database_pool_size: u32,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            nats_url: "nats://127.0.0.1:4222".into(),
+            namespace: "runyard".into(),
+            database_url: "postgres://postgres@127.0.0.1:5432/runyard".into(),
+            tracker_http_listen: SocketAddr::from(([0, 0, 0, 0], 8082)),
+            tracker_batch_size: 1000,
+            tracker_batch_wait: Duration::from_millis(50),
+            tracker_max_attempts: 3,
+            tracker_ack_wait: Duration::from_secs(30),
+            database_pool_size: 4,
+        }
+    }
+}
+
+const ENV_KEYS: &[&str] = &[
+    "nats_url",
+    "namespace",
+    "database_url",
+    "tracker_http_listen",
+    "tracker_batch_size",
+    "tracker_batch_wait",
+    "tracker_max_attempts",
+    "tracker_ack_wait",
+    "database_pool_size",
+];
+
+impl Config {
+    /// Loads defaults, then `file` (TOML) if given, then the environment.
+    pub fn load(file: Option<&Path>) -> Result<Self, Box<figment::Error>> {
+        runyard_telemetry::load_config(file, ENV_KEYS)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment::Jail's own error type
+    fn defaults_then_file_then_env() {
+        figment::Jail::expect_with(|jail| {
+            let c = Config::load(None).map_err(|e| e.to_string())?;
+            assert_eq!(c.tracker_http_listen.to_string(), "0.0.0.0:8082");
+            assert_eq!(c.database_url, "postgres://postgres@127.0.0.1:5432/runyard");
+            jail.create_file(
+                "t.toml",
+                "tracker_batch_size = 10\ntracker_batch_wait = \"5ms\"\n",
+            )?;
+            jail.set_env("RUNYARD_TRACKER_BATCH_SIZE", "20");
+            jail.set_env("RUNYARD_GITHUB_WEBHOOK_SECRET", "other service's");
+            let c = Config::load(Some(Path::new("t.toml"))).map_err(|e| e.to_string())?;
+            assert_eq!(c.tracker_batch_size, 20);
+            assert_eq!(c.tracker_batch_wait, Duration::from_millis(5));
+            jail.create_file("bad.toml", "batch = 1\n")?;
+            assert!(Config::load(Some(Path::new("bad.toml"))).is_err());
+            Ok(())
+        });
+    }
+}

@@ -1,0 +1,222 @@
+//! runyard job-tracker: projects the event log into Postgres exactly once —
+//! idempotent under redelivery, safe with several replicas on one consumer,
+//! and rebuildable from the log.
+
+pub mod apply;
+pub mod config;
+mod metrics;
+pub mod projection;
+pub mod rebuild;
+mod tracker;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use axum::extract::State as AxumState;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use runyard_bus::{Bus, StreamSettings};
+use runyard_events::Namespace;
+use runyard_telemetry::Metrics;
+use serde_json::json;
+use sqlx::PgPool;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+pub use config::Config;
+use metrics::TrackerMetrics;
+pub use tracker::CONSUMER;
+
+/// Shared state of the consumer and the HTTP endpoints.
+#[derive(Debug)]
+pub struct Inner {
+    config: Config,
+    bus: Bus,
+    pool: PgPool,
+    registry: Metrics,
+    metrics: TrackerMetrics,
+    db_ok: AtomicBool,
+    consumer_ready: AtomicBool,
+    last_acked: AtomicU64,
+}
+
+type State = Arc<Inner>;
+
+/// A built job-tracker: migrated, connected, listening.
+#[derive(Debug)]
+pub struct App {
+    state: State,
+    listener: TcpListener,
+}
+
+impl App {
+    /// Runs the migrations, connects to Postgres and NATS and binds the HTTP
+    /// listener.
+    pub async fn build(config: Config) -> anyhow::Result<Self> {
+        let ns = Namespace::new(config.namespace.clone())?;
+        runyard_store::migrate(&config.database_url)
+            .await
+            .context("migrating the projection database")?;
+        let pool = rebuild::pool(&config.database_url, config.database_pool_size).await?;
+        let bus = Bus::connect(&config.nats_url, ns, "runyard-job-tracker", true).await?;
+        let listener = TcpListener::bind(config.tracker_http_listen)
+            .await
+            .with_context(|| format!("binding {}", config.tracker_http_listen))?;
+        let registry = Metrics::new();
+        let metrics = TrackerMetrics::register(&registry);
+        tracing::info!(addr = %listener.local_addr()?, namespace = %bus.namespace(), "job-tracker listening");
+        Ok(Self {
+            state: Arc::new(Inner {
+                config,
+                bus,
+                pool,
+                registry,
+                metrics,
+                db_ok: AtomicBool::new(true),
+                consumer_ready: AtomicBool::new(false),
+                last_acked: AtomicU64::new(0),
+            }),
+            listener,
+        })
+    }
+
+    /// The HTTP listener's address.
+    pub fn local_addr(&self) -> SocketAddr {
+        #[allow(clippy::expect_used)]
+        self.listener.local_addr().expect("bound listener")
+    }
+
+    /// Consumes until `shutdown` resolves; the batch in hand is applied and
+    /// acked before it returns.
+    pub async fn run(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> anyhow::Result<()> {
+        let stop = CancellationToken::new();
+        let stopper = {
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                shutdown.await;
+                stop.cancel();
+            })
+        };
+        // The consumer needs the stream; create it if ingest has not yet.
+        let state = self.state.clone();
+        let setup = {
+            let stop = stop.clone();
+            async move {
+                while !stop.is_cancelled() {
+                    if state.bus.is_connected()
+                        && state
+                            .bus
+                            .create_streams_if_missing(&StreamSettings::default())
+                            .await
+                            .is_ok()
+                    {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        };
+        let consumer = {
+            let state = self.state.clone();
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                setup.await;
+                tracker::consume(state, stop).await;
+            })
+        };
+        let watcher = tokio::spawn(watch(self.state.clone(), stop.clone()));
+        let router = axum::Router::new()
+            .route(
+                "/healthz",
+                get(|| async { axum::Json(json!({"status": "ok"})) }),
+            )
+            .route("/readyz", get(readyz))
+            .route("/metrics", get(metrics_text))
+            .with_state(self.state.clone());
+        let http_stop = stop.clone();
+        let http = tokio::spawn(async move {
+            axum::serve(self.listener, router)
+                .with_graceful_shutdown(async move { http_stop.cancelled().await })
+                .await
+        });
+        let _ = consumer.await;
+        stop.cancel();
+        let _ = watcher.await;
+        let _ = http.await;
+        stopper.abort();
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.state.bus.client().flush()).await;
+        self.state.pool.close().await;
+        tracing::info!("job-tracker stopped");
+        Ok(())
+    }
+}
+
+/// Keeps readiness and lag current: pings Postgres and reads the stream's
+/// last sequence every couple of seconds.
+async fn watch(state: State, stop: CancellationToken) {
+    loop {
+        let ping = tokio::time::timeout(
+            Duration::from_secs(2),
+            sqlx::query("SELECT 1").execute(&state.pool),
+        )
+        .await;
+        state
+            .db_ok
+            .store(matches!(ping, Ok(Ok(_))), Ordering::SeqCst);
+        if let Ok(mut stream) = state
+            .bus
+            .jetstream()
+            .get_stream(state.bus.namespace().events_stream())
+            .await
+            && let Ok(info) = stream.info().await
+        {
+            let lag = info
+                .state
+                .last_sequence
+                .saturating_sub(state.last_acked.load(Ordering::SeqCst));
+            state
+                .metrics
+                .consumer_lag
+                .set(i64::try_from(lag).unwrap_or(i64::MAX));
+        }
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(Duration::from_secs(2)) => {}
+        }
+    }
+}
+
+async fn readyz(AxumState(state): AxumState<State>) -> Response {
+    let nats = state.bus.is_connected();
+    let db = state.db_ok.load(Ordering::SeqCst);
+    let consumer = state.consumer_ready.load(Ordering::SeqCst);
+    let status = if nats && db && consumer {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (
+        status,
+        axum::Json(json!({"nats_connected": nats, "database_ok": db, "consumer_ready": consumer})),
+    )
+        .into_response()
+}
+
+async fn metrics_text(AxumState(state): AxumState<State>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            runyard_telemetry::METRICS_CONTENT_TYPE,
+        )],
+        state.registry.encode(),
+    )
+        .into_response()
+}

@@ -1,0 +1,203 @@
+//! `runyard-job-tracker rebuild`: replays the whole stream into a fresh
+//! database and optionally swaps it in for the live one.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use async_nats::jetstream::consumer;
+use futures::StreamExt as _;
+use prost::Message as _;
+use runyard_bus::Bus;
+use runyard_events::Event;
+use sqlx::PgPool;
+use sqlx::postgres::PgPoolOptions;
+
+use crate::apply::{Incoming, apply_batch};
+
+/// What a replay did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Replayed {
+    /// Messages read from the stream.
+    pub messages: u64,
+    /// Events applied (first time).
+    pub applied: u64,
+    /// Messages skipped (dead letters, undecodable).
+    pub skipped: u64,
+    /// Last stream sequence replayed.
+    pub through: u64,
+}
+
+/// Replays the stream from `from_seq` (1 = the start) up to its last
+/// sequence as of the call, into `pool`, in batches of `batch_size`. Records
+/// the last replayed sequence in `projection_meta`.
+pub async fn replay(
+    bus: &Bus,
+    pool: &PgPool,
+    from_seq: u64,
+    batch_size: usize,
+) -> anyhow::Result<Replayed> {
+    let ns = bus.namespace();
+    let mut stream = bus
+        .jetstream()
+        .get_stream(ns.events_stream())
+        .await
+        .context("opening the event stream")?;
+    let state = stream.info().await?.state.clone();
+    let mut done = Replayed {
+        through: from_seq.saturating_sub(1),
+        ..Replayed::default()
+    };
+    if state.messages == 0 || state.last_sequence < from_seq {
+        return Ok(done);
+    }
+    let end = state.last_sequence;
+    let consumer = stream
+        .create_consumer(consumer::pull::OrderedConfig {
+            deliver_policy: if from_seq <= 1 {
+                consumer::DeliverPolicy::All
+            } else {
+                consumer::DeliverPolicy::ByStartSequence {
+                    start_sequence: from_seq,
+                }
+            },
+            filter_subject: ns.all_events(),
+            ..Default::default()
+        })
+        .await?;
+    let mut messages = consumer.messages().await?;
+    let deadletter = ns.deadletter_subject();
+    let mut batch: Vec<Incoming> = Vec::with_capacity(batch_size);
+    let mut last_report = Instant::now();
+    loop {
+        let next = tokio::time::timeout(Duration::from_secs(30), messages.next())
+            .await
+            .context("the stream stopped delivering during the replay")?;
+        let Some(msg) = next else { break };
+        let msg = msg?;
+        let seq = msg.info().map(|i| i.stream_sequence).unwrap_or_default();
+        done.messages += 1;
+        if msg.subject.as_str() != deadletter {
+            match Event::decode(msg.payload.clone()) {
+                Ok(event) if !event.id.is_empty() => batch.push(Incoming { seq, event }),
+                _ => done.skipped += 1,
+            }
+        } else {
+            done.skipped += 1;
+        }
+        let at_end = seq >= end;
+        if batch.len() >= batch_size || (at_end && !batch.is_empty()) {
+            let applied = apply_batch(pool, &batch).await?;
+            done.applied += applied.new as u64;
+            done.skipped += applied.rejected.len() as u64;
+            batch.clear();
+        }
+        done.through = seq;
+        if last_report.elapsed() > Duration::from_secs(5) {
+            tracing::info!(through = seq, end, applied = done.applied, "replaying");
+            last_report = Instant::now();
+        }
+        if at_end {
+            break;
+        }
+    }
+    sqlx::query(
+        "INSERT INTO projection_meta (key, value) VALUES ('replayed_through', $1)
+         ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
+    )
+    .bind(done.through.to_string())
+    .execute(pool)
+    .await?;
+    Ok(done)
+}
+
+/// Connects a pool to a projection database.
+pub async fn pool(url: &str, size: u32) -> anyhow::Result<PgPool> {
+    PgPoolOptions::new()
+        .max_connections(size)
+        .acquire_timeout(Duration::from_secs(5))
+        .connect(url)
+        .await
+        .context("connecting to the projection database")
+}
+
+/// Options of a rebuild.
+#[derive(Debug, Clone)]
+pub struct RebuildOptions {
+    /// The live database URL.
+    pub live_url: String,
+    /// Name of the database to build (default `<live>_rebuild`).
+    pub into: Option<String>,
+    /// Replace the live database with the rebuilt one when done.
+    pub swap: bool,
+    /// Events per transaction.
+    pub batch_size: usize,
+}
+
+/// Rebuilds the projection from the stream into a fresh database; with
+/// `swap`, renames it over the live one (the old one is kept as
+/// `<live>_old_<unix time>`) and catches up whatever arrived meanwhile.
+/// Returns the rebuilt database's URL.
+pub async fn rebuild(bus: &Bus, opts: &RebuildOptions) -> anyhow::Result<(String, Replayed)> {
+    let (_, live_name) = runyard_store::split_database_url(&opts.live_url)?;
+    let target_name = opts
+        .into
+        .clone()
+        .unwrap_or_else(|| format!("{live_name}_rebuild"));
+    anyhow::ensure!(
+        target_name != live_name,
+        "cannot rebuild into the live database"
+    );
+    let target_url = runyard_store::with_database(&opts.live_url, &target_name)?;
+    runyard_store::drop_database(&target_url).await?;
+    runyard_store::migrate(&target_url).await?;
+    let started = Instant::now();
+    let db = pool(&target_url, 2).await?;
+    let mut replayed = replay(bus, &db, 1, opts.batch_size).await?;
+    tracing::info!(
+        events = replayed.applied,
+        through = replayed.through,
+        seconds = started.elapsed().as_secs_f64(),
+        database = %target_name,
+        "projection rebuilt"
+    );
+    if !opts.swap {
+        db.close().await;
+        return Ok((target_url, replayed));
+    }
+    db.close().await;
+    let (admin, _) = runyard_store::split_database_url(&opts.live_url)?;
+    let old_name = format!(
+        "{live_name}_old_{}",
+        time::OffsetDateTime::now_utc().unix_timestamp()
+    );
+    let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&admin).await?;
+    for (from, to) in [(&live_name, &old_name), (&target_name, &live_name)] {
+        // Live trackers reconnect after the rename and continue on the
+        // rebuilt database; their consumer position is in JetStream.
+        sqlx::query(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+             WHERE datname = $1 AND pid <> pg_backend_pid()",
+        )
+        .bind(from)
+        .execute(&mut conn)
+        .await?;
+        let sql = format!(
+            "ALTER DATABASE \"{}\" RENAME TO \"{}\"",
+            from.replace('"', "\"\""),
+            to.replace('"', "\"\"")
+        );
+        sqlx::query(&sql).execute(&mut conn).await?;
+    }
+    // Events the live trackers applied to the old database between the end of
+    // the replay and the swap are still in the stream: replay them too (the
+    // apply-once bookkeeping skips anything already there).
+    let db = pool(&opts.live_url, 2).await?;
+    let more = replay(bus, &db, replayed.through + 1, opts.batch_size).await?;
+    db.close().await;
+    replayed.messages += more.messages;
+    replayed.applied += more.applied;
+    replayed.skipped += more.skipped;
+    replayed.through = replayed.through.max(more.through);
+    tracing::info!(old = %old_name, "rebuilt projection swapped in");
+    Ok((opts.live_url.clone(), replayed))
+}
