@@ -10,8 +10,8 @@ pub mod v1 {
 }
 
 pub use v1::{
-    Conclusion, Event, Forge, JobKey, JobObserved, JobStatus, PipelineObserved, Source,
-    UsageReported, event::Body,
+    AllocationIssued, Conclusion, Event, Forge, JobKey, JobObserved, JobStatus, PipelineObserved,
+    Source, UsageReported, event::Body,
 };
 
 use std::fmt;
@@ -116,13 +116,19 @@ impl Namespace {
         format!("{}.raw.{}", self.0, subject_token(kind))
     }
 
+    /// `<ns>.v1.allocation`.
+    pub fn allocation_subject(&self) -> String {
+        format!("{}.v1.allocation", self.0)
+    }
+
     /// The subject an event travels on, derived from its body.
     pub fn subject_for(&self, event: &Event) -> Option<String> {
-        let forge = event.source.as_ref().map(|s| s.forge())?;
+        let forge = || event.source.as_ref().map(|s| s.forge());
         Some(match event.body.as_ref()? {
-            Body::JobObserved(job) => self.job_subject(forge, job.status()),
-            Body::PipelineObserved(p) => self.pipeline_subject(forge, &p.status),
-            Body::UsageReported(_) => self.usage_subject(forge),
+            Body::JobObserved(job) => self.job_subject(forge()?, job.status()),
+            Body::PipelineObserved(p) => self.pipeline_subject(forge()?, &p.status),
+            Body::UsageReported(_) => self.usage_subject(forge()?),
+            Body::AllocationIssued(_) => self.allocation_subject(),
         })
     }
 }
@@ -178,6 +184,7 @@ pub fn event_type(event: &Event) -> &'static str {
         Some(Body::JobObserved(_)) => "JobObserved",
         Some(Body::PipelineObserved(_)) => "PipelineObserved",
         Some(Body::UsageReported(_)) => "UsageReported",
+        Some(Body::AllocationIssued(_)) => "AllocationIssued",
         None => "Unknown",
     }
 }

@@ -82,9 +82,10 @@ impl Delta {
                 );
                 self.usage.entry(key).or_insert(row);
             }
-            // Event types this version does not project (added later): applied
-            // as no-ops so they never block the log.
-            None => {}
+            // Allocations are analysed from the log itself; event types this
+            // version does not know are applied as no-ops so they never block
+            // the log.
+            Some(Body::AllocationIssued(_)) | None => {}
         }
         Ok(())
     }

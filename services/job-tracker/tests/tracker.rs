@@ -106,6 +106,16 @@ async fn count(pool: &PgPool, table: &str) -> i64 {
 }
 
 /// Waits until `n` distinct events are applied.
+/// Kills the child process when dropped, so a failing test leaves nothing running.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 async fn wait_applied(url: &str, n: i64) -> PgPool {
     let url = url.to_owned();
     let p = eventually(WAIT, || {
@@ -294,6 +304,7 @@ async fn kill_dash_nine_mid_batch_loses_and_duplicates_nothing() {
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .spawn()
+            .map(KillOnDrop)
             .unwrap()
     };
     let mut child = spawn();
@@ -314,18 +325,17 @@ async fn kill_dash_nine_mid_batch_loses_and_duplicates_nothing() {
     })
     .await
     .expect("tracker made progress");
-    child.kill().unwrap(); // SIGKILL
-    child.wait().unwrap();
+    child.0.kill().unwrap(); // SIGKILL
+    child.0.wait().unwrap();
     let p = pool(&db.url).await;
     let at_kill = count(&p, "applied_events").await;
     assert!(
         at_kill >= partway && at_kill < 12_000,
         "killed part-way ({at_kill})"
     );
-    let mut child = spawn();
+    let child = spawn();
     let p2 = wait_applied(&db.url, 12_000).await;
-    child.kill().unwrap();
-    child.wait().unwrap();
+    drop(child);
     assert_eq!(count(&p2, "jobs").await, 3000);
     assert_eq!(count(&p2, "usage_samples").await, 3000);
     let done: i64 =

@@ -116,6 +116,15 @@ fn describe(event: &Event) -> String {
             u.oom_killed,
             u.workload
         ),
+        Some(Body::AllocationIssued(a)) => format!(
+            "allocation {} limit={}B request={}B cpu={}m retry={} basis={}",
+            a.workload_key,
+            a.memory_limit_bytes,
+            a.memory_request_bytes,
+            a.cpu_request_millicores,
+            a.retry_count,
+            a.statistic
+        ),
         None => "empty".into(),
     };
     format!("{} {body}", event.id)
