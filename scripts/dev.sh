@@ -12,6 +12,8 @@ STATE="$RUNYARD_STATE_DIR/dev"
 NATS_PORT="${RUNYARD_DEV_NATS_PORT:-4333}"
 INGEST_ADDR="${RUNYARD_DEV_INGEST_LISTEN:-127.0.0.1:8080}"
 TRACKER_ADDR="${RUNYARD_DEV_TRACKER_LISTEN:-127.0.0.1:8082}"
+ALLOC_GRPC="${RUNYARD_DEV_ALLOCATOR_LISTEN:-127.0.0.1:50051}"
+ALLOC_HTTP="${RUNYARD_DEV_ALLOCATOR_HTTP_LISTEN:-127.0.0.1:8081}"
 export RUNYARD_DATABASE_URL="${RUNYARD_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/runyard}"
 export RUNYARD_NATS_URL="nats://127.0.0.1:${NATS_PORT}"
 export RUNYARD_NAMESPACE="${RUNYARD_NAMESPACE:-runyard}"
@@ -24,7 +26,7 @@ BIN=target/debug
 running() { [[ -f "$STATE/$1.pid" ]] && kill -0 "$(cat "$STATE/$1.pid")" 2>/dev/null; }
 
 down() {
-  for svc in job-tracker ingest nats; do
+  for svc in allocator job-tracker ingest nats; do
     if running "$svc"; then
       kill "$(cat "$STATE/$svc.pid")" 2>/dev/null || true
       log "stopped $svc"
@@ -65,25 +67,32 @@ demo() {
     -H 'X-Gitlab-Event: Pipeline Hook' -H "X-Gitlab-Token: $RUNYARD_GITLAB_WEBHOOK_TOKEN" \
     -H 'X-Gitlab-Instance: https://gitlab.example.com' -H "Idempotency-Key: demo-$(date +%s)" \
     --data-binary @$fx/gitlab_pipeline_failed.json -w '  → HTTP %{http_code}\n'
-  log "a usage report from a finished job"
-  curl -sS -X POST "$base/v1/usage" -H 'Content-Type: application/json' \
-    -H "Authorization: Bearer $RUNYARD_USAGE_TOKEN" \
-    --data-binary @$fx/usage_report.json -w '  → HTTP %{http_code}\n'
+  log "usage reports from five finished builds of the same package (what runyard-report posts)"
+  for i in 0 1 2 3 4; do
+    python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); i=int(sys.argv[2]); r["job_id"]+=i; r["peak_memory_bytes"]=int(r["peak_memory_bytes"]*(1+0.04*i)); print(json.dumps(r))' \
+      $fx/usage_report.json "$i" |
+      curl -sS -X POST "$base/v1/usage" -H 'Content-Type: application/json' \
+        -H "Authorization: Bearer $RUNYARD_USAGE_TOKEN" --data-binary @- -w '  → HTTP %{http_code}\n'
+  done
   log "the event log now holds (runyard-tail):"
   "$BIN/runyard-tail"
   log "job-tracker projected it into Postgres ($RUNYARD_DATABASE_URL):"
   for _ in $(seq 1 50); do
-    [[ "$(psql "$RUNYARD_DATABASE_URL" -Atqc 'SELECT count(*) FROM usage_samples' 2>/dev/null)" -ge 1 ]] && break
+    [[ "$(psql "$RUNYARD_DATABASE_URL" -Atqc 'SELECT count(*) FROM usage_samples' 2>/dev/null)" -ge 5 ]] && break
     sleep 0.2
   done
   psql "$RUNYARD_DATABASE_URL" -qc "SELECT forge, instance, job_id, status, conclusion, failure_reason, name FROM jobs ORDER BY job_id"
   psql "$RUNYARD_DATABASE_URL" -qc "SELECT job_id, workload_key, peak_memory_bytes, oom_killed, job_status FROM job_usage"
+  log "the allocator's answer for that workload (gantry-compatible HTTP; gRPC on ${ALLOC_GRPC}):"
+  local spec='py-torch@2.3.1 +cuda~rocm %gcc@12.3.0'
+  echo "GET /v1/allocation?spec=${spec}"
+  curl -sS -G "http://${ALLOC_HTTP}/v1/allocation" --data-urlencode "spec=${spec}" -w '\n'
 }
 
 up() {
   mkdir -p "$STATE"
   log "building runyard"
-  cargo build --quiet --bin runyard-ingest --bin runyard-tail --bin runyard-job-tracker
+  cargo build --quiet --bin runyard-ingest --bin runyard-tail --bin runyard-job-tracker --bin runyard-allocator
   if ! running nats; then
     start_nats "$NATS_PORT" "$STATE/nats"
     echo "$NATS_PID" > "$STATE/nats.pid"
@@ -102,6 +111,13 @@ up() {
     wait_http "http://${TRACKER_ADDR}/readyz"
     log "runyard-job-tracker projecting into $RUNYARD_DATABASE_URL (log: $STATE/job-tracker.log)"
   fi
+  if ! running allocator; then
+    RUNYARD_ALLOCATOR_LISTEN="$ALLOC_GRPC" RUNYARD_ALLOCATOR_HTTP_LISTEN="$ALLOC_HTTP" \
+      "$BIN/runyard-allocator" > "$STATE/allocator.log" 2>&1 &
+    echo $! > "$STATE/allocator.pid"
+    wait_http "http://${ALLOC_HTTP}/readyz"
+    log "runyard-allocator on grpc://${ALLOC_GRPC} and http://${ALLOC_HTTP} (log: $STATE/allocator.log)"
+  fi
   demo
   log "stack is up; stop it with: bash scripts/dev.sh down"
 }
@@ -110,6 +126,6 @@ case "${1:-up}" in
   up) up ;;
   down) down ;;
   demo) demo ;;
-  status) for s in nats ingest job-tracker; do running "$s" && echo "$s running" || echo "$s stopped"; done ;;
+  status) for s in nats ingest job-tracker allocator; do running "$s" && echo "$s running" || echo "$s stopped"; done ;;
   *) echo "usage: $0 [up|down|demo|status]" >&2; exit 2 ;;
 esac

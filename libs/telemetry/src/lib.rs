@@ -135,6 +135,20 @@ where
     fig.extract().map_err(Box::new)
 }
 
+/// A token cancelled when `shutdown` resolves, so one signal can stop
+/// every task of a service (each selects on the token).
+pub fn cancel_on(
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> tokio_util::sync::CancellationToken {
+    let token = tokio_util::sync::CancellationToken::new();
+    let cancel = token.clone();
+    tokio::spawn(async move {
+        shutdown.await;
+        cancel.cancel();
+    });
+    token
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -97,14 +97,7 @@ impl App {
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
-        let stop = CancellationToken::new();
-        let stopper = {
-            let stop = stop.clone();
-            tokio::spawn(async move {
-                shutdown.await;
-                stop.cancel();
-            })
-        };
+        let stop = runyard_telemetry::cancel_on(shutdown);
         // The consumer needs the stream; create it if ingest has not yet.
         let state = self.state.clone();
         let setup = {
@@ -151,7 +144,6 @@ impl App {
         stop.cancel();
         let _ = watcher.await;
         let _ = http.await;
-        stopper.abort();
         let _ = tokio::time::timeout(Duration::from_secs(5), self.state.bus.client().flush()).await;
         self.state.pool.close().await;
         tracing::info!("job-tracker stopped");

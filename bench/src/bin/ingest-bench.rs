@@ -1,0 +1,1532 @@
+//! `ingest-bench`: the ingest benchmark (docs/benchmarks.md, "Ingest").
+//!
+//! Starts its own nats-server, measures the baseline — raw async-nats
+//! JetStream publishes of delivery-sized messages, each awaited for its ack —
+//! then runs the real `runyard-ingest` binary as a child process and drives
+//! signed GitHub `workflow_job` deliveries at it over loopback HTTP/1.1:
+//! closed-loop throughput at each concurrency, open-loop latency at a fixed
+//! rate, ingest's RSS and every process's CPU per delivery, and finally
+//! checks that the event log holds exactly one event per accepted delivery.
+//! Prints markdown for docs/benchmarks.md on stdout; progress on stderr.
+
+// The report is this program's output.
+#![allow(clippy::print_stdout)]
+
+use std::borrow::Cow;
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use async_nats::jetstream::{self, message::PublishMessage};
+use bytes::Bytes;
+use clap::Parser;
+use http_body_util::Full;
+use hyper::header::{ACCEPT, CONTENT_TYPE, HeaderValue, USER_AGENT};
+use hyper::{Request, StatusCode, Uri};
+use runyard_bench::http::{self, HttpClient};
+use runyard_bench::load::{self, ClosedLoopResult, OpenLoopResult, Outcome, Tally};
+use runyard_bench::procfs::{self, CpuMeter, CpuUsage, Memory, RssSampler};
+use runyard_bench::report::{Percentiles, Table, mib, ms, rate, thousands};
+use runyard_bus::{Bus, StreamSettings};
+use runyard_events::{Forge, JobStatus, Namespace};
+use runyard_forge::{GithubDelivery, Normalized};
+use runyard_testkit::{NatsServer, free_port, github_signature, unique_namespace};
+use time::OffsetDateTime;
+
+/// The webhook secret ingest is configured with for the run.
+const SECRET: &str = "ingest-bench-webhook-secret";
+/// The fixture every delivery is made from.
+const FIXTURE: &str = "github_workflow_job_queued.json";
+/// The fixture's `workflow_job.id`, replaced by a unique id of equal width
+/// in every delivery (it also appears in the job's URLs).
+const FIXTURE_JOB_ID: &str = "21870573124";
+/// Any single request or publish that takes longer counts as failed.
+const OP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Ingest benchmark: signed `workflow_job` deliveries over loopback HTTP
+/// against raw acked JetStream publishes at the same concurrency.
+#[derive(Parser, Debug)]
+#[command(version)]
+struct Args {
+    /// The `runyard-ingest` binary to run.
+    #[arg(long, default_value = "target/release/runyard-ingest")]
+    ingest_bin: PathBuf,
+    /// Concurrency levels (comma-separated): closed-loop workers, i.e. HTTP
+    /// connections or outstanding publishes.
+    #[arg(long, value_delimiter = ',', default_value = "32")]
+    concurrency: Vec<usize>,
+    /// Deliveries per throughput run (and publishes per baseline run).
+    #[arg(long, default_value_t = 50_000)]
+    deliveries: u64,
+    /// Rate of the fixed-rate latency run, deliveries per second.
+    #[arg(long, default_value_t = 2000.0)]
+    rate: f64,
+    /// Duration of the fixed-rate latency run, seconds.
+    #[arg(long, default_value_t = 10)]
+    latency_secs: u64,
+    /// Deliveries sent (and not measured) after ingest is ready.
+    #[arg(long, default_value_t = 2000)]
+    warmup: u64,
+    /// `RUST_LOG` of ingest; several (comma-separated) run a fresh ingest
+    /// per level.
+    #[arg(long, value_delimiter = ',', default_value = "warn")]
+    ingest_log: Vec<String>,
+    /// Upper bound of any single run, seconds.
+    #[arg(long, default_value_t = 300)]
+    run_limit_secs: u64,
+    /// Iterations of the in-process CPU breakdown.
+    #[arg(long, default_value_t = 20_000)]
+    breakdown_iters: u32,
+    /// Skip the raw-publish baseline.
+    #[arg(long)]
+    no_baseline: bool,
+    /// Extra environment for ingest, `KEY=VALUE` (repeatable), e.g.
+    /// `TOKIO_WORKER_THREADS=1` or `LD_PRELOAD=...` for A/B experiments;
+    /// shown next to `RUST_LOG` in the report.
+    #[arg(long, value_parser = parse_env_pair)]
+    ingest_env: Vec<(String, String)>,
+    /// Before each measured run, wait up to this many seconds for the
+    /// machine to be quiet (other builds and tests share it).
+    #[arg(long, default_value_t = 60)]
+    quiet_wait_secs: u64,
+    /// "Quiet" means the whole machine is busy less than this many cores.
+    #[arg(long, default_value_t = 0.3)]
+    quiet_below: f64,
+    /// A measured run during which other work kept more than this many
+    /// cores busy is discarded and repeated (see `--attempts`).
+    #[arg(long, default_value_t = 0.25)]
+    max_other_load: f64,
+    /// Attempts per measured run before keeping a disturbed one.
+    #[arg(long, default_value_t = 3)]
+    attempts: u32,
+    /// Profile ingest with `perf record --call-graph dwarf` into this file
+    /// during the first throughput run (of the first `--ingest-log` level);
+    /// summarize with `perf script -i FILE | bench/tools/perf-buckets.py`.
+    #[arg(long)]
+    perf_record: Option<PathBuf>,
+    /// Seconds `--perf-record` records (keep it shorter than the run).
+    #[arg(long, default_value_t = 5)]
+    perf_secs: u64,
+    /// Only measure the baseline (no ingest runs).
+    #[arg(long, conflicts_with = "no_baseline")]
+    baseline_only: bool,
+    /// Worker threads of the load generator's tokio runtime; 0 (default)
+    /// runs it on a single-threaded (current-thread) runtime, which costs
+    /// the shared machine the least CPU per request.
+    #[arg(long, default_value_t = 0)]
+    client_threads: usize,
+}
+
+fn main() -> anyhow::Result<()> {
+    runyard_telemetry::install_crypto_provider();
+    let args = Args::parse();
+    let runtime = if args.client_threads == 0 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(args.client_threads)
+            .enable_all()
+            .build()?
+    };
+    // Interrupted, the run is dropped, and with it the nats-server and
+    // ingest children (both are killed on drop).
+    runtime.block_on(async {
+        tokio::select! {
+            result = Box::pin(run(args)) => result,
+            () = runyard_telemetry::shutdown_signal() => anyhow::bail!("interrupted"),
+        }
+    })
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        args.ingest_bin.is_file(),
+        "no ingest binary at {} (build it: cargo build --release -p runyard-ingest)",
+        args.ingest_bin.display()
+    );
+    anyhow::ensure!(!args.concurrency.is_empty(), "no concurrency level given");
+    let started = OffsetDateTime::now_utc();
+
+    let nats = NatsServer::start().await;
+    let me = std::process::id();
+    let nats_pid = procfs::find_child(me, "nats-server").context("finding the nats-server pid")?;
+    progress(format!("nats-server {} (pid {nats_pid})", nats.url()));
+    let client = async_nats::ConnectOptions::new()
+        .name("ingest-bench")
+        .connect(nats.url())
+        .await
+        .context("connecting to nats")?;
+
+    let template = runyard_testkit::fixture(FIXTURE);
+    let setup = Setup::new(&template, &client)?;
+    progress(format!(
+        "delivery body {} B, event {} B",
+        setup.body_len, setup.event_len
+    ));
+
+    settle(&args).await;
+    let breakdown = {
+        let template = template.clone();
+        let bus = setup.bus.clone();
+        let iters = args.breakdown_iters;
+        tokio::task::spawn_blocking(move || Breakdown::measure(&template, &bus, iters)).await??
+    };
+
+    let mut baselines = Vec::new();
+    if !args.no_baseline {
+        let base_bus = Bus::from_client(client.clone(), unique_namespace());
+        base_bus
+            .ensure_streams(&StreamSettings::default())
+            .await
+            .context("creating the baseline streams")?;
+        for &c in &args.concurrency {
+            let b = Box::pin(run_baseline(&args, &setup, &base_bus, c, nats_pid)).await?;
+            baselines.push(b);
+        }
+    }
+
+    let mut runs = Vec::new();
+    let levels: &[String] = if args.baseline_only {
+        &[]
+    } else {
+        &args.ingest_log
+    };
+    for (k, level) in levels.iter().enumerate() {
+        let run = Box::pin(run_ingest(
+            &args,
+            k == 0,
+            level,
+            &template,
+            &nats,
+            &client,
+            nats_pid,
+        ))
+        .await?;
+        runs.push(run);
+    }
+
+    let report = render(&args, &setup, &breakdown, &baselines, &runs, started);
+    print!("{report}");
+    drop(client);
+    drop(nats);
+    Ok(())
+}
+
+fn parse_env_pair(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_owned(), v.to_owned())),
+        _ => Err(format!("expected KEY=VALUE, got {s:?}")),
+    }
+}
+
+/// Other load (cores) during a run: machine busy time not spent in our
+/// processes, over the run's wall time.
+fn other_load(cpu: &CpuUsage, wall: Duration) -> f64 {
+    cpu.others().as_secs_f64() / wall.as_secs_f64().max(1e-9)
+}
+
+/// The attempts at one measured run. The first one that other work did
+/// not disturb is kept; when every attempt was disturbed, the least
+/// disturbed one is.
+struct Attempts<T> {
+    tries: Vec<(f64, T)>,
+}
+
+impl<T> Attempts<T> {
+    fn new() -> Self {
+        Self { tries: Vec::new() }
+    }
+
+    /// The number of the attempt about to run (1-based).
+    fn next_number(&self) -> u32 {
+        u32::try_from(self.tries.len())
+            .unwrap_or(u32::MAX)
+            .saturating_add(1)
+    }
+
+    /// Records an attempt during which other work kept `other` cores busy;
+    /// true when no further attempt is needed.
+    fn record(&mut self, args: &Args, other: f64, value: T) -> bool {
+        self.tries.push((other, value));
+        let n = self.next_number() - 1;
+        if other <= args.max_other_load {
+            return true;
+        }
+        if n >= args.attempts {
+            progress(format!(
+                "  other work used {other:.2} cores; all {n} attempts disturbed, keeping the least disturbed"
+            ));
+            return true;
+        }
+        progress(format!(
+            "  other work used {other:.2} cores during the run; repeating it (attempt {n} of {})",
+            args.attempts
+        ));
+        false
+    }
+
+    /// The kept attempt, its number, its other load, and the rest.
+    fn finish(self) -> (T, u32, f64, Vec<T>) {
+        let best = self
+            .tries
+            .iter()
+            .enumerate()
+            .min_by(|a, b| a.1.0.total_cmp(&b.1.0))
+            .map_or(0, |(i, _)| i);
+        let mut kept = None;
+        let mut rest = Vec::new();
+        for (i, (other, value)) in self.tries.into_iter().enumerate() {
+            if i == best {
+                kept = Some((value, u32::try_from(i + 1).unwrap_or(u32::MAX), other));
+            } else {
+                rest.push(value);
+            }
+        }
+        #[allow(clippy::expect_used)] // `record` ran at least once
+        let (value, number, other) = kept.expect("at least one attempt");
+        (value, number, other, rest)
+    }
+}
+
+/// Waits for a quiet machine (bounded) and says how quiet it got.
+async fn settle(args: &Args) -> f64 {
+    let load =
+        procfs::wait_for_quiet(args.quiet_below, Duration::from_secs(args.quiet_wait_secs)).await;
+    if load >= args.quiet_below {
+        progress(format!(
+            "machine still busy ({load:.2} cores) after {} s; measuring anyway",
+            args.quiet_wait_secs
+        ));
+    }
+    load
+}
+
+fn progress(msg: impl AsRef<str>) {
+    eprintln!("ingest-bench: {}", msg.as_ref());
+}
+
+/// What every run shares: message sizes and a bus for encoding events.
+struct Setup {
+    /// The NATS headers ingest gives a raw delivery (request headers under
+    /// `Http-`, trace context, type), for the ingest-shaped baseline.
+    raw_headers: async_nats::HeaderMap,
+    body_len: usize,
+    event_len: usize,
+    event_sample: Bytes,
+    bus: Bus,
+}
+
+impl Setup {
+    fn new(template: &str, client: &async_nats::Client) -> anyhow::Result<Self> {
+        let bus = Bus::from_client(client.clone(), unique_namespace());
+        let event = normalize_sample(template)?;
+        let msg = bus.event_message(&event, &runyard_bus::traceparent_for(None))?;
+        let mut raw_headers = async_nats::HeaderMap::new();
+        raw_headers.insert(
+            runyard_bus::TRACEPARENT_HEADER,
+            runyard_bus::TraceParent::new_root().to_string().as_str(),
+        );
+        raw_headers.insert(runyard_bus::EVENT_TYPE_HEADER, "RawDelivery");
+        let sample = prepare(template, 0xffff, 1)?;
+        let request = delivery_request(
+            &Uri::from_static("http://127.0.0.1:8080/webhooks/github"),
+            sample.first().context("one prepared delivery")?,
+        )?;
+        let length = template.len().to_string();
+        let extra = [
+            ("host", "127.0.0.1:8080"),
+            ("content-length", length.as_str()),
+        ];
+        for (name, value) in request
+            .headers()
+            .iter()
+            .filter_map(|(n, v)| Some((n.as_str(), v.to_str().ok()?)))
+            .chain(extra)
+        {
+            raw_headers.insert(format!("Http-{name}").as_str(), value);
+        }
+        Ok(Self {
+            raw_headers,
+            body_len: template.len(),
+            event_len: msg.payload.len(),
+            event_sample: msg.payload,
+            bus,
+        })
+    }
+}
+
+fn normalize_sample(body: &str) -> anyhow::Result<runyard_events::Event> {
+    let d = GithubDelivery {
+        event: Some("workflow_job"),
+        delivery_id: Some("00000000-0000-4000-8000-000000000000"),
+        hook_id: Some("4242"),
+        enterprise_host: None,
+        content_type: Some("application/json"),
+        body: body.as_bytes(),
+        received_at: OffsetDateTime::now_utc(),
+    };
+    match runyard_forge::normalize_github(&d)? {
+        Normalized::Events(mut events) if !events.is_empty() => Ok(events.swap_remove(0)),
+        other => anyhow::bail!("fixture did not normalize to an event: {other:?}"),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Deliveries
+
+/// One signed delivery, prepared before any timing starts.
+struct Prepared {
+    body: Bytes,
+    delivery: HeaderValue,
+    signature: HeaderValue,
+}
+
+/// `n` deliveries with unique `X-GitHub-Delivery` ids and `workflow_job`
+/// ids (of equal width, so every body has the fixture's size), signed.
+/// `phase` keeps the ids of different runs apart.
+fn prepare(template: &str, phase: u64, n: u64) -> anyhow::Result<Arc<Vec<Prepared>>> {
+    let run = u64::from(std::process::id());
+    let mut out = Vec::with_capacity(usize::try_from(n)?);
+    for i in 0..n {
+        let job_id = 30_000_000_000 + phase * 100_000_000 + i;
+        let body = template.replace(FIXTURE_JOB_ID, &job_id.to_string());
+        let delivery = format!("{run:08x}-{phase:04x}-4000-8000-{i:012x}");
+        let signature = github_signature(SECRET, body.as_bytes());
+        out.push(Prepared {
+            body: Bytes::from(body),
+            delivery: HeaderValue::from_str(&delivery)?,
+            signature: HeaderValue::from_str(&signature)?,
+        });
+    }
+    Ok(Arc::new(out))
+}
+
+fn delivery_request(uri: &Uri, p: &Prepared) -> Result<Request<Full<Bytes>>, hyper::http::Error> {
+    Request::post(uri.clone())
+        .header(CONTENT_TYPE, "application/json")
+        .header(ACCEPT, "*/*")
+        .header(USER_AGENT, "GitHub-Hookshot/ingest-bench")
+        .header("x-github-event", "workflow_job")
+        .header("x-github-delivery", p.delivery.clone())
+        .header("x-github-hook-id", "4242")
+        .header("x-github-hook-installation-target-id", "33435682")
+        .header("x-github-hook-installation-target-type", "organization")
+        .header("x-hub-signature-256", p.signature.clone())
+        .body(Full::new(p.body.clone()))
+}
+
+/// An operation that posts delivery `i` of `set`: `Ok` only for a `202`
+/// that was not a duplicate.
+fn delivery_op(
+    client: HttpClient,
+    uri: Uri,
+    set: Arc<Vec<Prepared>>,
+) -> impl Fn(u64) -> futures::future::BoxFuture<'static, Outcome> + Send + Sync + 'static {
+    move |i| {
+        let client = client.clone();
+        let uri = uri.clone();
+        let set = set.clone();
+        Box::pin(async move {
+            let p = usize::try_from(i)
+                .ok()
+                .and_then(|i| set.get(i))
+                .ok_or(Cow::Borrowed("no such delivery"))?;
+            let req =
+                delivery_request(&uri, p).map_err(|e| Cow::Owned(format!("bad request: {e}")))?;
+            match http::send(&client, req, OP_TIMEOUT).await? {
+                (StatusCode::ACCEPTED, body) if is_duplicate(&body) => Err("202 duplicate".into()),
+                (StatusCode::ACCEPTED, _) => Ok(()),
+                (status, _) => Err(format!("status {}", status.as_u16()).into()),
+            }
+        })
+    }
+}
+
+fn is_duplicate(body: &[u8]) -> bool {
+    body.windows(16).any(|w| w == b"\"duplicate\":true")
+}
+
+// ---------------------------------------------------------------------------
+// Baseline: raw acked JetStream publishes
+
+/// µs of CPU of process `name` per operation.
+fn per_op(cpu: &CpuUsage, name: &str, ops: u64) -> String {
+    if ops == 0 {
+        return "-".into();
+    }
+    format!("{:.0}", cpu.of(name).as_secs_f64() * 1e6 / ops as f64)
+}
+
+/// Cores busy on average over `wall`: ours, and other load on the machine
+/// (and which attempt this was, when earlier ones were disturbed).
+fn cores_busy(cpu: &CpuUsage, wall: Duration, attempts: u32) -> String {
+    let ours: Duration = cpu.by_process.iter().map(|(_, d)| *d).sum();
+    let secs = wall.as_secs_f64().max(1e-9);
+    let mut cell = format!(
+        "{:.2} (+{:.2} other)",
+        ours.as_secs_f64() / secs,
+        other_load(cpu, wall)
+    );
+    if attempts > 1 {
+        let _ = write!(cell, " #{attempts}");
+    }
+    cell
+}
+
+struct Baseline {
+    concurrency: usize,
+    single: ClosedLoopResult,
+    single_cpu: CpuUsage,
+    single_attempts: u32,
+    /// Other load during the kept single-publish run, cores.
+    single_other: f64,
+    pair: ClosedLoopResult,
+    pair_cpu: CpuUsage,
+    pair_attempts: u32,
+}
+
+async fn run_baseline(
+    args: &Args,
+    setup: &Setup,
+    bus: &Bus,
+    concurrency: usize,
+    nats_pid: u32,
+) -> anyhow::Result<Baseline> {
+    let (n, limit) = (args.deliveries, Duration::from_secs(args.run_limit_secs));
+    let me = std::process::id();
+    let js = jetstream::new(bus.client().clone());
+    let raw_subject = bus.namespace().raw_subject("github");
+    let event_subject = bus
+        .namespace()
+        .job_subject(Forge::Github, JobStatus::Queued);
+    let payload = Bytes::from(vec![b'x'; setup.body_len]);
+
+    progress(format!(
+        "baseline: {n} raw acked publishes at concurrency {concurrency}"
+    ));
+    let mut tries = Attempts::new();
+    loop {
+        let attempt = tries.next_number();
+        settle(args).await;
+        let meter = CpuMeter::start(&[("nats", nats_pid), ("bench", me)]);
+        let (js, subject, payload) = (js.clone(), raw_subject.clone(), payload.clone());
+        let result = load::closed_loop(n, concurrency, limit, move |i| {
+            let (js, subject, payload) = (js.clone(), subject.clone(), payload.clone());
+            let id = format!("base-{concurrency}-{attempt}-{i}");
+            async move {
+                acked_publish(
+                    &js,
+                    subject,
+                    PublishMessage::build().payload(payload).message_id(id),
+                )
+                .await
+            }
+        })
+        .await;
+        let cpu = meter.stop();
+        progress(format!("  {} msgs/s", rate(result.ok_rate())));
+        if tries.record(args, other_load(&cpu, result.elapsed), (result, cpu)) {
+            break;
+        }
+    }
+    let ((single, single_cpu), single_attempts, single_other, _) = tries.finish();
+
+    // What ingest asks of JetStream per delivery: the raw delivery (with
+    // its headers) and the event, published concurrently, both awaited.
+    progress(format!(
+        "baseline: {n} raw+event publish pairs at concurrency {concurrency}"
+    ));
+    let mut tries = Attempts::new();
+    loop {
+        let attempt = tries.next_number();
+        settle(args).await;
+        let meter = CpuMeter::start(&[("nats", nats_pid), ("bench", me)]);
+        let (js, payload) = (js.clone(), payload.clone());
+        let (raw_subject, event_subject) = (raw_subject.clone(), event_subject.clone());
+        let event = setup.event_sample.clone();
+        let raw_headers = setup.raw_headers.clone();
+        let result = load::closed_loop(n, concurrency, limit, move |i| {
+            let (js, payload, event) = (js.clone(), payload.clone(), event.clone());
+            let raw_headers = raw_headers.clone();
+            let (raw_subject, event_subject) = (raw_subject.clone(), event_subject.clone());
+            async move {
+                let raw = PublishMessage::build()
+                    .payload(payload)
+                    .headers(raw_headers)
+                    .message_id(format!("pair-raw-{concurrency}-{attempt}-{i}"));
+                let mut headers = async_nats::HeaderMap::new();
+                headers.insert(
+                    runyard_bus::TRACEPARENT_HEADER,
+                    runyard_bus::TraceParent::new_root().to_string().as_str(),
+                );
+                headers.insert(runyard_bus::EVENT_TYPE_HEADER, "JobObserved");
+                let ev = PublishMessage::build()
+                    .payload(event)
+                    .headers(headers)
+                    .message_id(format!("pair-event-{concurrency}-{attempt}-{i}"));
+                let (a, b) = tokio::join!(
+                    acked_publish(&js, raw_subject, raw),
+                    acked_publish(&js, event_subject, ev)
+                );
+                a.and(b)
+            }
+        })
+        .await;
+        let cpu = meter.stop();
+        progress(format!("  {} pairs/s", rate(result.ok_rate())));
+        if tries.record(args, other_load(&cpu, result.elapsed), (result, cpu)) {
+            break;
+        }
+    }
+    let ((pair, pair_cpu), pair_attempts, _, _) = tries.finish();
+    Ok(Baseline {
+        concurrency,
+        single,
+        single_cpu,
+        single_attempts,
+        single_other,
+        pair,
+        pair_cpu,
+        pair_attempts,
+    })
+}
+
+async fn acked_publish(js: &jetstream::Context, subject: String, msg: PublishMessage) -> Outcome {
+    let publish = async {
+        let ack = js
+            .send_publish(subject, msg)
+            .await
+            .map_err(|e| Cow::Owned(format!("publish: {}", e.kind())))?;
+        ack.await
+            .map_err(|e| Cow::Owned(format!("ack: {}", e.kind())))
+    };
+    match tokio::time::timeout(OP_TIMEOUT, publish).await {
+        Ok(Ok(ack)) if ack.duplicate => Err("duplicate".into()),
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err("timeout".into()),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Ingest runs
+
+/// Starts `perf record` on `pid` for `secs` seconds, writing `file`.
+fn start_perf(
+    file: &std::path::Path,
+    pid: u32,
+    secs: u64,
+) -> anyhow::Result<tokio::process::Child> {
+    progress(format!(
+        "  perf record of ingest (pid {pid}) for {secs} s into {}",
+        file.display()
+    ));
+    tokio::process::Command::new("perf")
+        .args([
+            "record",
+            "-q",
+            "-F",
+            "999",
+            "--call-graph",
+            "dwarf,16384",
+            "-p",
+        ])
+        .arg(pid.to_string())
+        .arg("-o")
+        .arg(file)
+        .args(["--", "sleep"])
+        .arg(secs.to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .context("starting perf (apt-get install linux-perf)")
+}
+
+/// The ingest child process.
+struct Ingest {
+    child: tokio::process::Child,
+    pid: u32,
+    base: String,
+    log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Ingest {
+    async fn spawn(
+        bin: &std::path::Path,
+        nats_url: &str,
+        ns: &Namespace,
+        log_level: &str,
+        extra_env: &[(String, String)],
+    ) -> anyhow::Result<Self> {
+        let port = free_port();
+        let dir = tempfile::tempdir()?;
+        let log = dir.path().join("ingest.log");
+        let log_file = std::fs::File::create(&log)?;
+        let mut cmd = tokio::process::Command::new(bin);
+        // A clean environment: no stray RUNYARD_* or OTEL_* of the caller.
+        cmd.env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("RUNYARD_NATS_URL", nats_url)
+            .env("RUNYARD_NAMESPACE", ns.as_str())
+            .env("RUNYARD_INGEST_LISTEN", format!("127.0.0.1:{port}"))
+            .env("RUNYARD_GITHUB_WEBHOOK_SECRET", SECRET)
+            .env("RUST_LOG", log_level)
+            .env("RUNYARD_LOG_FORMAT", "json")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log_file))
+            .kill_on_drop(true);
+        cmd.envs(extra_env.iter().map(|(k, v)| (k, v)));
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("starting {}", bin.display()))?;
+        let pid = child.id().context("ingest exited at once")?;
+        Ok(Self {
+            child,
+            pid,
+            base: format!("http://127.0.0.1:{port}"),
+            log,
+            _dir: dir,
+        })
+    }
+
+    fn log_bytes(&self) -> u64 {
+        std::fs::metadata(&self.log).map(|m| m.len()).unwrap_or(0)
+    }
+
+    fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(20)..].join("\n")
+    }
+
+    async fn stop(mut self) {
+        let _ = self.child.kill().await;
+    }
+}
+
+struct Throughput {
+    concurrency: usize,
+    result: ClosedLoopResult,
+    cpu: CpuUsage,
+    mem: Memory,
+    sampled_max_kib: u64,
+    attempts: u32,
+    /// Other load during the kept run, cores.
+    other: f64,
+}
+
+struct Latency {
+    result: OpenLoopResult,
+    cpu: CpuUsage,
+    mem: Memory,
+    sampled_max_kib: u64,
+    attempts: u32,
+    /// Other load during the kept run, cores.
+    other: f64,
+}
+
+struct IngestRun {
+    log_level: String,
+    warmup: Tally,
+    /// Outcomes of runs discarded because other work disturbed them (their
+    /// deliveries are in the streams too).
+    discarded: Tally,
+    latency: Latency,
+    throughput: Vec<Throughput>,
+    events_stored: u64,
+    raw_stored: u64,
+    log_bytes: u64,
+    idle_rss_kib: u64,
+}
+
+impl IngestRun {
+    fn accepted(&self) -> u64 {
+        self.warmup.ok
+            + self.discarded.ok
+            + self.latency.result.tally.ok
+            + self
+                .throughput
+                .iter()
+                .map(|t| t.result.tally.ok)
+                .sum::<u64>()
+    }
+
+    fn answered(&self) -> u64 {
+        self.warmup.total()
+            + self.discarded.total()
+            + self.latency.result.tally.total()
+            + self
+                .throughput
+                .iter()
+                .map(|t| t.result.tally.total())
+                .sum::<u64>()
+    }
+}
+
+async fn run_ingest(
+    args: &Args,
+    profile: bool,
+    log_level: &str,
+    template: &str,
+    nats: &NatsServer,
+    client: &async_nats::Client,
+    nats_pid: u32,
+) -> anyhow::Result<IngestRun> {
+    let ns = unique_namespace();
+    let ingest = Ingest::spawn(
+        &args.ingest_bin,
+        &nats.url(),
+        &ns,
+        log_level,
+        &args.ingest_env,
+    )
+    .await?;
+    progress(format!(
+        "ingest pid {} on {} (RUST_LOG={log_level}, namespace {ns})",
+        ingest.pid, ingest.base
+    ));
+    let max_c = args.concurrency.iter().copied().max().unwrap_or(32);
+    let http = http::client(max_c.max(64));
+    let ready = http::wait_for_200(
+        &http,
+        &format!("{}/readyz", ingest.base),
+        Duration::from_secs(30),
+    )
+    .await;
+    if let Err(e) = ready {
+        anyhow::bail!("{e}\ningest log:\n{}", ingest.log_tail());
+    }
+    let uri: Uri = format!("{}/webhooks/github", ingest.base).parse()?;
+    let limit = Duration::from_secs(args.run_limit_secs);
+    let me = std::process::id();
+    let pids = [("ingest", ingest.pid), ("nats", nats_pid), ("bench", me)];
+    let idle_rss_kib = procfs::memory(ingest.pid)?.rss_kib;
+
+    // Warm-up: connections, allocator pools, stream files.
+    let set = prepare(template, 0, args.warmup)?;
+    let warm = load::closed_loop(
+        args.warmup,
+        max_c,
+        limit,
+        delivery_op(http.clone(), uri.clone(), set),
+    )
+    .await;
+    progress(format!(
+        "  warm-up: {} ok, failures {}",
+        warm.tally.ok,
+        warm.tally.failures_text()
+    ));
+
+    // Each measured run gets its own deliveries (ids never repeat, also
+    // when a disturbed run is repeated).
+    let mut phase = 1;
+
+    // Fixed-rate latency, open loop.
+    let n = (args.rate * args.latency_secs as f64).round() as u64;
+    progress(format!(
+        "  latency: {} deliveries/s for {} s",
+        args.rate, args.latency_secs
+    ));
+    let mut discarded = Tally::default();
+    let mut tries = Attempts::new();
+    loop {
+        let set = prepare(template, phase, n)?;
+        phase += 1;
+        settle(args).await;
+        let _ = procfs::reset_peak_rss(ingest.pid);
+        let sampler = RssSampler::start(ingest.pid, Duration::from_millis(50));
+        let meter = CpuMeter::start(&pids);
+        let result = load::open_loop(
+            args.rate,
+            Duration::from_secs(args.latency_secs),
+            4096,
+            delivery_op(http.clone(), uri.clone(), set),
+        )
+        .await;
+        let cpu = meter.stop();
+        let mem = procfs::memory(ingest.pid)?;
+        let sampled_max_kib = sampler.stop().await;
+        let p = Percentiles::of(&result.from_schedule);
+        progress(format!(
+            "  p50 {} ms p99 {} ms max {} ms, failures {}",
+            ms(p.p50),
+            ms(p.p99),
+            ms(p.max),
+            result.tally.failures_text()
+        ));
+        let by_second: Vec<String> = result
+            .per_second
+            .iter()
+            .map(|h| ms(h.value_at_quantile(0.99)))
+            .collect();
+        progress(format!("  p99 ms by second: {}", by_second.join(" ")));
+        let other = other_load(&cpu, result.elapsed);
+        let run = Latency {
+            result,
+            cpu,
+            mem,
+            sampled_max_kib,
+            attempts: 1,
+            other,
+        };
+        if tries.record(args, other, run) {
+            break;
+        }
+    }
+    let (mut latency, attempts, _, rest) = tries.finish();
+    latency.attempts = attempts;
+    for r in &rest {
+        discarded.merge(&r.result.tally);
+    }
+
+    // Closed-loop throughput at each concurrency.
+    let mut throughput = Vec::new();
+    let mut profile_next = profile;
+    for &c in &args.concurrency {
+        progress(format!(
+            "  throughput: {} deliveries at concurrency {c}",
+            args.deliveries
+        ));
+        let mut tries = Attempts::new();
+        loop {
+            let set = prepare(template, phase, args.deliveries)?;
+            phase += 1;
+            settle(args).await;
+            let _ = procfs::reset_peak_rss(ingest.pid);
+            let sampler = RssSampler::start(ingest.pid, Duration::from_millis(50));
+            let perf = match (&args.perf_record, profile_next) {
+                (Some(file), true) => Some(start_perf(file, ingest.pid, args.perf_secs)?),
+                _ => None,
+            };
+            let meter = CpuMeter::start(&pids);
+            let result = load::closed_loop(
+                args.deliveries,
+                c,
+                limit,
+                delivery_op(http.clone(), uri.clone(), set),
+            )
+            .await;
+            let cpu = meter.stop();
+            if let Some(mut perf) = perf {
+                profile_next = false;
+                // perf stops by itself after --perf-secs; bounded anyway.
+                match tokio::time::timeout(Duration::from_secs(args.perf_secs + 30), perf.wait())
+                    .await
+                {
+                    Ok(Ok(status)) => progress(format!("  perf record finished: {status}")),
+                    _ => {
+                        let _ = perf.kill().await;
+                        progress("  perf record did not finish; killed");
+                    }
+                }
+            }
+            let mem = procfs::memory(ingest.pid)?;
+            let sampled_max_kib = sampler.stop().await;
+            progress(format!(
+                "  {} deliveries/s, failures {}",
+                rate(result.ok_rate()),
+                result.tally.failures_text()
+            ));
+            let other = other_load(&cpu, result.elapsed);
+            let run = Throughput {
+                concurrency: c,
+                result,
+                cpu,
+                mem,
+                sampled_max_kib,
+                attempts: 1,
+                other,
+            };
+            if tries.record(args, other, run) {
+                break;
+            }
+        }
+        let (mut run, attempts, _, rest) = tries.finish();
+        run.attempts = attempts;
+        for r in &rest {
+            discarded.merge(&r.result.tally);
+        }
+        throughput.push(run);
+    }
+
+    // Every accepted delivery is one event and one raw delivery, no more.
+    let js = jetstream::new(client.clone());
+    let count = |name: String| {
+        let js = js.clone();
+        async move {
+            let mut stream = js
+                .get_stream(&name)
+                .await
+                .with_context(|| format!("stream {name}"))?;
+            let info = stream
+                .info()
+                .await
+                .with_context(|| format!("stream {name} info"))?;
+            anyhow::Ok(info.state.messages)
+        }
+    };
+    let events_stored = count(ns.events_stream()).await?;
+    let raw_stored = count(ns.raw_stream()).await?;
+    let log_bytes = ingest.log_bytes();
+    ingest.stop().await;
+    let mut label = log_level.to_owned();
+    for (k, v) in &args.ingest_env {
+        let v = v.rsplit('/').next().unwrap_or(v);
+        let _ = write!(label, " {k}={v}");
+    }
+    Ok(IngestRun {
+        log_level: label,
+        warmup: warm.tally,
+        discarded,
+        latency,
+        throughput,
+        events_stored,
+        raw_stored,
+        log_bytes,
+        idle_rss_kib,
+    })
+}
+
+// ---------------------------------------------------------------------------
+// In-process CPU breakdown
+
+/// Single-threaded cost of ingest's per-delivery CPU work outside HTTP and
+/// NATS I/O, measured with the same library calls ingest makes.
+struct Breakdown {
+    iters: u32,
+    /// Steps ingest performs; names starting with a space are parts of the
+    /// step above.
+    steps: Vec<(&'static str, Duration)>,
+    /// Cheaper ways to do a step, for comparison.
+    alternatives: Vec<(&'static str, Duration)>,
+}
+
+impl Breakdown {
+    fn measure(template: &str, bus: &Bus, iters: u32) -> anyhow::Result<Self> {
+        use std::hint::black_box;
+        let iters = iters.max(1);
+        let body = Bytes::from(template.to_owned());
+        let signature = github_signature(SECRET, &body);
+        let event = normalize_sample(template)?;
+        let tp = runyard_bus::traceparent_for(None);
+        let mut steps = Vec::new();
+        let mut alternatives = Vec::new();
+
+        let t = Instant::now();
+        for _ in 0..iters {
+            let ok = runyard_forge::verify::github_signature(
+                black_box(SECRET.as_bytes()),
+                black_box(&body),
+                Some(black_box(signature.as_str())),
+            );
+            black_box(ok.is_ok());
+        }
+        steps.push((
+            "HMAC-SHA256 signature check (3.2 KB body)",
+            t.elapsed() / iters,
+        ));
+
+        let t = Instant::now();
+        for _ in 0..iters {
+            black_box(normalize_sample(black_box(template))?);
+        }
+        steps.push((
+            "normalize_github: JSON parse + JobObserved",
+            t.elapsed() / iters,
+        ));
+
+        let t = Instant::now();
+        for _ in 0..iters {
+            let value: serde_json::Value = serde_json::from_slice(black_box(&body))?;
+            black_box(value);
+        }
+        steps.push((
+            "  of which serde_json::Value parse + drop",
+            t.elapsed() / iters,
+        ));
+
+        let t = Instant::now();
+        for _ in 0..iters {
+            let typed: typed::Payload<'_> = serde_json::from_slice(black_box(&body))?;
+            black_box(typed);
+        }
+        alternatives.push((
+            "typed, borrowing parse of the same fields instead of the Value parse",
+            t.elapsed() / iters,
+        ));
+
+        let t = Instant::now();
+        for _ in 0..iters {
+            black_box(bus.event_message(black_box(&event), &tp)?);
+        }
+        steps.push((
+            "event_message: subject, headers, prost encode",
+            t.elapsed() / iters,
+        ));
+
+        // The raw delivery's headers (request headers copied under `Http-`)
+        // and the conversion of both messages' headers to NATS headers, as
+        // ingest's `raw_message` and `Bus::publish` do.
+        let request = delivery_request(
+            &Uri::from_static("http://127.0.0.1/webhooks/github"),
+            &Prepared {
+                body: body.clone(),
+                delivery: HeaderValue::from_static("00000000-0000-4000-8000-000000000000"),
+                signature: HeaderValue::from_str(&signature)?,
+            },
+        )?;
+        let t = Instant::now();
+        for _ in 0..iters {
+            let mut headers = vec![
+                (runyard_bus::TRACEPARENT_HEADER.to_owned(), tp.to_string()),
+                (
+                    runyard_bus::EVENT_TYPE_HEADER.to_owned(),
+                    "RawDelivery".to_owned(),
+                ),
+            ];
+            for (name, value) in request.headers() {
+                if let Ok(v) = value.to_str() {
+                    headers.push((format!("Http-{}", name.as_str()), v.to_owned()));
+                }
+            }
+            let mut nats_headers = async_nats::HeaderMap::new();
+            for (k, v) in &headers {
+                nats_headers.insert(k.as_str(), v.as_str());
+            }
+            let mut event_headers = async_nats::HeaderMap::new();
+            event_headers.insert(runyard_bus::TRACEPARENT_HEADER, tp.to_string().as_str());
+            event_headers.insert(runyard_bus::EVENT_TYPE_HEADER, "JobObserved");
+            black_box((nats_headers, event_headers));
+        }
+        steps.push(("raw + event NATS headers", t.elapsed() / iters));
+
+        let t = Instant::now();
+        for _ in 0..iters {
+            let body = serde_json::json!({"event_id": black_box(&event.id), "duplicate": false});
+            black_box(serde_json::to_vec(&body)?);
+        }
+        steps.push(("202 JSON response body", t.elapsed() / iters));
+        Ok(Self {
+            iters,
+            steps,
+            alternatives,
+        })
+    }
+
+    /// Sum of the top-level steps (sub-steps are indented).
+    fn total(&self) -> Duration {
+        self.steps
+            .iter()
+            .filter(|(name, _)| !name.starts_with(' '))
+            .map(|(_, d)| *d)
+            .sum()
+    }
+}
+
+/// The fields of a `workflow_job` delivery that `normalize_github` reads,
+/// as a typed, borrowing (zero-copy where possible) serde target: the
+/// alternative to parsing the whole body into a `serde_json::Value` tree.
+mod typed {
+    use std::borrow::Cow;
+
+    use serde::Deserialize;
+
+    // Fields are only parsed, never read: this measures parsing cost.
+    #[allow(dead_code)]
+    #[derive(Debug, Deserialize)]
+    pub(crate) struct Payload<'a> {
+        #[serde(borrow)]
+        action: Cow<'a, str>,
+        #[serde(borrow)]
+        workflow_job: Job<'a>,
+        #[serde(borrow, default)]
+        repository: Option<Repository<'a>>,
+        #[serde(borrow, default)]
+        organization: Option<Organization<'a>>,
+        #[serde(borrow, default)]
+        enterprise: Option<Enterprise<'a>>,
+    }
+
+    #[allow(dead_code)]
+    #[derive(Debug, Deserialize)]
+    struct Job<'a> {
+        id: u64,
+        run_id: Option<u64>,
+        run_attempt: Option<u64>,
+        #[serde(borrow)]
+        name: Option<Cow<'a, str>>,
+        #[serde(borrow)]
+        workflow_name: Option<Cow<'a, str>>,
+        #[serde(borrow, default)]
+        labels: Vec<Cow<'a, str>>,
+        #[serde(borrow)]
+        status: Option<Cow<'a, str>>,
+        #[serde(borrow)]
+        conclusion: Option<Cow<'a, str>>,
+        #[serde(borrow)]
+        created_at: Option<Cow<'a, str>>,
+        #[serde(borrow)]
+        started_at: Option<Cow<'a, str>>,
+        #[serde(borrow)]
+        completed_at: Option<Cow<'a, str>>,
+        runner_id: Option<u64>,
+        #[serde(borrow)]
+        runner_name: Option<Cow<'a, str>>,
+        runner_group_id: Option<u64>,
+        #[serde(borrow)]
+        runner_group_name: Option<Cow<'a, str>>,
+        #[serde(borrow)]
+        head_branch: Option<Cow<'a, str>>,
+        #[serde(borrow)]
+        head_sha: Option<Cow<'a, str>>,
+        #[serde(borrow)]
+        html_url: Option<Cow<'a, str>>,
+    }
+
+    #[allow(dead_code)]
+    #[derive(Debug, Deserialize)]
+    struct Repository<'a> {
+        id: Option<u64>,
+        #[serde(borrow)]
+        full_name: Option<Cow<'a, str>>,
+        #[serde(borrow)]
+        html_url: Option<Cow<'a, str>>,
+        #[serde(borrow)]
+        url: Option<Cow<'a, str>>,
+    }
+
+    #[allow(dead_code)]
+    #[derive(Debug, Deserialize)]
+    struct Organization<'a> {
+        #[serde(borrow)]
+        login: Option<Cow<'a, str>>,
+    }
+
+    #[allow(dead_code)]
+    #[derive(Debug, Deserialize)]
+    struct Enterprise<'a> {
+        #[serde(borrow)]
+        slug: Option<Cow<'a, str>>,
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Report
+
+fn us(d: Duration) -> String {
+    format!("{:.1}", d.as_secs_f64() * 1e6)
+}
+
+fn verdict(ok: bool) -> &'static str {
+    if ok { "met" } else { "**not met**" }
+}
+
+/// A verdict, flagged when other work disturbed a run it rests on.
+fn verdict_of(args: &Args, ok: bool, others: &[f64]) -> String {
+    let worst = others.iter().copied().fold(0.0_f64, f64::max);
+    if worst > args.max_other_load {
+        format!(
+            "{} (disturbed: other work used {worst:.2} cores)",
+            verdict(ok)
+        )
+    } else {
+        verdict(ok).to_owned()
+    }
+}
+
+fn render(
+    args: &Args,
+    setup: &Setup,
+    breakdown: &Breakdown,
+    baselines: &[Baseline],
+    runs: &[IngestRun],
+    started: OffsetDateTime,
+) -> String {
+    let mut out = String::new();
+    let date = started.date();
+    let cores = std::thread::available_parallelism().map_or(0, usize::from);
+    let _ = writeln!(out, "<!-- ingest-bench output, {date} -->");
+    let _ = writeln!(
+        out,
+        "Run {date} on {cores} cores (load generator, nats-server and ingest on the same machine). \
+         Delivery body {} B (`{FIXTURE}` with unique `X-GitHub-Delivery` and `workflow_job.id`), \
+         encoded `JobObserved` event {} B; {} deliveries per throughput run, {} warm-up deliveries, \
+         latency at {} deliveries/s for {} s.\n",
+        thousands(setup.body_len as u64),
+        thousands(setup.event_len as u64),
+        thousands(args.deliveries),
+        thousands(args.warmup),
+        rate(args.rate),
+        args.latency_secs,
+    );
+
+    if !baselines.is_empty() {
+        let _ = writeln!(
+            out,
+            "**Baseline: raw async-nats JetStream publishes, each awaited for its ack** (one connection, file storage, same stream settings as ingest)\n"
+        );
+        let mut t = Table::new([
+            "concurrency",
+            "raw msgs/s",
+            "p50 / p99 ms",
+            "CPU µs/msg nats / bench",
+            "cores busy",
+            "raw+event pairs/s",
+            "pair p50 / p99 ms",
+            "CPU µs/pair nats / bench",
+            "pair cores busy",
+            "errors",
+        ]);
+        for b in baselines {
+            let s = Percentiles::of(&b.single.latency);
+            let p = Percentiles::of(&b.pair.latency);
+            t.row([
+                b.concurrency.to_string(),
+                rate(b.single.ok_rate()),
+                format!("{} / {}", ms(s.p50), ms(s.p99)),
+                format!(
+                    "{} / {}",
+                    per_op(&b.single_cpu, "nats", b.single.tally.ok),
+                    per_op(&b.single_cpu, "bench", b.single.tally.ok)
+                ),
+                cores_busy(&b.single_cpu, b.single.elapsed, b.single_attempts),
+                rate(b.pair.ok_rate()),
+                format!("{} / {}", ms(p.p50), ms(p.p99)),
+                format!(
+                    "{} / {}",
+                    per_op(&b.pair_cpu, "nats", b.pair.tally.ok),
+                    per_op(&b.pair_cpu, "bench", b.pair.tally.ok)
+                ),
+                cores_busy(&b.pair_cpu, b.pair.elapsed, b.pair_attempts),
+                format!(
+                    "{} / {}",
+                    b.single.tally.failures_text(),
+                    b.pair.tally.failures_text()
+                ),
+            ]);
+        }
+        let _ = writeln!(out, "{t}");
+        let _ = writeln!(
+            out,
+            "A *pair* is what ingest asks of JetStream per delivery: the {} B raw message (with the request headers as `Http-*` NATS headers, as ingest stores it) and the {} B event, published concurrently, both acked.\n",
+            setup.body_len, setup.event_len
+        );
+    }
+
+    let baseline_for = |c: usize| baselines.iter().find(|b| b.concurrency == c);
+    let _ = writeln!(
+        out,
+        "**Ingest throughput** (closed loop: C keep-alive HTTP/1.1 connections, each posting its next delivery when the previous one was answered)\n"
+    );
+    let mut t = Table::new([
+        "ingest RUST_LOG",
+        "C",
+        "deliveries/s",
+        "vs raw msgs/s",
+        "vs pairs/s",
+        "non-202",
+        "p50 / p99 ms",
+        "CPU µs/delivery ingest / nats / bench",
+        "cores busy",
+        "ingest VmHWM / VmRSS MiB",
+    ]);
+    for r in runs {
+        for th in &r.throughput {
+            let p = Percentiles::of(&th.result.latency);
+            let ok = th.result.tally.ok;
+            let (vs_raw, vs_pair) = match baseline_for(th.concurrency) {
+                Some(b) => (
+                    format!(
+                        "{:.0}%",
+                        100.0 * th.result.ok_rate() / b.single.ok_rate().max(1e-9)
+                    ),
+                    format!(
+                        "{:.0}%",
+                        100.0 * th.result.ok_rate() / b.pair.ok_rate().max(1e-9)
+                    ),
+                ),
+                None => ("-".into(), "-".into()),
+            };
+            t.row([
+                r.log_level.clone(),
+                th.concurrency.to_string(),
+                rate(th.result.ok_rate()),
+                vs_raw,
+                vs_pair,
+                th.result.tally.failed().to_string(),
+                format!("{} / {}", ms(p.p50), ms(p.p99)),
+                format!(
+                    "{} / {} / {}",
+                    per_op(&th.cpu, "ingest", ok),
+                    per_op(&th.cpu, "nats", ok),
+                    per_op(&th.cpu, "bench", ok)
+                ),
+                cores_busy(&th.cpu, th.result.elapsed, th.attempts),
+                format!(
+                    "{} / {}",
+                    mib(th.mem.hwm_kib.max(th.sampled_max_kib)),
+                    mib(th.mem.rss_kib)
+                ),
+            ]);
+        }
+    }
+    let _ = writeln!(out, "{t}");
+
+    let _ = writeln!(
+        out,
+        "**Ingest latency at a fixed rate** (open loop: each delivery scheduled at start + i/rate, latency measured from its scheduled time, so stalls are not hidden)\n"
+    );
+    let mut t = Table::new([
+        "ingest RUST_LOG",
+        "rate (achieved)",
+        "p50",
+        "p90",
+        "p99",
+        "p99.9",
+        "max ms",
+        "service p99 ms",
+        "non-202",
+        "CPU µs/delivery ingest / nats / bench",
+        "cores busy",
+        "ingest VmHWM / VmRSS MiB",
+    ]);
+    for r in runs {
+        let l = &r.latency;
+        let p = Percentiles::of(&l.result.from_schedule);
+        let s = Percentiles::of(&l.result.service);
+        let ok = l.result.tally.ok;
+        t.row([
+            r.log_level.clone(),
+            format!("{} ({})", rate(args.rate), rate(l.result.achieved_rate())),
+            ms(p.p50),
+            ms(p.p90),
+            ms(p.p99),
+            ms(p.p999),
+            ms(p.max),
+            ms(s.p99),
+            l.result.tally.failed().to_string(),
+            format!(
+                "{} / {} / {}",
+                per_op(&l.cpu, "ingest", ok),
+                per_op(&l.cpu, "nats", ok),
+                per_op(&l.cpu, "bench", ok)
+            ),
+            cores_busy(&l.cpu, l.result.elapsed, l.attempts),
+            format!(
+                "{} / {}",
+                mib(l.mem.hwm_kib.max(l.sampled_max_kib)),
+                mib(l.mem.rss_kib)
+            ),
+        ]);
+    }
+    let _ = writeln!(out, "{t}");
+
+    let _ = writeln!(out, "**Integrity and memory** (per ingest process)\n");
+    let mut t = Table::new([
+        "ingest RUST_LOG",
+        "answered",
+        "202 (new)",
+        "events in `<NS>_EVENTS`",
+        "raw in `<NS>_RAW`",
+        "exactly once",
+        "RSS idle MiB",
+        "log bytes/delivery",
+    ]);
+    for r in runs {
+        let accepted = r.accepted();
+        t.row([
+            r.log_level.clone(),
+            thousands(r.answered()),
+            thousands(accepted),
+            thousands(r.events_stored),
+            thousands(r.raw_stored),
+            (if r.events_stored == accepted && r.raw_stored == accepted {
+                "yes"
+            } else {
+                "**NO**"
+            })
+            .to_owned(),
+            mib(r.idle_rss_kib),
+            format!("{:.0}", r.log_bytes as f64 / r.answered().max(1) as f64),
+        ]);
+    }
+    let _ = writeln!(out, "{t}");
+
+    let _ = writeln!(
+        out,
+        "**In-process CPU per delivery** (one thread, the library calls ingest makes, {} iterations)\n",
+        thousands(u64::from(breakdown.iters))
+    );
+    let mut t = Table::new(["step", "µs"]);
+    for (name, d) in &breakdown.steps {
+        t.row([(*name).to_owned(), us(*d)]);
+    }
+    t.row([
+        "**total**".to_owned(),
+        format!("**{}**", us(breakdown.total())),
+    ]);
+    for (name, d) in &breakdown.alternatives {
+        t.row([format!("*alternative:* {name}"), us(*d)]);
+    }
+    let _ = writeln!(out, "{t}");
+
+    let _ = writeln!(out, "**Targets**\n");
+    let mut t = Table::new(["target", "measured", "verdict"]);
+    for r in runs {
+        let best = r
+            .throughput
+            .iter()
+            .max_by(|a, b| a.result.ok_rate().total_cmp(&b.result.ok_rate()));
+        if let Some(best) = best {
+            let rate_ok = best.result.ok_rate();
+            t.row([
+                format!("≥ 5,000 deliveries/s (RUST_LOG={})", r.log_level),
+                format!("{} (C={})", rate(rate_ok), best.concurrency),
+                verdict_of(args, rate_ok >= 5000.0, &[best.other]),
+            ]);
+        }
+        for th in &r.throughput {
+            if let Some(b) = baseline_for(th.concurrency) {
+                let ratio = th.result.ok_rate() / b.single.ok_rate().max(1e-9);
+                t.row([
+                    format!(
+                        "≥ 20% of raw acked publishes, C={} (RUST_LOG={})",
+                        th.concurrency, r.log_level
+                    ),
+                    format!("{:.0}%", 100.0 * ratio),
+                    verdict_of(args, ratio >= 0.20, &[th.other, b.single_other]),
+                ]);
+            }
+        }
+        let p99 = Percentiles::of(&r.latency.result.from_schedule).p99;
+        let failed = r.latency.result.tally.failed();
+        t.row([
+            format!(
+                "p99 ≤ 10 ms at {} deliveries/s (RUST_LOG={})",
+                rate(args.rate),
+                r.log_level
+            ),
+            format!("{} ms", ms(p99)),
+            verdict_of(args, p99 <= 10_000 && failed == 0, &[r.latency.other]),
+        ]);
+        let hwm = r.latency.mem.hwm_kib.max(r.latency.sampled_max_kib);
+        t.row([
+            format!(
+                "ingest RSS ≤ 64 MiB at that rate (RUST_LOG={})",
+                r.log_level
+            ),
+            format!("{} MiB peak", mib(hwm)),
+            verdict_of(args, hwm <= 64 * 1024, &[r.latency.other]),
+        ]);
+    }
+    let _ = writeln!(out, "{t}");
+    out
+}

@@ -1,0 +1,92 @@
+//! The gRPC edge: `runyard.allocator.v1.Allocator`, mapping requests to the
+//! model and errors to `INVALID_ARGUMENT`.
+
+use tonic::{Request, Response, Status};
+
+use crate::State;
+use crate::model::{self, Recommendation as ModelRec, Workload};
+use crate::proto;
+
+/// The gRPC service.
+#[derive(Debug, Clone)]
+pub struct Service {
+    pub(crate) state: State,
+}
+
+/// Converts a model recommendation to its wire form.
+pub fn to_proto(r: &ModelRec) -> proto::Recommendation {
+    proto::Recommendation {
+        cpu_request_millicores: r.cpu_request_millicores,
+        cpu_limit_millicores: r.cpu_limit_millicores,
+        memory_request_bytes: r.memory_request_bytes,
+        memory_limit_bytes: r.memory_limit_bytes,
+        build_jobs: r.build_jobs,
+        retry_count: r.retry_count,
+        basis: Some(proto::Basis {
+            samples: r.basis.samples,
+            matched: r.basis.matched.clone(),
+            level: r.basis.level,
+            statistic: r.basis.statistic.clone(),
+            oom_bump: r.basis.oom_bump,
+            retries_exhausted: r.basis.retries_exhausted,
+            defaults: r.basis.defaults,
+        }),
+        variables: model::variables(r).into_iter().collect(),
+    }
+}
+
+fn workload_of(req: &proto::RecommendRequest, prefix: &str) -> Result<Workload, Status> {
+    let workload: Workload = req
+        .workload
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    model::validate(&workload).map_err(|e| Status::invalid_argument(format!("{prefix}{e}")))?;
+    Ok(workload)
+}
+
+#[tonic::async_trait]
+impl proto::allocator_server::Allocator for Service {
+    #[tracing::instrument(skip_all)]
+    async fn recommend(
+        &self,
+        request: Request<proto::RecommendRequest>,
+    ) -> Result<Response<proto::Recommendation>, Status> {
+        self.state.require_ready()?;
+        let req = request.into_inner();
+        let workload = workload_of(&req, "")?;
+        let rec = self.state.recommend(&workload);
+        self.state.issued("grpc", &workload, &req.r#ref, &rec);
+        Ok(Response::new(to_proto(&rec)))
+    }
+
+    #[tracing::instrument(skip_all, fields(requests))]
+    async fn recommend_batch(
+        &self,
+        request: Request<proto::RecommendBatchRequest>,
+    ) -> Result<Response<proto::RecommendBatchResponse>, Status> {
+        self.state.require_ready()?;
+        let req = request.into_inner();
+        tracing::Span::current().record("requests", req.requests.len());
+        let max = self.state.config.allocator_max_batch;
+        if req.requests.len() > max {
+            return Err(Status::invalid_argument(format!(
+                "requests: {} requests, at most {max} per batch",
+                req.requests.len()
+            )));
+        }
+        let workloads = req
+            .requests
+            .iter()
+            .enumerate()
+            .map(|(i, r)| workload_of(r, &format!("requests[{i}].")))
+            .collect::<Result<Vec<_>, _>>()?;
+        let recs = self.state.recommend_many(&workloads);
+        for ((w, r), rec) in workloads.iter().zip(&req.requests).zip(&recs) {
+            self.state.issued("batch", w, &r.r#ref, rec);
+        }
+        Ok(Response::new(proto::RecommendBatchResponse {
+            recommendations: recs.iter().map(to_proto).collect(),
+        }))
+    }
+}

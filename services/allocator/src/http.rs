@@ -1,0 +1,103 @@
+//! The HTTP edge: gantry's `GET /v1/allocation?spec=...`, health and metrics.
+
+use std::sync::atomic::Ordering;
+
+use axum::extract::{Query, State as AxumState};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::State;
+use crate::model;
+
+pub(crate) fn router(state: State) -> axum::Router {
+    axum::Router::new()
+        .route("/v1/allocation", get(allocation))
+        .route(
+            "/healthz",
+            get(|| async { axum::Json(json!({"status": "ok"})) }),
+        )
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .with_state(state)
+}
+
+#[derive(Debug, Deserialize)]
+struct SpecQuery {
+    spec: Option<String>,
+}
+
+fn bad_request(message: &str) -> Response {
+    (
+        StatusCode::BAD_REQUEST,
+        axum::Json(json!({"error": message})),
+    )
+        .into_response()
+}
+
+/// Gantry-compatible: `{"variables": {...}}` with the same numbers gRPC gives.
+async fn allocation(
+    AxumState(state): AxumState<State>,
+    query: Result<Query<SpecQuery>, axum::extract::rejection::QueryRejection>,
+) -> Response {
+    let spec = match query {
+        Ok(Query(SpecQuery { spec: Some(spec) })) if !spec.trim().is_empty() => spec,
+        Ok(_) => return bad_request("spec: missing query parameter"),
+        Err(e) => return bad_request(&format!("query: {e}")),
+    };
+    if state.require_ready().is_err() {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(header::RETRY_AFTER, "1")],
+            axum::Json(json!({"error": "history still loading"})),
+        )
+            .into_response();
+    }
+    let workload = match model::parse_spec(&spec).and_then(|w| model::validate(&w).map(|()| w)) {
+        Ok(w) => w,
+        Err(e) => return bad_request(&format!("spec: {e}")),
+    };
+    let rec = state.recommend(&workload);
+    state.issued("http", &workload, "", &rec);
+    axum::Json(json!({"variables": model::variables(&rec)})).into_response()
+}
+
+async fn readyz(AxumState(state): AxumState<State>) -> Response {
+    let loaded = state.loaded.load(Ordering::SeqCst);
+    let following = state.following.load(Ordering::SeqCst);
+    let nats = state.bus.is_connected();
+    let status = if loaded && following && nats {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (
+        status,
+        axum::Json(
+            json!({"history_loaded": loaded, "following_usage": following, "nats_connected": nats}),
+        ),
+    )
+        .into_response()
+}
+
+async fn metrics(AxumState(state): AxumState<State>) -> Response {
+    let (workloads, samples) = state.model_read().stats();
+    state
+        .metrics
+        .workloads
+        .set(i64::try_from(workloads).unwrap_or(i64::MAX));
+    state
+        .metrics
+        .samples
+        .set(i64::try_from(samples).unwrap_or(i64::MAX));
+    (
+        [(
+            header::CONTENT_TYPE,
+            runyard_telemetry::METRICS_CONTENT_TYPE,
+        )],
+        state.registry.encode(),
+    )
+        .into_response()
+}

@@ -1,0 +1,358 @@
+//! runyard allocator: recommends CPU and memory for CI jobs from the history
+//! of the same workload — over gRPC (`runyard.allocator.v1.Allocator`) and a
+//! gantry-compatible HTTP endpoint. History comes from the projection at
+//! start and from `UsageReported` events followed live.
+
+pub mod config;
+mod grpc;
+mod history;
+mod http;
+pub mod model;
+pub mod simulate;
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use runyard_bus::{Bus, TraceParent};
+use runyard_events::{AllocationIssued, Body, Event, Namespace, Source, timestamp};
+use runyard_telemetry::Metrics;
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+
+pub use config::Config;
+pub use grpc::to_proto;
+
+/// Generated gRPC types and service of `runyard.allocator.v1`.
+#[allow(missing_docs, clippy::all, missing_debug_implementations)]
+pub mod proto {
+    include!(concat!(env!("OUT_DIR"), "/runyard.allocator.v1.rs"));
+
+    /// The encoded descriptor set, for server reflection.
+    pub const FILE_DESCRIPTOR_SET: &[u8] =
+        include_bytes!(concat!(env!("OUT_DIR"), "/allocator_descriptor.bin"));
+}
+
+/// Labels of `runyard_allocator_recommendations_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RecLabels {
+    api: &'static str,
+    basis: &'static str,
+}
+
+#[derive(Debug, Clone)]
+struct AllocatorMetrics {
+    recommendations: Family<RecLabels, Counter>,
+    samples_observed: Counter,
+    allocations_dropped: Counter,
+    workloads: Gauge,
+    samples: Gauge,
+}
+
+impl AllocatorMetrics {
+    fn register(registry: &Metrics) -> Self {
+        let m = Self {
+            recommendations: Family::default(),
+            samples_observed: Counter::default(),
+            allocations_dropped: Counter::default(),
+            workloads: Gauge::default(),
+            samples: Gauge::default(),
+        };
+        registry.register(|r| {
+            let r = r.sub_registry_with_prefix("allocator");
+            r.register(
+                "recommendations",
+                "Recommendations served, by API and basis",
+                m.recommendations.clone(),
+            );
+            r.register(
+                "samples_observed",
+                "Usage samples fed to the model",
+                m.samples_observed.clone(),
+            );
+            r.register(
+                "allocations_dropped",
+                "AllocationIssued events dropped because the publisher was behind",
+                m.allocations_dropped.clone(),
+            );
+            r.register("workloads", "Workloads with history", m.workloads.clone());
+            r.register("samples", "Samples held by the model", m.samples.clone());
+        });
+        m
+    }
+}
+
+/// Shared state of the gRPC and HTTP edges and the history feeds.
+#[derive(Debug)]
+pub struct Inner {
+    config: Config,
+    model: RwLock<model::Model>,
+    protected: HashSet<String>,
+    bus: Bus,
+    registry: Metrics,
+    metrics: AllocatorMetrics,
+    allocations: Option<mpsc::Sender<Event>>,
+    loaded: AtomicBool,
+    following: AtomicBool,
+}
+
+type State = Arc<Inner>;
+
+impl Inner {
+    fn model_read(&self) -> RwLockReadGuard<'_, model::Model> {
+        self.model.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn model_write(&self) -> RwLockWriteGuard<'_, model::Model> {
+        self.model.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn is_protected(&self, r: &str) -> bool {
+        self.protected.contains(r)
+    }
+
+    fn require_ready(&self) -> Result<(), tonic::Status> {
+        if self.loaded.load(Ordering::SeqCst) {
+            Ok(())
+        } else {
+            Err(tonic::Status::unavailable("history still loading"))
+        }
+    }
+
+    fn recommend(&self, w: &model::Workload) -> model::Recommendation {
+        self.model_read().recommend(w, now())
+    }
+
+    fn recommend_many(&self, ws: &[model::Workload]) -> Vec<model::Recommendation> {
+        let now = now();
+        let model = self.model_read();
+        ws.iter().map(|w| model.recommend(w, now)).collect()
+    }
+
+    /// Counts an answer and queues its `AllocationIssued` event — never on
+    /// the request's critical path: a full queue drops (and counts) it.
+    fn issued(&self, api: &'static str, w: &model::Workload, r: &str, rec: &model::Recommendation) {
+        let basis = if rec.basis.retries_exhausted {
+            "exhausted"
+        } else if rec.basis.oom_bump {
+            "oom_bump"
+        } else if rec.basis.defaults {
+            "defaults"
+        } else {
+            "history"
+        };
+        self.metrics
+            .recommendations
+            .get_or_create(&RecLabels { api, basis })
+            .inc();
+        let Some(tx) = &self.allocations else { return };
+        let now = time::OffsetDateTime::now_utc();
+        let event = Event {
+            id: format!("allocation:{:032x}", rand::random::<u128>()),
+            occurred_at: Some(timestamp(now)),
+            received_at: Some(timestamp(now)),
+            source: Some(Source {
+                producer: "allocator".into(),
+                ..Source::default()
+            }),
+            body: Some(Body::AllocationIssued(AllocationIssued {
+                workload: w.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+                r#ref: r.to_owned(),
+                workload_key: runyard_store::workload::key(
+                    w.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+                ),
+                cpu_request_millicores: rec.cpu_request_millicores,
+                cpu_limit_millicores: rec.cpu_limit_millicores,
+                memory_request_bytes: rec.memory_request_bytes,
+                memory_limit_bytes: rec.memory_limit_bytes,
+                build_jobs: rec.build_jobs,
+                retry_count: rec.retry_count,
+                samples: rec.basis.samples,
+                level: rec.basis.level,
+                statistic: rec.basis.statistic.clone(),
+                oom_bump: rec.basis.oom_bump,
+                retries_exhausted: rec.basis.retries_exhausted,
+            })),
+        };
+        if tx.try_send(event).is_err() {
+            self.metrics.allocations_dropped.inc();
+        }
+    }
+}
+
+fn now() -> f64 {
+    time::OffsetDateTime::now_utc().unix_timestamp_nanos() as f64 / 1e9
+}
+
+/// Publishes queued `AllocationIssued` events, many in flight at once.
+async fn publish_allocations(bus: Bus, mut rx: mpsc::Receiver<Event>) {
+    let tp = TraceParent::new_root();
+    let mut batch = Vec::with_capacity(256);
+    while rx.recv_many(&mut batch, 256).await > 0 {
+        let publishes = batch.iter().map(|e| bus.publish_event(e, &tp));
+        for r in futures::future::join_all(publishes).await {
+            if let Err(error) = r {
+                tracing::debug!(%error, "allocation event not published");
+            }
+        }
+        batch.clear();
+    }
+}
+
+/// A built allocator: listeners bound, NATS connecting; history loads when
+/// it runs.
+#[derive(Debug)]
+pub struct App {
+    state: State,
+    grpc: TcpListener,
+    http: TcpListener,
+    allocations_rx: Option<mpsc::Receiver<Event>>,
+}
+
+impl App {
+    /// Binds both listeners and connects to NATS.
+    pub async fn build(config: Config) -> anyhow::Result<Self> {
+        let ns = Namespace::new(config.namespace.clone())?;
+        let bus = Bus::connect(&config.nats_url, ns, "runyard-allocator", true).await?;
+        let grpc = TcpListener::bind(config.allocator_listen)
+            .await
+            .with_context(|| format!("binding {}", config.allocator_listen))?;
+        let http = TcpListener::bind(config.allocator_http_listen)
+            .await
+            .with_context(|| format!("binding {}", config.allocator_http_listen))?;
+        let registry = Metrics::new();
+        let metrics = AllocatorMetrics::register(&registry);
+        let (tx, rx) = if config.allocator_publish_allocations {
+            let (tx, rx) = mpsc::channel(16_384);
+            (Some(tx), Some(rx))
+        } else {
+            (None, None)
+        };
+        tracing::info!(
+            grpc = %grpc.local_addr()?,
+            http = %http.local_addr()?,
+            namespace = %bus.namespace(),
+            "allocator listening"
+        );
+        let protected = config.protected_refs().into_iter().collect();
+        Ok(Self {
+            state: Arc::new(Inner {
+                model: RwLock::new(model::Model::new(config.model.clone())),
+                config,
+                protected,
+                bus,
+                registry,
+                metrics,
+                allocations: tx,
+                loaded: AtomicBool::new(false),
+                following: AtomicBool::new(false),
+            }),
+            grpc,
+            http,
+            allocations_rx: rx,
+        })
+    }
+
+    /// The gRPC address.
+    pub fn grpc_addr(&self) -> SocketAddr {
+        #[allow(clippy::expect_used)]
+        self.grpc.local_addr().expect("bound listener")
+    }
+
+    /// The HTTP address.
+    pub fn http_addr(&self) -> SocketAddr {
+        #[allow(clippy::expect_used)]
+        self.http.local_addr().expect("bound listener")
+    }
+
+    /// Loads the history, follows usage events and serves until `shutdown`.
+    pub async fn run(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> anyhow::Result<()> {
+        let stop = runyard_telemetry::cancel_on(shutdown);
+        let publisher = self
+            .allocations_rx
+            .map(|rx| tokio::spawn(publish_allocations(self.state.bus.clone(), rx)));
+        let feed = {
+            let state = self.state.clone();
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                let (skip, since) = loop {
+                    match history::load(&state).await {
+                        Ok(v) => break v,
+                        Err(error) => {
+                            tracing::warn!(%error, "cannot load history; retrying");
+                            tokio::select! {
+                                () = stop.cancelled() => return,
+                                () = tokio::time::sleep(Duration::from_secs(1)) => {}
+                            }
+                        }
+                    }
+                };
+                state.loaded.store(true, Ordering::SeqCst);
+                history::follow(state, skip, since, stop).await;
+            })
+        };
+
+        let (health_reporter, health_service) = tonic_health::server::health_reporter();
+        health_reporter
+            .set_serving::<proto::allocator_server::AllocatorServer<grpc::Service>>()
+            .await;
+        let reflection = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .build_v1()
+            .context("building reflection")?;
+        let service = grpc::Service {
+            state: self.state.clone(),
+        };
+        let grpc_stop = stop.clone();
+        let grpc = tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(health_service)
+                .add_service(reflection)
+                .add_service(proto::allocator_server::AllocatorServer::new(service))
+                .serve_with_incoming_shutdown(tokio_stream_listener(self.grpc), async move {
+                    grpc_stop.cancelled().await
+                }),
+        );
+        let http_stop = stop.clone();
+        let http = tokio::spawn(
+            axum::serve(self.http, http::router(self.state.clone()))
+                .with_graceful_shutdown(async move { http_stop.cancelled().await })
+                .into_future(),
+        );
+        stop.cancelled().await;
+        let _ = grpc.await;
+        let _ = http.await;
+        let _ = feed.await;
+        // Dropping the state's sender ends the publisher after it drains.
+        drop(self.state);
+        if let Some(p) = publisher {
+            let _ = tokio::time::timeout(Duration::from_secs(5), p).await;
+        }
+        tracing::info!("allocator stopped");
+        Ok(())
+    }
+}
+
+fn tokio_stream_listener(
+    listener: TcpListener,
+) -> impl futures::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+    futures::stream::unfold(listener, |l| async move {
+        let r = l.accept().await.map(|(s, _)| {
+            let _ = s.set_nodelay(true);
+            s
+        });
+        Some((r, l))
+    })
+}

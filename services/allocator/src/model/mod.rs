@@ -1,0 +1,889 @@
+//! The recommendation maths: CPU and memory for the next job of a workload
+//! from the history of the same workload.
+//!
+//! # Matching
+//!
+//! A workload is a map of attributes. A *ladder* is a list of attribute sets,
+//! most specific first; the first configured ladder whose top level's
+//! attributes are all in the workload is used (`variants` counts as present
+//! when absent: a Spack spec without variants is common), otherwise the
+//! workload's own attributes form a one-level ladder. The most specific level
+//! whose key holds at least `min_samples` samples is used; with none, the
+//! configured defaults are. Keys are [`runyard_store::workload::key`], so
+//! variants are order-insensitive. `arch` is not in the default Spack ladder:
+//! the memory of a build barely depends on the micro-architecture, and keying
+//! on it would split the history of every package that is built for two.
+//!
+//! # The statistic
+//!
+//! Each level key keeps a bounded window of its most recent protected-ref
+//! samples (16 bytes each): time, `ln(peak)`, cores used, and the sample's
+//! one-step-ahead residual — how far it landed from the most specific
+//! level's location just before it arrived, scaled by `1/√(1 + 1/n)` so its
+//! square estimates σ². Residuals measure the spread *within* a workload even
+//! at a level that mixes versions or variants.
+//!
+//! A recommendation models the next `ln(peak)` as Student-t:
+//!
+//! - **location** μ: the recency-weighted mean (half-lives in samples and in
+//!   days) of the base level's values after clipping outliers at 3 robust σ
+//!   (median/MAD), so a spike or a censored value does not drag it;
+//! - **spread** σ²: the weighted mean square of the base level's clipped
+//!   residuals, shrunk towards the parent level's residual σ (the next level
+//!   with enough samples; else `prior_sigma`), worth `parent_prior_weight`
+//!   (`prior_weight`) samples;
+//! - **fallback**: when the base is not the most specific level (a new
+//!   version, compiler or variant set), the location is uncertain by
+//!   `max(fallback_sigma², the level's spread beyond its residuals)` more, and
+//!   the few samples a more specific level already has pull it their way
+//!   (precision-weighted);
+//! - **predictive** sd `√(σ² + Var μ)` (with `Var μ = σ²/n` for n effective
+//!   samples) and t degrees of freedom from the residual count plus the prior.
+//!
+//! The memory limit is the predictive quantile that minimises expected
+//! slack plus `oom_cost` × P(OOM): a newsvendor choice in which calm
+//! workloads get high quantiles (covering their tail is cheap) and wild ones
+//! lower (covering theirs would waste memory on every run), kept within
+//! `[min_quantile, max_quantile]`; with `oom_cost = 0` every workload gets
+//! `limit_quantile`. The memory request is the median `exp(μ)`. The CPU
+//! request is the recency-weighted mean of `cpu_seconds / wall_seconds`;
+//! `build_jobs` is the request in cores times `build_jobs_per_core`, and the
+//! CPU limit gives those jobs a core each.
+//!
+//! An OOM-killed attempt's need is unknown (it was at least its limit), so it
+//! trains as a censored high value `max(peak, limit) × censored_factor`.
+//!
+//! # OOM kills
+//!
+//! Per full workload key (all attributes), the model counts consecutive
+//! OOM-killed attempts on any ref. While the streak is 1..=`oom_max_retries`
+//! the next limit is at least `max(limit × 1.2, limit + 100 MiB, peak × 1.2)`
+//! of the latest killed attempt, and — the rule says "at least" — also at
+//! least the fit's `retry_quantile` and the share `retry_coverage` of the
+//! overshoots the model has seen: how far killed jobs exceeded their first
+//! limit (learned from streaks that ended in a success, given the streak has
+//! ruled out everything below the latest limit). So the first retry clears
+//! a spike instead of creeping up on it in 20 % steps. A longer streak gets
+//! no bump (`retries_exhausted`, `retry_count` stays at the maximum). A
+//! successful attempt ends the streak; from then on the recommendation is the
+//! statistic again, whose window holds the killed attempt as a censored
+//! value: the bump decays into the history instead of staying forever.
+//!
+//! Limits never exceed `ceiling_memory_bytes`, requests never exceed limits;
+//! memory is rounded up to whole megabytes (10^6 bytes, gantry's unit) and CPU
+//! up to 100 millicores.
+
+mod keys;
+mod oom;
+mod spec;
+mod stats;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, HashMap};
+
+use keys::{KeyHasher, escape_name, select_ladder};
+pub(crate) use keys::{full_key, sub_key};
+use oom::{Overshoots, Streak};
+pub use spec::{parse_spec, validate, variables};
+use stats::{FitKnobs, Sample};
+
+/// A workload: attribute name → value (`package`, `version`, `variants`,
+/// `compiler`, `compiler_version`, `arch` for Spack; `repo`, `workflow`, `job`
+/// for GitHub).
+pub type Workload = BTreeMap<String, String>;
+
+/// One mebibyte.
+pub const MIB: u64 = 1 << 20;
+/// One megabyte, the unit memory is rounded to (gantry's `M`).
+pub const MB: u64 = 1_000_000;
+/// CPU values are rounded up to this many millicores.
+pub const CPU_STEP_MILLICORES: u64 = 100;
+/// The OOM rule's factor on the previous limit and on the observed peak.
+pub const OOM_FACTOR: f64 = 1.2;
+/// The OOM rule's addition to the previous limit.
+pub const OOM_ADD_BYTES: u64 = 100 * MIB;
+
+/// The attribute holding Spack variants, which may be absent.
+const VARIANTS: &str = "variants";
+
+/// Tunables of the recommendation; part of the allocator's TOML config.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Params {
+    /// CPU request without history (gantry: 1 core).
+    pub default_cpu_millicores: u64,
+    /// Memory request without history (gantry: 2 GB).
+    pub default_memory_bytes: u64,
+    /// Memory limit without history (gantry: 5 GB).
+    pub default_memory_limit_bytes: u64,
+    /// The largest node's memory: no limit exceeds it.
+    pub ceiling_memory_bytes: u64,
+    /// The smallest memory limit ever recommended.
+    pub min_memory_bytes: u64,
+    /// The largest CPU request or limit (and `build_jobs` in cores).
+    pub max_cpu_millicores: u64,
+    /// Samples a ladder level needs before it is used.
+    pub min_samples: usize,
+    /// Candidate ladders of attribute sets, most specific level first.
+    pub ladders: Vec<Vec<Vec<String>>>,
+    /// Consecutive OOM kills that get a bumped limit; one more gets none.
+    pub oom_max_retries: u32,
+    /// Samples kept per level key, the most recent by time (at most 64).
+    pub window: usize,
+    /// Weight half-life in samples (0 = no count decay).
+    pub half_life_samples: f64,
+    /// Residual (σ) weight half-life in samples (0 = no count decay).
+    pub sigma_half_life_samples: f64,
+    /// Weight half-life in days of age (0 = no time decay).
+    pub half_life_days: f64,
+    /// Cost of an OOM kill in units of a job's limit, against which the
+    /// slack of every run is weighed (2: the killed attempt and the larger
+    /// retry each reserve about a run's worth): each recommendation takes the
+    /// quantile that minimises expected slack + `oom_cost` × P(OOM) for the
+    /// workload's spread (calm workloads get high quantiles, wild ones lower).
+    /// 0 = use `limit_quantile` for every workload.
+    pub oom_cost: f64,
+    /// The quantiles the cost-optimal choice is kept between.
+    pub min_quantile: f64,
+    /// See `min_quantile`.
+    pub max_quantile: f64,
+    /// Fixed predictive quantile of the next peak, when `oom_cost` is 0.
+    pub limit_quantile: f64,
+    /// Extra margin on the memory limit (0.05 = +5 %).
+    pub limit_margin: f64,
+    /// Prior log-space σ of a workload's peaks when no parent level has
+    /// enough samples.
+    pub prior_sigma: f64,
+    /// Weight of that prior σ in pseudo-samples.
+    pub prior_weight: f64,
+    /// Weight of the parent level's residual σ (the next less specific level
+    /// with enough samples), used as the prior when there is one.
+    pub parent_prior_weight: f64,
+    /// Log-space σ of how far a workload's typical size may sit from the
+    /// level it falls back to (a new version, compiler or variant): added to
+    /// the location's uncertainty when the most specific level lacks samples.
+    pub fallback_sigma: f64,
+    /// Outliers (spikes, censored OOM values) are clipped at this many robust
+    /// standard deviations (median/MAD) before the fit; 0 = off.
+    pub clip: f64,
+    /// Windows with fewer samples are not clipped.
+    pub clip_min_samples: usize,
+    /// An OOM-killed attempt trains as `max(peak, limit) × censored_factor`.
+    pub censored_factor: f64,
+    /// Predictive quantile a bumped (retry) limit covers at least.
+    pub retry_quantile: f64,
+    /// Share of past overshoots (how far killed jobs exceeded their first
+    /// limit, learned from retries that then succeeded) a bumped limit
+    /// covers at least; 0 = off.
+    pub retry_coverage: f64,
+    /// `build_jobs` per requested core: a parallel build averages fewer busy
+    /// cores than it has make jobs (configure, link and serial phases), so
+    /// jobs = cores × this keeps the cores-used feedback loop from shrinking.
+    pub build_jobs_per_core: f64,
+}
+
+fn ladder(levels: &[&[&str]]) -> Vec<Vec<String>> {
+    levels
+        .iter()
+        .map(|level| level.iter().map(|a| (*a).to_owned()).collect())
+        .collect()
+}
+
+impl Params {
+    /// gantry's six levels (dropping compiler version, version, compiler)
+    /// and then the package name alone.
+    pub fn spack_ladder() -> Vec<Vec<String>> {
+        ladder(&[
+            &[
+                "package",
+                "variants",
+                "version",
+                "compiler",
+                "compiler_version",
+            ],
+            &["package", "variants", "compiler", "compiler_version"],
+            &["package", "variants", "version", "compiler"],
+            &["package", "variants", "compiler"],
+            &["package", "variants", "version"],
+            &["package", "variants"],
+            &["package"],
+        ])
+    }
+
+    /// A GitHub job by repository, workflow and job name; a renamed workflow
+    /// keeps its job names, and a new job starts from its workflow's jobs.
+    pub fn github_ladder() -> Vec<Vec<String>> {
+        ladder(&[
+            &["repo", "workflow", "job"],
+            &["repo", "job"],
+            &["repo", "workflow"],
+        ])
+    }
+}
+
+impl Default for Params {
+    fn default() -> Self {
+        Self {
+            default_cpu_millicores: 1000,
+            default_memory_bytes: 2_000_000_000,
+            default_memory_limit_bytes: 5_000_000_000,
+            ceiling_memory_bytes: 64 << 30,
+            min_memory_bytes: 64 * MB,
+            max_cpu_millicores: 16_000,
+            min_samples: 3,
+            ladders: vec![Self::spack_ladder(), Self::github_ladder()],
+            oom_max_retries: 3,
+            window: 48,
+            half_life_samples: 12.0,
+            sigma_half_life_samples: 48.0,
+            half_life_days: 21.0,
+            oom_cost: 2.0,
+            min_quantile: 0.9,
+            max_quantile: 0.999,
+            limit_quantile: 0.98,
+            limit_margin: 0.0,
+            prior_sigma: 0.2,
+            prior_weight: 3.0,
+            parent_prior_weight: 4.0,
+            fallback_sigma: 0.15,
+            clip: 3.0,
+            clip_min_samples: 6,
+            censored_factor: 1.1,
+            retry_quantile: 0.999,
+            retry_coverage: 0.95,
+            build_jobs_per_core: 1.5,
+        }
+    }
+}
+
+/// One finished attempt of a job.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Observation {
+    /// When it finished, unix seconds.
+    pub at: f64,
+    /// Peak memory (for an OOM kill: the usage at the kill).
+    pub peak_memory_bytes: u64,
+    /// The limit the job ran with.
+    pub memory_limit_bytes: Option<u64>,
+    /// The request the job ran with.
+    pub memory_request_bytes: Option<u64>,
+    /// CPU time used.
+    pub cpu_seconds: f64,
+    /// Wall-clock time.
+    pub wall_seconds: f64,
+    /// Whether the attempt was OOM-killed.
+    pub oom_killed: bool,
+    /// Whether it ran on a protected ref (the caller decides); only these
+    /// train the statistics, OOM streaks count on any ref.
+    pub protected: bool,
+}
+
+/// How a recommendation was made.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Basis {
+    /// Samples at the level used (0 = defaults).
+    pub samples: u32,
+    /// Attribute names of the level used.
+    pub matched: Vec<String>,
+    /// Level index in the ladder (0 = most specific), -1 for defaults.
+    pub level: i32,
+    /// The statistic and the quantile it chose, e.g. `lognormal-q0.987`,
+    /// `defaults`; `+shrunk`, `+oom-bump`, `+oom-exhausted` when they apply.
+    pub statistic: String,
+    /// The memory limit was bumped after an OOM kill.
+    pub oom_bump: bool,
+    /// The workload used up its bumped retries.
+    pub retries_exhausted: bool,
+    /// No level had enough samples; defaults were used.
+    pub defaults: bool,
+}
+
+/// Resources for the next job of a workload.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Recommendation {
+    /// CPU request.
+    pub cpu_request_millicores: u64,
+    /// CPU limit.
+    pub cpu_limit_millicores: u64,
+    /// Memory request (≤ the limit).
+    pub memory_request_bytes: u64,
+    /// Memory limit (≤ the ceiling).
+    pub memory_limit_bytes: u64,
+    /// Parallel build jobs.
+    pub build_jobs: u32,
+    /// Consecutive OOM kills of this workload (at most `oom_max_retries`).
+    pub retry_count: u32,
+    /// How it was made.
+    pub basis: Basis,
+}
+
+/// The recommendation model: bounded per-level sample windows and OOM
+/// streaks, all in memory. `Send + Sync`; `recommend` is a pure read.
+#[derive(Debug)]
+pub struct Model {
+    params: Params,
+    knobs: FitKnobs,
+    /// `params.ladders` with names escaped as in keys.
+    escaped: Vec<Vec<Vec<String>>>,
+    hasher: KeyHasher,
+    /// Level keys by index hash: (check hash, index into `windows`).
+    levels: HashMap<u64, (u64, u32)>,
+    /// Per level key: the most recent samples, oldest first.
+    windows: Vec<Vec<Sample>>,
+    /// Workloads (full keys) by index hash.
+    workloads: HashMap<u64, WorkloadState>,
+    /// How far killed jobs overshot their first limit (all workloads).
+    overshoots: Overshoots,
+    /// Samples held at the most specific level (each observation once).
+    held: usize,
+}
+
+/// No window (an empty level key, or one lost to a hash collision).
+const NO_WINDOW: u32 = u32::MAX;
+
+/// What the model keeps per full workload key.
+#[derive(Debug, Clone, PartialEq)]
+struct WorkloadState {
+    /// Second hash of the full key.
+    check: u64,
+    /// Its OOM streak.
+    streak: Streak,
+    /// The window of each level of its ladder (`NO_WINDOW` for none),
+    /// resolved at its first protected observation; empty before.
+    windows: Vec<u32>,
+}
+
+/// The level a recommendation is based on.
+#[derive(Debug, Clone, Copy)]
+struct Base<'a> {
+    /// Index in the ladder.
+    level: usize,
+    /// Its attribute names (empty for a workload no ladder fits).
+    attributes: &'a [String],
+    /// Its window's index.
+    id: u32,
+    /// Its samples.
+    window: &'a [Sample],
+}
+
+/// What a walk down a workload's ladder found.
+#[derive(Debug, Clone, Copy)]
+struct Found<'a> {
+    /// The most specific level with samples, when it has fewer than
+    /// `min_samples` (a new version's first jobs).
+    own: Option<&'a [Sample]>,
+    /// The most specific level with at least `min_samples`.
+    base: Option<Base<'a>>,
+    /// The next level after `base` with enough samples (another window).
+    parent: Option<&'a [Sample]>,
+}
+
+/// The predictive distribution of the next `ln(peak)`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Estimate {
+    /// Location.
+    mu: f64,
+    /// Predictive standard deviation.
+    sd_pred: f64,
+    /// Student-t degrees of freedom.
+    dof: f64,
+    /// Average cores used.
+    cores: Option<f64>,
+    /// Whether the location blends a few more specific samples.
+    shrunk: bool,
+}
+
+/// Unix seconds as stored in a sample.
+fn compact_time(at: f64) -> u32 {
+    if at.is_finite() {
+        at.clamp(0.0, f64::from(u32::MAX)) as u32
+    } else {
+        0
+    }
+}
+
+fn round_up(value: f64, unit: u64) -> u64 {
+    if !(value.is_finite() && value > 0.0) {
+        return if value.is_nan() || value <= 0.0 {
+            0
+        } else {
+            u64::MAX / unit * unit
+        };
+    }
+    let units = (value / unit as f64).ceil();
+    if units >= (u64::MAX / unit) as f64 {
+        u64::MAX / unit * unit
+    } else {
+        units as u64 * unit
+    }
+}
+
+impl Model {
+    /// A model with no history.
+    pub fn new(params: Params) -> Self {
+        let mut params = params;
+        // Keep nonsense out of the maths rather than failing a request.
+        params.window = params.window.clamp(1, stats::MAX_WINDOW);
+        params.min_samples = params.min_samples.clamp(1, params.window);
+        params.max_cpu_millicores = params.max_cpu_millicores.max(CPU_STEP_MILLICORES);
+        params.ceiling_memory_bytes = (params.ceiling_memory_bytes / MB * MB).max(MB);
+        params.min_memory_bytes = params
+            .min_memory_bytes
+            .clamp(MB, params.ceiling_memory_bytes);
+        let probability = |q: f64, fallback: f64| {
+            if q.is_finite() && q > 0.5 && q < 1.0 {
+                q
+            } else {
+                fallback
+            }
+        };
+        params.limit_quantile = probability(params.limit_quantile, 0.98);
+        params.min_quantile = probability(params.min_quantile, 0.9);
+        params.max_quantile = probability(params.max_quantile, 0.999).max(params.min_quantile);
+        params.retry_quantile = probability(params.retry_quantile, 0.999);
+        // 0 turns the learned overshoots off.
+        params.retry_coverage = if params.retry_coverage == 0.0 {
+            0.0
+        } else {
+            probability(params.retry_coverage, 0.95)
+        };
+        let non_negative = |x: f64| if x.is_finite() && x > 0.0 { x } else { 0.0 };
+        params.limit_margin = non_negative(params.limit_margin);
+        params.oom_cost = non_negative(params.oom_cost);
+        params.prior_sigma = non_negative(params.prior_sigma);
+        params.prior_weight = non_negative(params.prior_weight);
+        params.parent_prior_weight = non_negative(params.parent_prior_weight);
+        params.fallback_sigma = non_negative(params.fallback_sigma);
+        params.clip = non_negative(params.clip);
+        params.half_life_samples = non_negative(params.half_life_samples);
+        params.half_life_days = non_negative(params.half_life_days);
+        params.sigma_half_life_samples = non_negative(params.sigma_half_life_samples);
+        params.censored_factor = non_negative(params.censored_factor).max(1.0);
+        params.build_jobs_per_core = if params.build_jobs_per_core.is_finite() {
+            params.build_jobs_per_core.clamp(0.1, 16.0)
+        } else {
+            1.0
+        };
+        let knobs = FitKnobs {
+            half_life_samples: params.half_life_samples,
+            sigma_half_life_samples: params.sigma_half_life_samples,
+            half_life_days: params.half_life_days,
+            clip: params.clip,
+            clip_min_samples: params.clip_min_samples,
+            // The calmest builds vary by about 3 %.
+            clip_floor: 0.03,
+        };
+        let escaped = params
+            .ladders
+            .iter()
+            .map(|ladder| {
+                ladder
+                    .iter()
+                    .map(|level| level.iter().map(|a| escape_name(a)).collect())
+                    .collect()
+            })
+            .collect();
+        Self {
+            params,
+            knobs,
+            escaped,
+            hasher: KeyHasher::new(),
+            levels: HashMap::new(),
+            windows: Vec::new(),
+            workloads: HashMap::new(),
+            overshoots: Overshoots::new(),
+            held: 0,
+        }
+    }
+
+    /// The effective parameters (nonsense values replaced).
+    pub fn params(&self) -> &Params {
+        &self.params
+    }
+
+    /// Number of distinct workloads (full keys) seen and of samples held at
+    /// the most specific level of their ladder (each observation counts once,
+    /// up to `window` per key).
+    pub fn stats(&self) -> (usize, usize) {
+        (self.workloads.len(), self.held)
+    }
+
+    /// Adds one finished job attempt of `workload`. Observations may arrive
+    /// slightly out of time order.
+    pub fn observe(&mut self, workload: &Workload, obs: Observation) {
+        let at = if obs.at.is_finite() { obs.at } else { 0.0 };
+        let keep = self.params.oom_max_retries as usize + 1;
+        let full = full_key(workload);
+        let (index, check) = self.hasher.hash(&full);
+        let state = self
+            .workloads
+            .entry(index)
+            .or_insert_with(|| WorkloadState {
+                check,
+                streak: Streak::new(),
+                windows: Vec::new(),
+            });
+        if state.check != check {
+            // Another workload holds this 64-bit hash: keep the first.
+            return;
+        }
+        if let Some(ratio) = state.streak.record(at, &obs, keep) {
+            self.overshoots.add(ratio);
+        }
+        if !obs.protected {
+            return;
+        }
+        if state.windows.is_empty() {
+            let ids = self.intern_levels(workload, &full);
+            if let Some(state) = self.workloads.get_mut(&index) {
+                state.windows = ids;
+            }
+        }
+        let Some(state) = self.workloads.get(&index) else {
+            return;
+        };
+
+        let mut need = obs.peak_memory_bytes as f64;
+        if obs.oom_killed {
+            // Censored: the job needed more than it got.
+            let limit = obs.memory_limit_bytes.unwrap_or(0) as f64;
+            need = need.max(limit) * self.params.censored_factor;
+        }
+        let ln_peak = need.max(MB as f64).ln();
+        let cores = if obs.wall_seconds.is_finite()
+            && obs.wall_seconds > 0.0
+            && obs.cpu_seconds.is_finite()
+            && obs.cpu_seconds >= 0.0
+        {
+            (obs.cpu_seconds / obs.wall_seconds).min(4096.0) as f32
+        } else {
+            f32::NAN
+        };
+        // The one-step-ahead residual against the most specific level: the
+        // σ of every level is built from these, so a level mixing versions or
+        // variants still measures the spread within a workload.
+        let resid = state
+            .windows
+            .iter()
+            .find(|&&id| id != NO_WINDOW)
+            .map(|&id| self.windows[id as usize].as_slice())
+            .filter(|window| !window.is_empty())
+            .map_or(f32::NAN, |window| {
+                let fit = stats::fit(window, at, &self.knobs);
+                ((ln_peak - fit.mu) / (1.0 + 1.0 / fit.n_eff).sqrt()) as f32
+            });
+        let sample = Sample {
+            at: compact_time(at),
+            ln_peak: ln_peak as f32,
+            resid,
+            cores,
+        };
+        let cap = self.params.window;
+        for (level, &id) in state.windows.iter().enumerate() {
+            // Levels that collapse to one key (an absent attribute) hold the
+            // sample once.
+            if id == NO_WINDOW || state.windows[..level].contains(&id) {
+                continue;
+            }
+            let grew = stats::insert_sample(&mut self.windows[id as usize], sample, cap);
+            if level == 0 && grew {
+                self.held += 1;
+            }
+        }
+    }
+
+    /// The recommendation for the next job of `workload` at `now` (unix
+    /// seconds). A pure read.
+    pub fn recommend(&self, workload: &Workload, now: f64) -> Recommendation {
+        let p = &self.params;
+
+        let full = full_key(workload);
+        let (index, check) = self.hasher.hash(&full);
+        let state = self.workloads.get(&index).filter(|s| s.check == check);
+        let found = self.find(workload, &full, state);
+
+        let ceiling = p.ceiling_memory_bytes;
+        let clamp_limit = |bytes: u64| bytes.clamp(p.min_memory_bytes, ceiling);
+        let mut basis = Basis {
+            samples: 0,
+            matched: Vec::new(),
+            level: -1,
+            statistic: String::new(),
+            oom_bump: false,
+            retries_exhausted: false,
+            defaults: true,
+        };
+        let (mut limit, request, retry_floor, cores) = match self.estimate(&found, now) {
+            Some(est) => {
+                let quantile = |q: f64| est.mu + stats::t_quantile(q, est.dof) * est.sd_pred;
+                let q = if p.oom_cost > 0.0 {
+                    let z = stats::newsvendor_z(est.sd_pred, p.oom_cost);
+                    stats::normal_probability(z).clamp(p.min_quantile, p.max_quantile)
+                } else {
+                    p.limit_quantile
+                };
+                let limit = quantile(q).exp() * (1.0 + p.limit_margin);
+                if let Some(base) = found.base {
+                    basis.samples = u32::try_from(base.window.len()).unwrap_or(u32::MAX);
+                    basis.matched = if base.attributes.is_empty() {
+                        workload.keys().cloned().collect()
+                    } else {
+                        base.attributes.to_vec()
+                    };
+                    basis.level = i32::try_from(base.level).unwrap_or(i32::MAX);
+                }
+                basis.defaults = false;
+                basis.statistic = format!("lognormal-q{:.3}", q);
+                if p.limit_margin > 0.0 {
+                    basis.statistic += &format!("+{}%", (p.limit_margin * 100.0).round());
+                }
+                if est.shrunk {
+                    basis.statistic.push_str("+shrunk");
+                }
+                (
+                    clamp_limit(round_up(limit, MB)),
+                    round_up(est.mu.exp(), MB),
+                    round_up(quantile(p.retry_quantile).exp(), MB),
+                    est.cores,
+                )
+            }
+            None => {
+                basis.statistic = "defaults".to_owned();
+                (
+                    clamp_limit(round_up(p.default_memory_limit_bytes as f64, MB)),
+                    round_up(p.default_memory_bytes as f64, MB),
+                    0,
+                    None,
+                )
+            }
+        };
+
+        // OOM streak of the full workload key.
+        let mut retry_count = 0;
+        if let Some(streak) = state.map(|s| &s.streak) {
+            let kills = u32::try_from(streak.kills.len()).unwrap_or(u32::MAX);
+            if kills > p.oom_max_retries {
+                retry_count = p.oom_max_retries;
+                basis.retries_exhausted = true;
+                basis.statistic.push_str("+oom-exhausted");
+            } else if let Some(latest) = streak.kills.last() {
+                let peak = latest.peak as f64;
+                let previous = latest.limit.map_or(peak, |l| l as f64);
+                let bumped = (previous * OOM_FACTOR)
+                    .max(previous + OOM_ADD_BYTES as f64)
+                    .max(peak * OOM_FACTOR);
+                // Learned: cover `retry_coverage` of the overshoots seen
+                // beyond what this streak has already ruled out.
+                let learned = streak
+                    .kills
+                    .first()
+                    .filter(|_| p.retry_coverage > 0.0)
+                    .and_then(|first| first.limit)
+                    .filter(|&first| first > 0)
+                    .and_then(|first| {
+                        let ruled_out = previous / first as f64;
+                        self.overshoots
+                            .quantile_above(ruled_out, p.retry_coverage)
+                            .map(|ratio| first as f64 * ratio)
+                    })
+                    .unwrap_or(0.0);
+                let bumped = round_up(bumped.max(learned), MB).max(retry_floor);
+                limit = limit.max(bumped).min(ceiling);
+                retry_count = kills;
+                basis.oom_bump = true;
+                basis.statistic.push_str("+oom-bump");
+            }
+        }
+
+        let memory_request = request.clamp(MB, limit);
+
+        let max_cpu = p.max_cpu_millicores;
+        let cpu_request = match cores {
+            Some(c) => round_up(c * 1000.0, CPU_STEP_MILLICORES),
+            None => round_up(p.default_cpu_millicores as f64, CPU_STEP_MILLICORES),
+        }
+        .clamp(CPU_STEP_MILLICORES, max_cpu);
+        let max_jobs = (max_cpu / 1000).max(1);
+        let jobs = (cpu_request as f64 / 1000.0 * p.build_jobs_per_core).ceil();
+        let build_jobs = (jobs as u64).clamp(1, max_jobs);
+        let cpu_limit = (build_jobs * 1000).clamp(cpu_request, max_cpu);
+
+        Recommendation {
+            cpu_request_millicores: cpu_request.min(cpu_limit),
+            cpu_limit_millicores: cpu_limit,
+            memory_request_bytes: memory_request,
+            memory_limit_bytes: limit,
+            build_jobs: u32::try_from(build_jobs).unwrap_or(u32::MAX),
+            retry_count,
+            basis,
+        }
+    }
+
+    /// The window of every level of `workload`'s ladder, created as needed.
+    fn intern_levels(&mut self, workload: &Workload, full: &str) -> Vec<u32> {
+        let ladder = select_ladder(&self.params.ladders, workload);
+        let n = ladder.map_or(1, |l| self.escaped[l].len());
+        let mut key = String::with_capacity(full.len());
+        let mut ids = Vec::with_capacity(n);
+        for level in 0..n {
+            match ladder {
+                Some(l) => sub_key(full, &self.escaped[l][level], &mut key),
+                None => {
+                    key.clear();
+                    key.push_str(full);
+                }
+            }
+            ids.push(if key.is_empty() {
+                NO_WINDOW
+            } else {
+                self.intern(&key)
+            });
+        }
+        ids
+    }
+
+    /// The window of a level key, created when new.
+    fn intern(&mut self, key: &str) -> u32 {
+        let (index, check) = self.hasher.hash(key);
+        match self.levels.get(&index) {
+            Some(&(c, id)) if c == check => id,
+            // Another key holds this 64-bit hash: this one gets no history.
+            Some(_) => NO_WINDOW,
+            None => {
+                let id = u32::try_from(self.windows.len()).unwrap_or(NO_WINDOW);
+                if id != NO_WINDOW {
+                    self.windows.push(Vec::new());
+                    self.levels.insert(index, (check, id));
+                }
+                id
+            }
+        }
+    }
+
+    /// The window of a level key, if it has one.
+    fn lookup(&self, key: &str) -> u32 {
+        let (index, check) = self.hasher.hash(key);
+        match self.levels.get(&index) {
+            Some(&(c, id)) if c == check => id,
+            _ => NO_WINDOW,
+        }
+    }
+
+    /// Walks the ladder of `workload` (whose full key is `full`; `state` is
+    /// what the model keeps about it, if anything).
+    fn find<'a>(
+        &'a self,
+        workload: &Workload,
+        full: &str,
+        state: Option<&WorkloadState>,
+    ) -> Found<'a> {
+        let p = &self.params;
+        let mut found = Found {
+            own: None,
+            base: None,
+            parent: None,
+        };
+        let ladder = select_ladder(&p.ladders, workload);
+        let n = ladder.map_or(1, |l| self.escaped[l].len());
+        let resolved = state.filter(|s| s.windows.len() == n);
+        let mut key = String::new();
+        for level in 0..n {
+            let id = match resolved {
+                Some(state) => state.windows[level],
+                None => {
+                    match ladder {
+                        Some(l) => sub_key(full, &self.escaped[l][level], &mut key),
+                        None => {
+                            key.clear();
+                            key.push_str(full);
+                        }
+                    }
+                    if key.is_empty() {
+                        NO_WINDOW
+                    } else {
+                        self.lookup(&key)
+                    }
+                }
+            };
+            let Some(window) = self.windows.get(id as usize).filter(|w| !w.is_empty()) else {
+                continue;
+            };
+            match found.base {
+                None if window.len() >= p.min_samples => {
+                    found.base = Some(Base {
+                        level,
+                        attributes: ladder.map_or(&[][..], |l| p.ladders[l][level].as_slice()),
+                        id,
+                        window,
+                    });
+                }
+                None => {
+                    if found.own.is_none() {
+                        found.own = Some(window);
+                    }
+                }
+                Some(base) => {
+                    if window.len() >= p.min_samples && id != base.id {
+                        found.parent = Some(window);
+                        break;
+                    }
+                }
+            }
+        }
+        found
+    }
+
+    /// The predictive distribution of the next `ln(peak)`: location from the
+    /// base level (shrunk towards the few samples of a more specific level,
+    /// if any), σ² from the base level's residuals with the parent level's
+    /// (or the configured) σ as prior.
+    fn estimate(&self, found: &Found<'_>, now: f64) -> Option<Estimate> {
+        let p = &self.params;
+        let Base { level, window, .. } = found.base?;
+        let global_var = p.prior_sigma.powi(2);
+        let base = stats::fit(window, now, &self.knobs);
+        let parent = found.parent.map(|w| stats::fit(w, now, &self.knobs));
+        let (prior_var, prior_weight) = match parent {
+            Some(f) if f.resid_n > 0.0 => (
+                (p.prior_weight * global_var + f.resid_n * f.resid_var)
+                    / (p.prior_weight + f.resid_n).max(1e-9),
+                p.parent_prior_weight,
+            ),
+            _ => (global_var, p.prior_weight),
+        };
+        let dof = prior_weight + base.resid_n;
+        let var = if dof > 0.0 {
+            (prior_weight * prior_var + base.resid_n * base.resid_var) / dof
+        } else {
+            global_var
+        };
+        let mut mu = base.mu;
+        let mut var_mu = var / base.n_eff;
+        let mut cores = base.cores;
+        let mut shrunk = false;
+        if level > 0 {
+            // A fallback: this workload may sit anywhere near the level's
+            // mix — as far as the level's own workloads spread beyond their
+            // residuals, and at least `fallback_sigma`.
+            var_mu += p.fallback_sigma.powi(2).max(base.value_var - var);
+            if let Some(own) = found.own {
+                let own = stats::fit(own, now, &self.knobs);
+                let prior_precision = 1.0 / var_mu.max(1e-12);
+                let data_precision = own.n_eff / var.max(1e-12);
+                mu = (mu * prior_precision + own.mu * data_precision)
+                    / (prior_precision + data_precision);
+                var_mu = 1.0 / (prior_precision + data_precision);
+                cores = own.cores.or(cores);
+                shrunk = true;
+            }
+        }
+        Some(Estimate {
+            mu,
+            sd_pred: (var + var_mu).max(0.0).sqrt(),
+            dof: dof.max(1.0),
+            cores,
+            shrunk,
+        })
+    }
+}

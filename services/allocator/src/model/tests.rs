@@ -1,0 +1,970 @@
+//! Given a history, when asked, then this recommendation.
+
+use proptest::prelude::*;
+
+use super::*;
+
+const T0: f64 = 1_735_689_600.0;
+const HOUR: f64 = 3600.0;
+const GB: u64 = 1_000_000_000;
+
+fn workload(pairs: &[(&str, &str)]) -> Workload {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
+/// zlib@`version` +shared~pic %gcc@`compiler_version`.
+fn zlib(version: &str, compiler_version: &str) -> Workload {
+    workload(&[
+        ("package", "zlib"),
+        ("version", version),
+        ("variants", "+shared~pic"),
+        ("compiler", "gcc"),
+        ("compiler_version", compiler_version),
+        ("arch", "linux-ubuntu22.04-x86_64_v3"),
+    ])
+}
+
+fn ok(at: f64, peak: u64) -> Observation {
+    Observation {
+        at,
+        peak_memory_bytes: peak,
+        memory_limit_bytes: Some(peak * 2),
+        memory_request_bytes: None,
+        cpu_seconds: 250.0,
+        wall_seconds: 100.0,
+        oom_killed: false,
+        protected: true,
+    }
+}
+
+fn oom(at: f64, limit: u64) -> Observation {
+    Observation {
+        peak_memory_bytes: limit,
+        memory_limit_bytes: Some(limit),
+        oom_killed: true,
+        ..ok(at, limit)
+    }
+}
+
+fn unprotected(obs: Observation) -> Observation {
+    Observation {
+        protected: false,
+        ..obs
+    }
+}
+
+/// A model that has seen `n` builds of `w`, alternating ±2 % around `peak`.
+fn trained(w: &Workload, n: usize, peak: u64) -> Model {
+    let mut model = Model::new(Params::default());
+    train(&mut model, w, n, peak, T0);
+    model
+}
+
+fn train(model: &mut Model, w: &Workload, n: usize, peak: u64, from: f64) {
+    for i in 0..n {
+        let wobble = if i % 2 == 0 { 1.02 } else { 0.98 };
+        model.observe(w, ok(from + i as f64 * HOUR, (peak as f64 * wobble) as u64));
+    }
+}
+
+fn now(n: usize) -> f64 {
+    T0 + n as f64 * HOUR
+}
+
+fn spack_level(level: usize) -> Vec<String> {
+    Params::spack_ladder()[level].clone()
+}
+
+// ---- defaults and the ladder ----
+
+#[test]
+fn no_history_gives_the_defaults() {
+    let model = Model::new(Params::default());
+    let r = model.recommend(&zlib("1.3", "12.3.0"), T0);
+    assert!(r.basis.defaults);
+    assert_eq!(r.basis.level, -1);
+    assert_eq!(r.basis.samples, 0);
+    assert_eq!(r.basis.statistic, "defaults");
+    assert_eq!(r.memory_request_bytes, 2 * GB);
+    assert_eq!(r.memory_limit_bytes, 5 * GB);
+    assert_eq!(r.cpu_request_millicores, 1000);
+    // 1 core × 1.5 jobs per core → 2 jobs, a core each.
+    assert_eq!(r.build_jobs, 2);
+    assert_eq!(r.cpu_limit_millicores, 2000);
+    assert_eq!(r.retry_count, 0);
+}
+
+#[test]
+fn the_most_specific_level_with_enough_samples_is_used() {
+    let model = trained(&zlib("1.3", "12.3.0"), 10, GB);
+    let r = model.recommend(&zlib("1.3", "12.3.0"), now(10));
+    assert_eq!((r.basis.level, r.basis.samples), (0, 10));
+    assert_eq!(r.basis.matched, spack_level(0));
+    assert!(!r.basis.defaults);
+    assert!(
+        r.basis.statistic.starts_with("lognormal-q"),
+        "{}",
+        r.basis.statistic
+    );
+
+    // A new version: gantry's second level (version dropped).
+    let r = model.recommend(&zlib("1.4", "12.3.0"), now(10));
+    assert_eq!(r.basis.level, 1);
+    assert_eq!(r.basis.matched, spack_level(1));
+    // A new version and compiler version: the compiler name still matches.
+    let r = model.recommend(&zlib("1.4", "13.2.0"), now(10));
+    assert_eq!(r.basis.level, 3);
+    assert_eq!(
+        r.basis.matched,
+        ["package", "variants", "compiler"]
+            .map(String::from)
+            .to_vec()
+    );
+    // Other variants: only the package name.
+    let mut other = zlib("1.3", "12.3.0");
+    other.insert("variants".into(), "~shared".into());
+    let r = model.recommend(&other, now(10));
+    assert_eq!(r.basis.level, 6);
+    assert_eq!(r.basis.matched, vec!["package".to_owned()]);
+    // Another package: defaults.
+    let mut other = zlib("1.3", "12.3.0");
+    other.insert("package".into(), "bzip2".into());
+    assert!(model.recommend(&other, now(10)).basis.defaults);
+}
+
+#[test]
+fn a_level_needs_min_samples() {
+    let w = zlib("1.3", "12.3.0");
+    let model = trained(&w, 2, GB);
+    assert!(model.recommend(&w, now(2)).basis.defaults);
+
+    let params = Params {
+        min_samples: 2,
+        ..Params::default()
+    };
+    let mut model = Model::new(params);
+    train(&mut model, &w, 2, GB, T0);
+    assert_eq!(model.recommend(&w, now(2)).basis.level, 0);
+}
+
+#[test]
+fn a_new_version_blends_its_first_samples_into_the_parent() {
+    let mut model = trained(&zlib("1.3", "12.3.0"), 12, GB);
+    let before = model.recommend(&zlib("1.4", "12.3.0"), now(12));
+    assert_eq!(before.basis.level, 1);
+    // The new version is twice as big: its first sample pulls the location
+    // even before it has min_samples of its own.
+    model.observe(&zlib("1.4", "12.3.0"), ok(now(12), 2 * GB));
+    let after = model.recommend(&zlib("1.4", "12.3.0"), now(13));
+    assert_eq!(after.basis.level, 1);
+    assert!(
+        after.basis.statistic.ends_with("+shrunk"),
+        "{}",
+        after.basis.statistic
+    );
+    assert!(
+        after.memory_request_bytes > before.memory_request_bytes * 13 / 10,
+        "{after:?} vs {before:?}"
+    );
+}
+
+#[test]
+fn variants_are_order_insensitive() {
+    let model = trained(&zlib("1.3", "12.3.0"), 5, GB);
+    let mut reordered = zlib("1.3", "12.3.0");
+    reordered.insert("variants".into(), "~pic +shared".into());
+    let r = model.recommend(&reordered, now(5));
+    assert_eq!(r.basis.level, 0);
+    assert_eq!(r, model.recommend(&zlib("1.3", "12.3.0"), now(5)));
+}
+
+#[test]
+fn a_spec_without_variants_uses_the_spack_ladder() {
+    let mut w = zlib("1.3", "12.3.0");
+    w.remove("variants");
+    let model = trained(&w, 5, GB);
+    let r = model.recommend(&w, now(5));
+    assert_eq!(
+        (r.basis.level, r.basis.matched.clone()),
+        (0, spack_level(0))
+    );
+}
+
+#[test]
+fn github_workloads_use_their_ladder() {
+    let job = workload(&[("repo", "acme/app"), ("workflow", "ci"), ("job", "test")]);
+    let model = trained(&job, 5, GB);
+    assert_eq!(model.recommend(&job, now(5)).basis.level, 0);
+    // The workflow was renamed: the job name still matches.
+    let renamed = workload(&[("repo", "acme/app"), ("workflow", "build"), ("job", "test")]);
+    let r = model.recommend(&renamed, now(5));
+    assert_eq!(r.basis.level, 1);
+    assert_eq!(r.basis.matched, ["repo", "job"].map(String::from).to_vec());
+    // A new job of the workflow.
+    let new_job = workload(&[("repo", "acme/app"), ("workflow", "ci"), ("job", "lint")]);
+    assert_eq!(model.recommend(&new_job, now(5)).basis.level, 2);
+}
+
+#[test]
+fn workloads_no_ladder_fits_match_on_all_attributes() {
+    let w = workload(&[("pipeline", "nightly"), ("step", "docs")]);
+    let model = trained(&w, 4, GB);
+    let r = model.recommend(&w, now(4));
+    assert_eq!(r.basis.level, 0);
+    assert_eq!(
+        r.basis.matched,
+        ["pipeline", "step"].map(String::from).to_vec()
+    );
+    let other = workload(&[("pipeline", "nightly"), ("step", "lint")]);
+    assert!(model.recommend(&other, now(4)).basis.defaults);
+}
+
+#[test]
+fn only_protected_refs_train() {
+    let w = zlib("1.3", "12.3.0");
+    let mut model = Model::new(Params::default());
+    for i in 0..10 {
+        model.observe(&w, unprotected(ok(now(i), 40 * GB)));
+    }
+    assert!(model.recommend(&w, now(10)).basis.defaults);
+    assert_eq!(model.stats(), (1, 0));
+    train(&mut model, &w, 5, GB, now(10));
+    let r = model.recommend(&w, now(15));
+    assert_eq!(r.basis.samples, 5);
+    assert!(r.memory_limit_bytes < 2 * GB, "{r:?}");
+    assert_eq!(model.stats(), (1, 5));
+}
+
+// ---- the statistic ----
+
+#[test]
+fn limits_cover_the_history_and_requests_sit_near_typical_use() {
+    let w = zlib("1.3", "12.3.0");
+    let model = trained(&w, 20, GB);
+    let r = model.recommend(&w, now(20));
+    assert!(r.memory_limit_bytes >= 1_020_000_000, "{r:?}");
+    assert!(r.memory_limit_bytes < 1_300_000_000, "{r:?}");
+    assert!(
+        (980_000_000..=1_030_000_000).contains(&r.memory_request_bytes),
+        "{r:?}"
+    );
+    assert!(r.memory_request_bytes <= r.memory_limit_bytes);
+}
+
+#[test]
+fn a_wild_workload_gets_more_headroom_than_a_calm_one() {
+    let calm = zlib("1.3", "12.3.0");
+    let mut wild = zlib("1.3", "12.3.0");
+    wild.insert("package".into(), "llvm".into());
+    let mut model = Model::new(Params::default());
+    let swings = [1.0, 1.6, 0.7, 1.3, 0.8, 1.9, 0.6, 1.1, 1.4, 0.9, 0.75, 1.5];
+    for (i, s) in swings.iter().cycle().take(24).enumerate() {
+        model.observe(&calm, ok(now(i), GB + (i as u64 % 3) * 10_000_000));
+        model.observe(&wild, ok(now(i), (GB as f64 * s) as u64));
+    }
+    let calm = model.recommend(&calm, now(24));
+    let wild = model.recommend(&wild, now(24));
+    let headroom = |r: &Recommendation| r.memory_limit_bytes as f64 / r.memory_request_bytes as f64;
+    assert!(headroom(&calm) < 1.15, "{calm:?}");
+    assert!(headroom(&wild) > 1.8, "{wild:?}");
+    // The newsvendor gives the calm workload the higher quantile.
+    let q = |r: &Recommendation| -> f64 {
+        r.basis.statistic["lognormal-q".len()..]
+            .split('+')
+            .next()
+            .and_then(|q| q.parse().ok())
+            .unwrap_or(0.0)
+    };
+    assert!(
+        q(&calm) > q(&wild),
+        "{} vs {}",
+        calm.basis.statistic,
+        wild.basis.statistic
+    );
+}
+
+#[test]
+fn a_fixed_quantile_can_be_configured() {
+    let params = Params {
+        oom_cost: 0.0,
+        limit_quantile: 0.9,
+        ..Params::default()
+    };
+    let mut model = Model::new(params);
+    train(&mut model, &zlib("1.3", "12.3.0"), 10, GB, T0);
+    let r = model.recommend(&zlib("1.3", "12.3.0"), now(10));
+    assert_eq!(r.basis.statistic, "lognormal-q0.900");
+}
+
+#[test]
+fn one_spike_does_not_inflate_the_limit_for_long() {
+    let w = zlib("1.3", "12.3.0");
+    let mut model = trained(&w, 20, GB);
+    let before = model.recommend(&w, now(20)).memory_limit_bytes;
+    model.observe(&w, ok(now(20), 3 * GB));
+    train(&mut model, &w, 2, GB, now(21));
+    let after = model.recommend(&w, now(23)).memory_limit_bytes;
+    assert!(after < before * 11 / 10, "{after} vs {before}");
+}
+
+#[test]
+fn observations_may_arrive_out_of_order() {
+    let w = zlib("1.3", "12.3.0");
+    let mut in_order = Model::new(Params::default());
+    let mut shuffled = Model::new(Params::default());
+    let peaks: Vec<u64> = (0..30).map(|i| GB + (i * 7 % 11) * 20_000_000).collect();
+    for (i, &p) in peaks.iter().enumerate() {
+        in_order.observe(&w, ok(now(i), p));
+    }
+    for chunk in (0..30).collect::<Vec<_>>().chunks(3) {
+        for &i in chunk.iter().rev() {
+            shuffled.observe(&w, ok(now(i), peaks[i]));
+        }
+    }
+    let a = in_order.recommend(&w, now(30));
+    let b = shuffled.recommend(&w, now(30));
+    // Same window; only the residuals (computed on arrival) may differ.
+    let ratio = a.memory_limit_bytes as f64 / b.memory_limit_bytes as f64;
+    assert!((0.97..1.03).contains(&ratio), "{a:?} vs {b:?}");
+    assert_eq!(a.memory_request_bytes, b.memory_request_bytes);
+}
+
+#[test]
+fn windows_keep_the_newest_samples() {
+    let w = zlib("1.3", "12.3.0");
+    let window = Params::default().window;
+    let mut model = trained(&w, window, 10 * GB);
+    train(&mut model, &w, window, GB, now(window));
+    let r = model.recommend(&w, now(2 * window));
+    assert_eq!(r.basis.samples as usize, window);
+    assert!(r.memory_limit_bytes < 2 * GB, "{r:?}");
+    // A sample older than the whole window is dropped.
+    model.observe(&w, ok(T0 - HOUR, 40 * GB));
+    assert_eq!(model.recommend(&w, now(2 * window)), r);
+}
+
+// ---- OOM rules ----
+
+/// A model with a calm 1 GB history for `w` and its recommendation.
+fn calm(w: &Workload) -> (Model, Recommendation) {
+    let model = trained(w, 20, GB);
+    let r = model.recommend(w, now(20));
+    (model, r)
+}
+
+#[test]
+fn a_first_oom_bumps_the_limit_by_a_fifth() {
+    let w = zlib("1.3", "12.3.0");
+    let (mut model, before) = calm(&w);
+    // A pull request's job was killed at 2 GB (OOM streaks count on any ref).
+    model.observe(&w, unprotected(oom(now(20), 2 * GB)));
+    let r = model.recommend(&w, now(21));
+    assert_eq!(r.memory_limit_bytes, 2_400_000_000);
+    assert_eq!(r.retry_count, 1);
+    assert!(r.basis.oom_bump && !r.basis.retries_exhausted);
+    assert!(
+        r.basis.statistic.ends_with("+oom-bump"),
+        "{}",
+        r.basis.statistic
+    );
+    // The request stays the statistic's.
+    assert_eq!(r.memory_request_bytes, before.memory_request_bytes);
+}
+
+#[test]
+fn a_small_limit_gets_at_least_100_mib_more() {
+    let w = zlib("1.3", "12.3.0");
+    let mut model = trained(&w, 20, 200_000_000);
+    model.observe(&w, unprotected(oom(now(20), 300_000_000)));
+    let r = model.recommend(&w, now(21));
+    // 300 MB + 100 MiB = 404.86 MB > 360 MB, rounded up to whole MB.
+    assert_eq!(r.memory_limit_bytes, 405_000_000);
+}
+
+#[test]
+fn a_peak_reported_above_the_limit_gets_a_fifth_more() {
+    let w = zlib("1.3", "12.3.0");
+    let (mut model, _) = calm(&w);
+    let killed = Observation {
+        peak_memory_bytes: 3 * GB,
+        ..oom(now(20), 2 * GB)
+    };
+    model.observe(&w, unprotected(killed));
+    assert_eq!(
+        model.recommend(&w, now(21)).memory_limit_bytes,
+        3_600_000_000
+    );
+    // Without a known limit, the peak is the previous limit.
+    let mut model = trained(&w, 20, GB);
+    let killed = Observation {
+        memory_limit_bytes: None,
+        ..oom(now(20), 2 * GB)
+    };
+    model.observe(&w, unprotected(killed));
+    assert_eq!(
+        model.recommend(&w, now(21)).memory_limit_bytes,
+        2_400_000_000
+    );
+}
+
+#[test]
+fn the_bump_is_at_least_the_statistic() {
+    let w = zlib("1.3", "12.3.0");
+    let (mut model, before) = calm(&w);
+    // Killed far below what the history says (an old, small limit).
+    model.observe(&w, unprotected(oom(now(20), 500_000_000)));
+    let r = model.recommend(&w, now(21));
+    assert!(r.basis.oom_bump);
+    assert!(r.memory_limit_bytes >= before.memory_limit_bytes, "{r:?}");
+}
+
+#[test]
+fn the_second_and_third_ooms_bump_again_and_the_fourth_is_exhausted() {
+    let w = zlib("1.3", "12.3.0");
+    let (mut model, before) = calm(&w);
+    let mut limit = 2 * GB;
+    for (n, expected) in [(1, 2_400_000_000), (2, 2_880_000_000), (3, 3_456_000_000)] {
+        model.observe(&w, unprotected(oom(now(20) + n as f64, limit)));
+        let r = model.recommend(&w, now(21));
+        assert_eq!(
+            (r.memory_limit_bytes, r.retry_count),
+            (expected, n),
+            "{r:?}"
+        );
+        assert!(r.basis.oom_bump);
+        limit = r.memory_limit_bytes;
+    }
+    model.observe(&w, unprotected(oom(now(20) + 4.0, limit)));
+    let r = model.recommend(&w, now(21));
+    assert_eq!(r.retry_count, 3);
+    assert!(r.basis.retries_exhausted && !r.basis.oom_bump);
+    assert!(r.basis.statistic.ends_with("+oom-exhausted"));
+    // No bump: the statistic alone (these kills ran on a pull request).
+    assert_eq!(r.memory_limit_bytes, before.memory_limit_bytes);
+    // A fifth kill changes nothing.
+    model.observe(&w, unprotected(oom(now(20) + 5.0, r.memory_limit_bytes)));
+    assert_eq!(model.recommend(&w, now(21)), r);
+}
+
+#[test]
+fn a_success_ends_the_streak_and_the_bump_decays_into_the_history() {
+    let w = zlib("1.3", "12.3.0");
+    let (mut model, before) = calm(&w);
+    // Killed on the protected branch at 1.1 GB, then succeeded at 1.2 GB.
+    model.observe(&w, oom(now(20), 1_100_000_000));
+    let bumped = model.recommend(&w, now(21));
+    assert!(bumped.basis.oom_bump);
+    model.observe(&w, ok(now(21), 1_200_000_000));
+    let after = model.recommend(&w, now(22));
+    assert_eq!(after.retry_count, 0);
+    assert!(!after.basis.oom_bump && !after.basis.retries_exhausted);
+    // The killed attempt now sits in the history as a censored high value:
+    // more headroom than before, less than the bump.
+    assert!(
+        after.memory_limit_bytes > before.memory_limit_bytes,
+        "{after:?} {before:?}"
+    );
+    assert!(after.memory_limit_bytes < bumped.memory_limit_bytes.max(1_320_000_000));
+    // ... and it fades as calm builds follow.
+    train(&mut model, &w, 24, GB, now(22));
+    let later = model.recommend(&w, now(46));
+    assert!(
+        later.memory_limit_bytes <= before.memory_limit_bytes * 21 / 20,
+        "{later:?}"
+    );
+}
+
+#[test]
+fn streaks_follow_time_not_arrival() {
+    let w = zlib("1.3", "12.3.0");
+    // A kill that happened before the last success arrives late: no streak.
+    let (mut model, _) = calm(&w);
+    model.observe(&w, unprotected(oom(now(10) + 1.0, 2 * GB)));
+    assert_eq!(model.recommend(&w, now(21)).retry_count, 0);
+    // A success that happened before the kill arrives late: still a streak.
+    model.observe(&w, unprotected(oom(now(21), 2 * GB)));
+    model.observe(&w, unprotected(ok(now(20) + 1.0, GB)));
+    assert_eq!(model.recommend(&w, now(22)).retry_count, 1);
+}
+
+#[test]
+fn streaks_are_per_full_workload() {
+    let w = zlib("1.3", "12.3.0");
+    let (mut model, _) = calm(&w);
+    model.observe(&w, unprotected(oom(now(20), 2 * GB)));
+    // Another arch shares the statistics but not the streak.
+    let mut other = w.clone();
+    other.insert("arch".into(), "linux-ubuntu22.04-neoverse_v2".into());
+    let r = model.recommend(&other, now(21));
+    assert_eq!(r.retry_count, 0);
+    assert_eq!(r.basis.level, 0);
+}
+
+#[test]
+fn learned_overshoots_raise_the_first_retry() {
+    let mut model = Model::new(Params::default());
+    // Thirty workloads whose killed jobs needed twice their limit.
+    for i in 0..30 {
+        let w = zlib(&format!("1.{i}"), "12.3.0");
+        model.observe(&w, unprotected(oom(now(i), GB)));
+        model.observe(&w, unprotected(ok(now(i) + 1.0, 2 * GB)));
+    }
+    // A new workload killed at 10 GB: the rule says 12 GB, the learned
+    // overshoots say twice the limit.
+    let w = zlib("9.9", "12.3.0");
+    model.observe(&w, unprotected(oom(now(40), 10 * GB)));
+    let r = model.recommend(&w, now(41));
+    assert!(r.basis.oom_bump);
+    assert!(r.memory_limit_bytes >= 20 * GB, "{r:?}");
+    assert!(r.memory_limit_bytes <= 20_500_000_000, "{r:?}");
+}
+
+#[test]
+fn the_ceiling_caps_limits_and_bumps() {
+    let params = Params {
+        ceiling_memory_bytes: 8 << 30,
+        ..Params::default()
+    };
+    let ceiling = (8u64 << 30) / MB * MB;
+    let w = zlib("1.3", "12.3.0");
+    let mut model = Model::new(params);
+    train(&mut model, &w, 10, 10 * GB, T0);
+    let r = model.recommend(&w, now(10));
+    assert_eq!(r.memory_limit_bytes, ceiling);
+    assert!(r.memory_request_bytes <= r.memory_limit_bytes);
+    model.observe(&w, unprotected(oom(now(10), ceiling)));
+    let r = model.recommend(&w, now(11));
+    assert!(r.basis.oom_bump);
+    assert_eq!(r.memory_limit_bytes, ceiling);
+    assert_eq!(model.params().ceiling_memory_bytes, ceiling);
+}
+
+// ---- CPU and rounding ----
+
+#[test]
+fn cpu_follows_cpu_seconds_over_wall_seconds() {
+    let w = zlib("1.3", "12.3.0");
+    let mut model = Model::new(Params::default());
+    for i in 0..5 {
+        let obs = Observation {
+            cpu_seconds: 123.0,
+            wall_seconds: 100.0,
+            ..ok(now(i), 1_234_567_891)
+        };
+        model.observe(&w, obs);
+    }
+    let r = model.recommend(&w, now(5));
+    // 1.23 cores → 1300m; 1.3 × 1.5 → 2 jobs, a core each.
+    assert_eq!(r.cpu_request_millicores, 1300);
+    assert_eq!(r.build_jobs, 2);
+    assert_eq!(r.cpu_limit_millicores, 2000);
+    // Memory is rounded up to whole megabytes.
+    assert_eq!(r.memory_request_bytes % MB, 0);
+    assert_eq!(r.memory_limit_bytes % MB, 0);
+    assert_eq!(r.memory_request_bytes, 1_235_000_000);
+}
+
+#[test]
+fn cpu_is_capped_and_jobs_stay_within_it() {
+    let params = Params {
+        max_cpu_millicores: 4000,
+        ..Params::default()
+    };
+    let w = zlib("1.3", "12.3.0");
+    let mut model = Model::new(params);
+    for i in 0..5 {
+        let obs = Observation {
+            cpu_seconds: 3000.0,
+            wall_seconds: 100.0,
+            ..ok(now(i), GB)
+        };
+        model.observe(&w, obs);
+    }
+    let r = model.recommend(&w, now(5));
+    assert_eq!(
+        (
+            r.cpu_request_millicores,
+            r.cpu_limit_millicores,
+            r.build_jobs
+        ),
+        (4000, 4000, 4)
+    );
+    // Unknown CPU (no wall time): the default.
+    let other = zlib("2.0", "13.2.0");
+    let mut model = Model::new(Params::default());
+    for i in 0..5 {
+        let obs = Observation {
+            wall_seconds: 0.0,
+            ..ok(now(i), GB)
+        };
+        model.observe(&other, obs);
+    }
+    assert_eq!(model.recommend(&other, now(5)).cpu_request_millicores, 1000);
+}
+
+#[test]
+fn requests_never_exceed_limits() {
+    // A minimum limit above the typical use, and a ceiling below it.
+    let w = zlib("1.3", "12.3.0");
+    let params = Params {
+        ceiling_memory_bytes: 500 * MB,
+        ..Params::default()
+    };
+    let mut model = Model::new(params);
+    train(&mut model, &w, 10, GB, T0);
+    let r = model.recommend(&w, now(10));
+    assert_eq!(
+        (r.memory_request_bytes, r.memory_limit_bytes),
+        (500 * MB, 500 * MB)
+    );
+    let params = Params {
+        default_memory_bytes: 8 * GB,
+        ..Params::default()
+    };
+    let r = Model::new(params).recommend(&w, T0);
+    assert_eq!(r.memory_request_bytes, r.memory_limit_bytes);
+}
+
+#[test]
+fn params_round_trip_through_toml_names() {
+    let json = serde_json::to_value(Params::default()).unwrap();
+    let back: Params = serde_json::from_value(json).unwrap();
+    assert_eq!(back, Params::default());
+    let partial: Params = serde_json::from_str(r#"{"oom_cost": 3.0}"#).unwrap();
+    assert_eq!(partial.oom_cost, 3.0);
+    assert_eq!(partial.window, Params::default().window);
+    assert!(serde_json::from_str::<Params>(r#"{"quantile": 0.9}"#).is_err());
+}
+
+#[test]
+fn the_model_is_send_and_sync() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<Model>();
+}
+
+// ---- keys ----
+
+#[test]
+fn sub_keys_equal_store_keys_of_the_subset() {
+    let w = workload(&[
+        ("package", "py-numpy"),
+        ("version", "1.26.4"),
+        ("variants", "~blas+lapack patches=a;b"),
+        ("compiler", "gcc"),
+        ("compiler_version", "12.3.0"),
+        ("arch", "x86_64"),
+    ]);
+    let full = full_key(&w);
+    for level in Params::spack_ladder() {
+        let mut cut = String::new();
+        sub_key(&full, &level, &mut cut);
+        let expected = runyard_store::workload::key(
+            level
+                .iter()
+                .filter_map(|a| w.get_key_value(a))
+                .map(|(k, v)| (k.as_str(), v.as_str())),
+        );
+        assert_eq!(cut, expected);
+    }
+}
+
+proptest! {
+    #[test]
+    fn full_keys_equal_store_keys(
+        attrs in proptest::collection::btree_map("[ a-z_%;=]{0,8}", "[ -~]{0,16}", 0..7),
+        variants in "[ +~a-z=%;]{0,20}",
+    ) {
+        let mut attrs = attrs;
+        attrs.insert("variants".to_owned(), variants);
+        let expected = runyard_store::workload::key(attrs.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        prop_assert_eq!(full_key(&attrs), expected);
+    }
+
+    #[test]
+    fn sub_keys_match_for_any_attributes(
+        attrs in proptest::collection::btree_map("[a-z_]{1,8}", "[ -~]{0,12}", 1..6),
+        pick in proptest::collection::vec(any::<bool>(), 6),
+    ) {
+        let full = full_key(&attrs);
+        let names: Vec<String> = attrs
+            .keys()
+            .zip(pick.iter().cycle())
+            .filter(|(_, p)| **p)
+            .map(|(k, _)| k.clone())
+            .collect();
+        let mut cut = String::new();
+        sub_key(&full, &names, &mut cut);
+        let expected = runyard_store::workload::key(
+            names
+                .iter()
+                .filter_map(|a| attrs.get_key_value(a))
+                .map(|(k, v)| (k.as_str(), v.as_str())),
+        );
+        prop_assert_eq!(cut, expected);
+    }
+
+    #[test]
+    fn recommendations_stay_within_bounds_for_any_history(
+        ceiling_gib in 1u64..128,
+        max_cpu in 0u64..40_000,
+        oom_cost in 0.0f64..10.0,
+        min_samples in 0usize..6,
+        window in 0usize..6,
+        history in proptest::collection::vec(
+            (0usize..4, 0u64..100_000_000_000, proptest::option::of(0u64..100_000_000_000),
+             any::<bool>(), any::<bool>(), -1e6f64..1e6, -10.0f64..1e5, -1.0f64..1e4),
+            0..80,
+        ),
+        asks in proptest::collection::vec((0usize..5, -1e7f64..1e7), 1..8),
+    ) {
+        let params = Params {
+            ceiling_memory_bytes: ceiling_gib << 30,
+            max_cpu_millicores: max_cpu,
+            oom_cost,
+            min_samples,
+            window,
+            ..Params::default()
+        };
+        let workloads = [
+            zlib("1.3", "12.3.0"),
+            zlib("1.4", "12.3.0"),
+            zlib("1.3", "13.2.0"),
+            workload(&[("repo", "a/b"), ("workflow", "ci"), ("job", "t")]),
+            workload(&[("x", "y")]),
+        ];
+        let mut model = Model::new(params);
+        for (w, peak, limit, killed, protected, at, cpu, wall) in history {
+            model.observe(&workloads[w], Observation {
+                at: T0 + at,
+                peak_memory_bytes: peak,
+                memory_limit_bytes: limit,
+                memory_request_bytes: None,
+                cpu_seconds: cpu,
+                wall_seconds: wall,
+                oom_killed: killed,
+                protected,
+            });
+        }
+        let p = model.params().clone();
+        for (w, at) in asks {
+            let r = model.recommend(&workloads[w], T0 + at);
+            prop_assert!(r.memory_request_bytes <= r.memory_limit_bytes, "{:?}", r);
+            prop_assert!(r.memory_limit_bytes <= p.ceiling_memory_bytes, "{:?}", r);
+            prop_assert!(r.memory_limit_bytes >= p.min_memory_bytes, "{:?}", r);
+            prop_assert!(r.memory_request_bytes > 0);
+            prop_assert!(r.cpu_request_millicores <= r.cpu_limit_millicores, "{:?}", r);
+            prop_assert!(r.cpu_limit_millicores <= p.max_cpu_millicores, "{:?}", r);
+            prop_assert!(r.build_jobs >= 1);
+            prop_assert!(r.retry_count <= p.oom_max_retries);
+            prop_assert!(!(r.basis.oom_bump && r.basis.retries_exhausted));
+            prop_assert_eq!(r.memory_limit_bytes % MB, 0);
+        }
+    }
+}
+
+// ---- parse_spec, variables, validate ----
+
+#[test]
+fn parse_spec_reads_gantry_specs() {
+    let w = parse_spec(
+        "emacs@29.2 +json+native~treesitter arch=linux-ubuntu22.04-x86_64_v3%gcc@12.3.0",
+    )
+    .unwrap();
+    assert_eq!(w["package"], "emacs");
+    assert_eq!(w["version"], "29.2");
+    assert_eq!(w["variants"], "+json +native ~treesitter");
+    assert_eq!(w["arch"], "linux-ubuntu22.04-x86_64_v3");
+    assert_eq!(w["compiler"], "gcc");
+    assert_eq!(w["compiler_version"], "12.3.0");
+    // Any order of the parts, key=value variants, no variants at all.
+    let a = parse_spec("%gcc@12.3.0 cuda_arch=80 ~rocm py-torch@2.3.0 +cuda").unwrap();
+    let b = parse_spec("py-torch@2.3.0+cuda~rocm cuda_arch=80 %gcc@12.3.0").unwrap();
+    assert_eq!(a, b);
+    assert_eq!(a["variants"], "+cuda cuda_arch=80 ~rocm");
+    assert!(!a.contains_key("arch"));
+    let plain = parse_spec("zlib@=1.3 %clang@17.0.6").unwrap();
+    assert_eq!(plain["version"], "1.3");
+    assert_eq!(plain["variants"], "");
+    assert!(validate(&plain).is_ok());
+    let spaced = parse_spec("zlib @1.3 -shared %oneapi@2024.1.0").unwrap();
+    assert_eq!(
+        (spaced["version"].as_str(), spaced["variants"].as_str()),
+        ("1.3", "~shared")
+    );
+}
+
+#[test]
+fn parse_spec_names_what_is_wrong() {
+    let cases = [
+        ("", "empty"),
+        ("zlib %gcc@12", "missing version of \"zlib\""),
+        ("zlib@1.3 +shared", "missing compiler"),
+        ("zlib@1.3 %gcc", "missing version of compiler"),
+        ("@1.3 %gcc@12", "unexpected version"),
+        ("zlib@1.3 bzip2@1.0 %gcc@12", "one package per spec"),
+        ("zlib@1.3 %gcc@12 %clang@17", "second compiler"),
+        (
+            "zlib@1.3 ^cmake@3.27 %gcc@12",
+            "dependencies are not supported",
+        ),
+        ("zlib@1.3 ++shared %gcc@12", "invalid variant"),
+        ("zlib@1.3 arch= %gcc@12", "empty value"),
+        ("zlib@1.3 arch=a arch=b %gcc@12", "second arch"),
+        ("zl!b@1.3 %gcc@12", "invalid package name"),
+        ("zlib@ %gcc@12", "empty package version"),
+        ("+shared %gcc@12", "missing package name"),
+    ];
+    for (spec, want) in cases {
+        let err = parse_spec(spec).unwrap_err();
+        assert!(err.starts_with("spec: "), "{spec:?}: {err}");
+        assert!(err.contains(want), "{spec:?}: {err} (want {want:?})");
+    }
+    assert!(
+        parse_spec(&"a".repeat(5000))
+            .unwrap_err()
+            .contains("longer than")
+    );
+}
+
+#[test]
+fn variables_use_gantry_units() {
+    let r = Recommendation {
+        cpu_request_millicores: 1200,
+        cpu_limit_millicores: 2000,
+        memory_request_bytes: 1_500_000_001,
+        memory_limit_bytes: 4_000_000_000,
+        build_jobs: 2,
+        retry_count: 1,
+        basis: Basis {
+            samples: 5,
+            matched: vec!["package".into()],
+            level: 6,
+            statistic: "lognormal-q0.980".into(),
+            oom_bump: true,
+            retries_exhausted: false,
+            defaults: false,
+        },
+    };
+    let v = variables(&r);
+    let expected: BTreeMap<String, String> = [
+        ("KUBERNETES_CPU_REQUEST", "1200m"),
+        ("KUBERNETES_CPU_LIMIT", "2000m"),
+        ("KUBERNETES_MEMORY_REQUEST", "1501M"),
+        ("KUBERNETES_MEMORY_LIMIT", "4000M"),
+        ("SPACK_BUILD_JOBS", "2"),
+        ("RUNYARD_RETRY_COUNT", "1"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .collect();
+    assert_eq!(v, expected);
+}
+
+#[test]
+fn validate_names_the_offending_field() {
+    assert!(validate(&zlib("1.3", "12.3.0")).is_ok());
+    let cases: Vec<(Workload, &str)> = vec![
+        (Workload::new(), "workload: no attributes"),
+        (
+            workload(&[("package", "")]),
+            "workload.package: empty value",
+        ),
+        (
+            workload(&[("package", "  ")]),
+            "workload.package: empty value",
+        ),
+        (
+            workload(&[("variants", "")]),
+            "workload: no attribute has a value",
+        ),
+        (
+            workload(&[("pack age", "x")]),
+            "workload: invalid attribute name \"pack age\" (letters, digits, '_', '-', '.')",
+        ),
+        (workload(&[("", "x")]), "workload: empty attribute name"),
+        (
+            workload(&[(&"n".repeat(65), "x")]),
+            "workload: attribute name longer than 64 bytes",
+        ),
+        (
+            workload(&[("package", &"x".repeat(1025))]),
+            "workload.package: value longer than 1024 bytes",
+        ),
+        (
+            workload(&[("package", "a\nb")]),
+            "workload.package: control character in value",
+        ),
+    ];
+    for (w, want) in cases {
+        assert_eq!(validate(&w).unwrap_err(), want);
+    }
+    let many: Workload = (0..33).map(|i| (format!("a{i}"), "x".to_owned())).collect();
+    assert_eq!(
+        validate(&many).unwrap_err(),
+        "workload: 33 attributes, at most 32"
+    );
+    // Variants may be empty when something else has a value.
+    let mut plain = zlib("1.3", "12.3.0");
+    plain.insert("variants".into(), String::new());
+    assert!(validate(&plain).is_ok());
+}
+
+// ---- scale (run with --release --ignored) ----
+
+fn resident_bytes() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    Some(pages * 4096)
+}
+
+#[test]
+#[ignore = "scale benchmark; run with --release -- --ignored"]
+fn a_million_samples_over_fifty_thousand_workloads() {
+    use std::time::Instant;
+    let workloads: Vec<Workload> = (0..50_000)
+        .map(|i| {
+            workload(&[
+                ("package", &format!("pkg-{}", i / 5)),
+                ("version", &format!("1.{}", i % 5)),
+                (
+                    "variants",
+                    if i % 2 == 0 { "+shared~pic" } else { "~shared" },
+                ),
+                ("compiler", "gcc"),
+                ("compiler_version", "12.3.0"),
+                ("arch", "x86_64_v3"),
+            ])
+        })
+        .collect();
+    let before = resident_bytes();
+    let started = Instant::now();
+    let mut model = Model::new(Params::default());
+    for i in 0..1_000_000usize {
+        let w = &workloads[i * 7919 % workloads.len()];
+        let peak = GB + (i as u64 * 2_654_435_761 % 1000) * MB;
+        model.observe(w, ok(T0 + i as f64, peak));
+    }
+    let load = started.elapsed();
+    let after = resident_bytes();
+    let started = Instant::now();
+    let asks = 100_000;
+    let mut sum = 0u64;
+    for i in 0..asks {
+        sum = sum.wrapping_add(
+            model
+                .recommend(&workloads[i * 31 % workloads.len()], T0 + 2e6)
+                .memory_limit_bytes,
+        );
+    }
+    let per = started.elapsed() / asks as u32;
+    println!(
+        "load 1M observations: {load:?}; recommend: {per:?} each (checksum {sum}); stats {:?}; resident +{} MB",
+        model.stats(),
+        after
+            .zip(before)
+            .map_or(0, |(a, b)| a.saturating_sub(b) / 1_000_000)
+    );
+}

@@ -1,0 +1,442 @@
+//! The allocator's quality benchmark: replay a job trace online through the
+//! real recommendation code and through gantry's rule, and compare both with
+//! the hindsight frontier.
+//!
+//! For each job in time order the method is asked for a recommendation, then
+//! the job's actual peak is revealed. A job whose peak exceeds its limit is
+//! OOM-killed (the model observes the attempt with `oom_killed` and the limit
+//! as its peak) and retried with the next recommendation, at most 3 times.
+//! Metrics count the jobs after a warm-up share of the trace:
+//!
+//! - **OOM rate**: jobs whose first attempt was killed (peak > limit);
+//! - **avg limit slack**: mean `(limit − peak) / limit` over first attempts
+//!   that succeeded (comparable with the frontier, which has no retries),
+//!   and the same over all successful attempts, retries included;
+//! - **avg request slack**: mean `(request − peak) / request` over first
+//!   attempts that succeeded;
+//! - **retries** spent, **first-retry success** (share of killed jobs whose
+//!   first retry succeeded), **failed** jobs (out of retries);
+//! - **mean limit** of first attempts.
+//!
+//! # Trace CSV
+//!
+//! A header row, then one job per row; fields may be double-quoted (RFC 4180,
+//! no newlines inside fields). Columns, in any order:
+//!
+//! | column | meaning |
+//! |---|---|
+//! | `time` | when the job ran: unix seconds or RFC 3339 |
+//! | `ref` | the ref it ran on; jobs on `--protected-refs` train the model |
+//! | `peak_memory_bytes` | the job's peak memory (what it needs) |
+//! | `cpu_seconds` | CPU time used (may be empty) |
+//! | `wall_seconds` | wall-clock time (may be empty) |
+//! | `workload` | optional: attributes as `k=v;k=v` (e.g. `repo=a/b;workflow=ci;job=test`) |
+//! | any other column | a workload attribute named by the header, e.g. `package`, `version`, `variants`, `compiler`, `compiler_version`, `arch`; empty cells are left out |
+//!
+//! The generator writes `time,package,version,variants,compiler,
+//! compiler_version,arch,workload,ref,peak_memory_bytes,cpu_seconds,wall_seconds`.
+
+mod generate;
+mod replay;
+mod trace;
+
+use std::fs::File;
+use std::io::{BufReader, BufWriter};
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::Context as _;
+use figment::Figment;
+use figment::providers::{Format as _, Serialized, Toml};
+
+pub use generate::{GenConfig, generate};
+pub use replay::{LevelOutcome, MAX_RETRIES, Outcome, frontier, replay_gantry, replay_model};
+pub use trace::{Job, Trace, TraceBuilder, read_csv, write_csv};
+
+use crate::model::Params;
+
+/// How the generator draws each workload's σ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SigmaDistribution {
+    /// Log-uniform: most workloads calm, some swinging.
+    LogUniform,
+    /// Uniform.
+    Uniform,
+}
+
+/// Arguments of `runyard-allocator simulate`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SimulateArgs {
+    /// Replay this CSV trace (columns in the module docs).
+    #[arg(
+        long,
+        value_name = "FILE.csv",
+        required_unless_present = "generate",
+        conflicts_with = "generate"
+    )]
+    pub trace: Option<PathBuf>,
+    /// Generate a synthetic trace instead of reading one.
+    #[arg(long)]
+    pub generate: bool,
+    /// Generator: workload streams (package × variants × compiler).
+    #[arg(long, default_value_t = 3000)]
+    pub workloads: usize,
+    /// Generator: jobs.
+    #[arg(long, default_value_t = 200_000)]
+    pub jobs: usize,
+    /// Generator: RNG seed.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Generator: smallest per-workload log-normal σ.
+    #[arg(long, default_value_t = 0.03)]
+    pub sigma_min: f32,
+    /// Generator: largest per-workload log-normal σ.
+    #[arg(long, default_value_t = 0.45)]
+    pub sigma_max: f32,
+    /// Generator: how σ is drawn between `--sigma-min` and `--sigma-max`.
+    #[arg(long, value_enum, default_value_t = SigmaDistribution::LogUniform)]
+    pub sigma_distribution: SigmaDistribution,
+    /// Generator: days the trace spans.
+    #[arg(long, default_value_t = 42.0)]
+    pub days: f32,
+    /// Generator: share of jobs on pull-request refs.
+    #[arg(long, default_value_t = 0.3)]
+    pub pr_share: f32,
+    /// Generator: share of jobs with a 1.3–2.5× memory spike.
+    #[arg(long, default_value_t = 0.005)]
+    pub spike_rate: f32,
+    /// Generator: mean days between version bumps of a package.
+    #[arg(long, default_value_t = 14.0)]
+    pub version_every_days: f32,
+    /// Generator: log-space random-walk step of a workload's size per day.
+    #[arg(long, default_value_t = 0.015)]
+    pub drift_per_day: f32,
+    /// Generator: share of workloads that first appear during the trace.
+    #[arg(long, default_value_t = 0.25)]
+    pub new_share: f32,
+    /// Share of the trace (first jobs) that only trains, unmeasured.
+    #[arg(long, default_value_t = 0.2)]
+    pub warmup_fraction: f32,
+    /// Save the generated trace as CSV.
+    #[arg(long, value_name = "FILE")]
+    pub write_trace: Option<PathBuf>,
+    /// Refs whose jobs train the model.
+    #[arg(long, value_delimiter = ',', default_value = "develop,main,master")]
+    pub protected_refs: Vec<String>,
+    /// Model parameters as TOML (the `[model]` table's fields, top-level).
+    #[arg(long, value_name = "FILE.toml")]
+    pub params: Option<PathBuf>,
+    /// Override one model parameter, TOML syntax (`limit_quantile = 0.985`).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub set: Vec<String>,
+}
+
+impl SimulateArgs {
+    fn gen_config(&self) -> GenConfig {
+        GenConfig {
+            workloads: self.workloads,
+            jobs: self.jobs,
+            seed: self.seed,
+            sigma_min: wide(self.sigma_min),
+            sigma_max: wide(self.sigma_max),
+            sigma_log_uniform: self.sigma_distribution == SigmaDistribution::LogUniform,
+            days: wide(self.days),
+            pr_share: wide(self.pr_share),
+            spike_rate: wide(self.spike_rate),
+            version_every_days: wide(self.version_every_days),
+            drift_per_day: wide(self.drift_per_day),
+            new_share: wide(self.new_share),
+        }
+    }
+
+    fn model_params(&self) -> anyhow::Result<Params> {
+        let mut figment = Figment::from(Serialized::defaults(Params::default()));
+        if let Some(path) = &self.params {
+            figment = figment.merge(Toml::file_exact(path));
+        }
+        figment = figment.merge(Toml::string(&self.set.join("\n")));
+        figment.extract().context("invalid model parameters")
+    }
+}
+
+/// A command-line knob (kept `f32` so the subcommand's arguments stay
+/// small) as the `f64` the user typed: `0.03f32` becomes `0.03`, not
+/// `0.029999999329447746`.
+fn wide(x: f32) -> f64 {
+    (f64::from(x) * 1e6).round() / 1e6
+}
+
+/// Whether a ref is one of `protected` (`refs/heads/` prefixes ignored).
+fn is_protected(git_ref: &str, protected: &[String]) -> bool {
+    let short = git_ref.strip_prefix("refs/heads/").unwrap_or(git_ref);
+    protected.iter().any(|p| p.trim() == short)
+}
+
+/// The comparison of one simulation run.
+#[derive(Debug, Clone)]
+pub struct Report {
+    /// Where the trace came from.
+    pub source: String,
+    /// Jobs in the trace.
+    pub jobs: usize,
+    /// Distinct workload keys.
+    pub workloads: usize,
+    /// Jobs on protected refs.
+    pub protected_jobs: usize,
+    /// Jobs excluded as warm-up.
+    pub warmup: usize,
+    /// runyard, gantry, then the frontier rows.
+    pub rows: Vec<Outcome>,
+    /// Seconds the model replay took.
+    pub model_seconds: f64,
+}
+
+/// Runs the three methods over `trace`.
+pub fn compare(
+    trace: &Trace,
+    source: String,
+    params: Params,
+    protected_refs: &[String],
+    warmup_fraction: f64,
+) -> Report {
+    let protected: Vec<bool> = trace
+        .refs
+        .iter()
+        .map(|r| is_protected(r, protected_refs))
+        .collect();
+    let warmup = (trace.jobs.len() as f64 * warmup_fraction.clamp(0.0, 1.0)).round() as usize;
+    let ceiling = crate::model::Model::new(params.clone())
+        .params()
+        .ceiling_memory_bytes;
+    let started = Instant::now();
+    let model = replay_model(trace, &protected, params, warmup);
+    let model_seconds = started.elapsed().as_secs_f64();
+    let mut rows = vec![model, replay_gantry(trace, &protected, ceiling, warmup)];
+    for q in [0.95, 0.98, 0.99] {
+        rows.push(frontier(trace, q, ceiling, warmup));
+    }
+    Report {
+        source,
+        jobs: trace.jobs.len(),
+        workloads: trace.workloads.len(),
+        protected_jobs: trace
+            .jobs
+            .iter()
+            .filter(|j| protected[j.git_ref as usize])
+            .count(),
+        warmup,
+        rows,
+        model_seconds,
+    }
+}
+
+fn percent(x: f64) -> String {
+    format!("{:.1}%", x * 100.0)
+}
+
+impl Report {
+    /// The report as markdown: a summary line and the comparison table.
+    pub fn markdown(&self) -> String {
+        let mut s = format!(
+            "Trace: {} — {} jobs, {} workload keys, {:.0}% on protected refs; first {} jobs are warm-up, {} measured. Model replay: {:.1} s.\n\n",
+            self.source,
+            self.jobs,
+            self.workloads,
+            100.0 * self.protected_jobs as f64 / self.jobs.max(1) as f64,
+            self.warmup,
+            self.jobs - self.warmup,
+            self.model_seconds,
+        );
+        s.push_str("| method | OOM rate | avg limit slack | … incl. retries | byte-weighted slack | avg request slack | retries | first-retry success | failed jobs | mean limit |\n");
+        s.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+        for row in &self.rows {
+            let (retries, first, failed) = if row.retries_apply {
+                (
+                    row.retries.to_string(),
+                    if row.first_retries > 0 {
+                        percent(row.first_retry_success())
+                    } else {
+                        "—".to_owned()
+                    },
+                    row.failed.to_string(),
+                )
+            } else {
+                ("—".to_owned(), "—".to_owned(), "—".to_owned())
+            };
+            s.push_str(&format!(
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.2} GB |\n",
+                row.name,
+                percent(row.oom_rate()),
+                percent(row.avg_limit_slack()),
+                percent(row.avg_limit_slack_all()),
+                percent(row.byte_slack()),
+                percent(row.avg_request_slack()),
+                retries,
+                first,
+                failed,
+                row.mean_limit() / 1e9,
+            ));
+        }
+        if let Some(model) = self.rows.first().filter(|r| !r.by_level.is_empty()) {
+            s.push_str("\nrunyard by ladder level used (first attempts):\n\n| level | jobs | OOM rate | avg limit slack |\n|---|---:|---:|---:|\n");
+            for (i, l) in model
+                .by_level
+                .iter()
+                .enumerate()
+                .filter(|(_, l)| l.jobs > 0)
+            {
+                s.push_str(&format!(
+                    "| {} | {} | {} | {} |\n",
+                    if i == 0 {
+                        "defaults".to_owned()
+                    } else {
+                        (i - 1).to_string()
+                    },
+                    l.jobs,
+                    percent(l.ooms as f64 / l.jobs as f64),
+                    percent(l.slack / (l.jobs - l.ooms).max(1) as f64),
+                ));
+            }
+            s.push_str("\n| samples | jobs | OOM rate | avg limit slack |\n|---|---:|---:|---:|\n");
+            let names = ["0 (defaults)", "1–4", "5–9", "10–19", "20+"];
+            for (name, l) in names
+                .iter()
+                .zip(&model.by_samples)
+                .filter(|(_, l)| l.jobs > 0)
+            {
+                s.push_str(&format!(
+                    "| {} | {} | {} | {} |\n",
+                    name,
+                    l.jobs,
+                    percent(l.ooms as f64 / l.jobs as f64),
+                    percent(l.slack / (l.jobs - l.ooms).max(1) as f64),
+                ));
+            }
+        }
+        s
+    }
+}
+
+#[allow(clippy::print_stdout)]
+fn print(text: &str) {
+    println!("{text}");
+}
+
+/// Runs `simulate`: loads or generates the trace, replays it, prints the
+/// markdown comparison.
+pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
+    let params = args.model_params()?;
+    let (trace, source) = match &args.trace {
+        Some(path) => {
+            let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+            let trace = read_csv(BufReader::new(file))
+                .with_context(|| format!("reading {}", path.display()))?;
+            (trace, path.display().to_string())
+        }
+        None => {
+            let config = args.gen_config();
+            let trace = generate(&config);
+            let source = format!(
+                "generated (seed {}, {} workloads, σ {}–{} {}, {} days)",
+                config.seed,
+                config.workloads,
+                config.sigma_min,
+                config.sigma_max,
+                if config.sigma_log_uniform {
+                    "log-uniform"
+                } else {
+                    "uniform"
+                },
+                config.days
+            );
+            (trace, source)
+        }
+    };
+    if let Some(path) = &args.write_trace {
+        let file = File::create(path).with_context(|| format!("creating {}", path.display()))?;
+        write_csv(&trace, BufWriter::new(file))
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    anyhow::ensure!(!trace.jobs.is_empty(), "the trace has no jobs");
+    let report = compare(
+        &trace,
+        source,
+        params,
+        &args.protected_refs,
+        wide(args.warmup_fraction),
+    );
+    print(&report.markdown());
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_small_generated_trace_compares_all_methods() {
+        let config = GenConfig {
+            workloads: 200,
+            jobs: 20_000,
+            ..GenConfig::default()
+        };
+        let trace = generate(&config);
+        let refs = vec!["develop".to_owned()];
+        let report = compare(&trace, "test".to_owned(), Params::default(), &refs, 0.2);
+        assert_eq!(report.rows.len(), 5);
+        assert_eq!(report.warmup, 4000);
+        let (model, gantry) = (&report.rows[0], &report.rows[1]);
+        assert_eq!(model.jobs, 16_000);
+        assert!(model.oom_rate() < gantry.oom_rate(), "{model:?} {gantry:?}");
+        assert!(model.first_retry_success() >= 0.9, "{model:?}");
+        assert!(model.avg_limit_slack() > 0.0 && model.avg_limit_slack() < 0.6);
+        // The frontier tightens as q falls.
+        assert!(report.rows[2].avg_limit_slack() < report.rows[4].avg_limit_slack());
+        let text = report.markdown();
+        assert!(text.contains("| gantry (mean of 5; max × 1.2) |"), "{text}");
+        assert!(text.contains("| hindsight q=0.98 |"), "{text}");
+    }
+
+    #[test]
+    fn protected_refs_ignore_the_heads_prefix() {
+        let refs = vec!["develop".to_owned(), "main".to_owned()];
+        assert!(is_protected("refs/heads/main", &refs));
+        assert!(is_protected("develop", &refs));
+        assert!(!is_protected("pr-12", &refs));
+        assert!(!is_protected("refs/heads/feature", &refs));
+    }
+
+    #[test]
+    fn knobs_read_as_typed() {
+        assert_eq!(wide(0.03), 0.03);
+        assert_eq!(wide(0.45), 0.45);
+    }
+
+    #[derive(Debug, clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: SimulateArgs,
+    }
+
+    #[test]
+    fn model_parameters_take_overrides() {
+        let cli = <Cli as clap::Parser>::parse_from([
+            "simulate",
+            "--generate",
+            "--set",
+            "oom_cost = 3.0",
+            "--set",
+            "window = 12",
+        ]);
+        let args = cli.args;
+        assert!(args.generate && args.trace.is_none());
+        assert_eq!(args.workloads, 3000);
+        let params = args.model_params().unwrap();
+        assert_eq!((params.oom_cost, params.window), (3.0, 12));
+        let bad = SimulateArgs {
+            set: vec!["no_such_knob = 1".to_owned()],
+            ..args
+        };
+        assert!(bad.model_params().is_err());
+    }
+}

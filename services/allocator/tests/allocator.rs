@@ -1,0 +1,514 @@
+//! The allocator against real services: usage reports go in through ingest,
+//! job-tracker projects them, the allocator answers over real gRPC from the
+//! generated client, over gantry's HTTP endpoint, and follows new reports.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use runyard_allocator::proto::RecommendRequest;
+use runyard_allocator::proto::allocator_client::AllocatorClient;
+use runyard_allocator::{App, Config};
+use runyard_bus::{Bus, StreamSettings, TraceParent};
+use runyard_events::{
+    Body, Event, Forge, JobKey, Namespace, Source, UsageReported, ids, timestamp,
+};
+use runyard_testkit::{TestDb, TestNats, eventually, unique_namespace};
+use serde_json::{Value, json};
+use tokio::sync::oneshot;
+use tonic::transport::Channel;
+
+const USAGE_TOKEN: &str = "usage-token";
+
+struct Stack {
+    nats: TestNats,
+    ns: Namespace,
+    db: TestDb,
+    stops: Vec<oneshot::Sender<()>>,
+    ingest: String,
+    grpc: SocketAddr,
+    http: String,
+}
+
+fn spawn_run<F>(run: F) -> oneshot::Sender<()>
+where
+    F: FnOnce(oneshot::Receiver<()>) -> tokio::task::JoinHandle<anyhow::Result<()>>,
+{
+    let (tx, rx) = oneshot::channel();
+    drop(run(rx));
+    tx
+}
+
+impl Stack {
+    /// ingest + job-tracker + allocator on one namespace and database.
+    async fn start() -> Self {
+        runyard_telemetry::install_crypto_provider();
+        let nats = TestNats::get().await;
+        let ns = unique_namespace();
+        let db = TestDb::new();
+        let local = SocketAddr::from(([127, 0, 0, 1], 0));
+        let mut stops = Vec::new();
+
+        let ingest = runyard_ingest::App::build(runyard_ingest::Config {
+            nats_url: nats.url(),
+            namespace: ns.to_string(),
+            ingest_listen: local,
+            usage_token: Some(USAGE_TOKEN.to_owned().into()),
+            ..runyard_ingest::Config::default()
+        })
+        .await
+        .unwrap();
+        let ingest_addr = ingest.local_addr();
+        stops.push(spawn_run(|rx| {
+            tokio::spawn(ingest.run(async move {
+                let _ = rx.await;
+            }))
+        }));
+
+        let tracker = runyard_job_tracker::App::build(runyard_job_tracker::Config {
+            nats_url: nats.url(),
+            namespace: ns.to_string(),
+            database_url: db.url.clone(),
+            tracker_http_listen: local,
+            tracker_batch_wait: Duration::from_millis(5),
+            ..runyard_job_tracker::Config::default()
+        })
+        .await
+        .unwrap();
+        stops.push(spawn_run(|rx| {
+            tokio::spawn(tracker.run(async move {
+                let _ = rx.await;
+            }))
+        }));
+
+        let allocator = App::build(Config {
+            nats_url: nats.url(),
+            namespace: ns.to_string(),
+            database_url: db.url.clone(),
+            allocator_listen: local,
+            allocator_http_listen: local,
+            ..Config::default()
+        })
+        .await
+        .unwrap();
+        let grpc = allocator.grpc_addr();
+        let http = format!("http://{}", allocator.http_addr());
+        stops.push(spawn_run(|rx| {
+            tokio::spawn(allocator.run(async move {
+                let _ = rx.await;
+            }))
+        }));
+        let stack = Self {
+            nats,
+            ns,
+            db,
+            stops,
+            ingest: format!("http://{ingest_addr}"),
+            grpc,
+            http,
+        };
+        let ready = eventually(Duration::from_secs(20), || async {
+            let r = reqwest::get(format!("{}/readyz", stack.http)).await.ok()?;
+            (r.status() == 200).then_some(())
+        })
+        .await;
+        assert!(ready.is_some(), "allocator ready");
+        stack
+    }
+
+    async fn client(&self) -> AllocatorClient<Channel> {
+        AllocatorClient::connect(format!("http://{}", self.grpc))
+            .await
+            .unwrap()
+    }
+
+    async fn report(&self, job_id: u64, workload: &Value, peak: u64, r: &str) {
+        let body = json!({
+            "forge": "gitlab", "instance": "gitlab.example.com", "job_id": job_id,
+            "attempt": 1, "ref": r, "workload": workload,
+            "peak_memory_bytes": peak, "memory_limit_bytes": 16_000_000_000u64,
+            "cpu_seconds": 3600.0, "wall_seconds": 900.0, "oom_killed": false, "exit_code": 0
+        });
+        let resp = reqwest::Client::new()
+            .post(format!("{}/v1/usage", self.ingest))
+            .bearer_auth(USAGE_TOKEN)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 202);
+    }
+
+    async fn stop(self) {
+        for s in self.stops {
+            let _ = s.send(());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        self.db.drop_db().await;
+        drop(self.nats);
+    }
+}
+
+fn torch() -> Value {
+    json!({"package": "py-torch", "version": "2.3.1", "variants": "+cuda~rocm",
+           "compiler": "gcc", "compiler_version": "12.3.0", "arch": "x86_64_v3"})
+}
+
+fn request(workload: &Value, r: &str) -> RecommendRequest {
+    RecommendRequest {
+        workload: workload
+            .as_object()
+            .unwrap()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_owned()))
+            .collect(),
+        r#ref: r.into(),
+    }
+}
+
+async fn recommend(
+    c: &mut AllocatorClient<Channel>,
+    w: &Value,
+) -> runyard_allocator::proto::Recommendation {
+    c.recommend(request(w, "develop"))
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+#[tokio::test]
+async fn usage_reports_through_the_stack_shape_the_recommendation() {
+    let stack = Stack::start().await;
+    let mut client = stack.client().await;
+
+    // No history: the configured defaults, and the basis says so.
+    let fresh = recommend(&mut client, &torch()).await;
+    let basis = fresh.basis.clone().unwrap();
+    assert!(basis.defaults && basis.samples == 0, "{basis:?}");
+    assert_eq!(fresh.retry_count, 0);
+
+    let peaks = [6.0e9, 6.4e9, 5.8e9, 6.2e9, 6.1e9, 6.3e9];
+    for (i, p) in peaks.iter().enumerate() {
+        stack
+            .report(100 + i as u64, &torch(), *p as u64, "develop")
+            .await;
+    }
+    // A pull request's huge job must not train the model.
+    stack
+        .report(999, &torch(), 60_000_000_000, "feature/x")
+        .await;
+    let rec = eventually(Duration::from_secs(10), || {
+        let mut client = client.clone();
+        async move {
+            let r = recommend(&mut client, &torch()).await;
+            (r.basis.as_ref()?.samples as usize >= peaks.len()).then_some(r)
+        }
+    })
+    .await
+    .expect("history reaches the allocator");
+    let basis = rec.basis.clone().unwrap();
+    assert!(!basis.defaults);
+    assert_eq!(
+        basis.samples as usize,
+        peaks.len(),
+        "only protected refs train: {basis:?}"
+    );
+    assert!(
+        rec.memory_limit_bytes >= 6_400_000_000,
+        "limit covers the peaks: {rec:?}"
+    );
+    assert!(
+        rec.memory_limit_bytes < 20_000_000_000,
+        "PR data did not poison: {rec:?}"
+    );
+    assert!(rec.memory_request_bytes <= rec.memory_limit_bytes);
+    assert!(rec.cpu_request_millicores <= rec.cpu_limit_millicores);
+    assert!(
+        rec.cpu_request_millicores >= 1000,
+        "4 cores busy on average: {rec:?}"
+    );
+    for var in [
+        "KUBERNETES_CPU_REQUEST",
+        "KUBERNETES_CPU_LIMIT",
+        "KUBERNETES_MEMORY_REQUEST",
+        "KUBERNETES_MEMORY_LIMIT",
+        "SPACK_BUILD_JOBS",
+        "RUNYARD_RETRY_COUNT",
+    ] {
+        assert!(
+            rec.variables.contains_key(var),
+            "{var} missing: {:?}",
+            rec.variables
+        );
+    }
+
+    // The gantry endpoint answers the same numbers for the same workload.
+    let spec = "py-torch@2.3.1 +cuda~rocm arch=x86_64_v3%gcc@12.3.0";
+    let body: Value = reqwest::Client::new()
+        .get(format!("{}/v1/allocation", stack.http))
+        .query(&[("spec", spec)])
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let http_vars: HashMap<String, String> =
+        serde_json::from_value(body["variables"].clone()).unwrap();
+    assert_eq!(http_vars, rec.variables);
+
+    // Batch: same answers, in order.
+    let batch = client
+        .recommend_batch(runyard_allocator::proto::RecommendBatchRequest {
+            requests: vec![
+                request(&torch(), "develop"),
+                request(&json!({"package": "zlib"}), ""),
+            ],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(batch.recommendations.len(), 2);
+    assert_eq!(batch.recommendations[0].variables, rec.variables);
+    assert!(batch.recommendations[1].basis.as_ref().unwrap().defaults);
+
+    // Every answer is on the log as AllocationIssued.
+    let client_nats = async_nats::connect(stack.nats.url()).await.unwrap();
+    let issued = eventually(Duration::from_secs(10), || {
+        let (c, ns) = (client_nats.clone(), stack.ns.clone());
+        async move {
+            let msgs = runyard_testkit::stream_messages(&c, &ns.events_stream()).await;
+            let n = msgs
+                .iter()
+                .filter(|m| m.subject.as_str() == ns.allocation_subject())
+                .count();
+            (n >= 4).then_some(n)
+        }
+    })
+    .await;
+    assert!(issued.is_some(), "allocation events published");
+
+    // A fresh allocator on another namespace sees nothing on NATS: what it
+    // knows comes from the projection it reads at start.
+    let projected = eventually(Duration::from_secs(10), || async {
+        let p = sqlx::PgPool::connect(&stack.db.url).await.ok()?;
+        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM usage_samples")
+            .fetch_one(&p)
+            .await
+            .ok()?;
+        p.close().await;
+        (n == 7).then_some(())
+    })
+    .await;
+    assert!(projected.is_some(), "job-tracker projected the reports");
+    let other = App::build(Config {
+        nats_url: stack.nats.url(),
+        namespace: unique_namespace().to_string(),
+        database_url: stack.db.url.clone(),
+        allocator_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        allocator_http_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        ..Config::default()
+    })
+    .await
+    .unwrap();
+    let grpc = other.grpc_addr();
+    let stop_other = spawn_run(|rx| {
+        tokio::spawn(other.run(async move {
+            let _ = rx.await;
+        }))
+    });
+    let from_db = eventually(Duration::from_secs(10), || async move {
+        let mut c = AllocatorClient::connect(format!("http://{grpc}"))
+            .await
+            .ok()?;
+        c.recommend(request(&torch(), "develop"))
+            .await
+            .ok()
+            .map(|r| r.into_inner())
+    })
+    .await
+    .expect("second allocator answers");
+    assert_eq!(
+        from_db.variables, rec.variables,
+        "same history, same answer"
+    );
+    let _ = stop_other.send(());
+    stack.stop().await;
+}
+
+#[tokio::test]
+async fn a_new_usage_report_changes_the_answer_within_a_second() {
+    let stack = Stack::start().await;
+    let client = stack.client().await;
+    let w = json!({"package": "llvm", "version": "18.1.0", "variants": "+clang"});
+    // Publish straight onto the log, as ingest would.
+    let bus = Bus::connect(&stack.nats.url(), stack.ns.clone(), "test", false)
+        .await
+        .unwrap();
+    bus.ensure_streams(&StreamSettings::default())
+        .await
+        .unwrap();
+    let usage = |job_id: u64, peak: u64| {
+        let now = time::OffsetDateTime::now_utc();
+        let instance = "gitlab.example.com".to_owned();
+        Event {
+            id: ids::usage(Forge::Gitlab, &instance, job_id, 1),
+            occurred_at: Some(timestamp(now)),
+            received_at: Some(timestamp(now)),
+            source: Some(Source {
+                forge: Forge::Gitlab as i32,
+                instance: instance.clone(),
+                ..Default::default()
+            }),
+            body: Some(Body::UsageReported(UsageReported {
+                job: Some(JobKey {
+                    forge: Forge::Gitlab as i32,
+                    instance,
+                    job_id,
+                }),
+                attempt: 1,
+                r#ref: "develop".into(),
+                workload: w
+                    .as_object()
+                    .unwrap()
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_owned()))
+                    .collect(),
+                peak_memory_bytes: peak,
+                memory_limit_bytes: Some(40_000_000_000),
+                cpu_seconds: 100.0,
+                wall_seconds: 100.0,
+                ..Default::default()
+            })),
+        }
+    };
+    let tp = TraceParent::new_root();
+    for job in 1..=5 {
+        bus.publish_event(&usage(job, 4_000_000_000 + job * 10_000_000), &tp)
+            .await
+            .unwrap();
+    }
+    let before = eventually(Duration::from_secs(10), || {
+        let mut client = client.clone();
+        let w = w.clone();
+        async move {
+            let r = recommend(&mut client, &w).await;
+            (r.basis.as_ref()?.samples == 5).then_some(r)
+        }
+    })
+    .await
+    .expect("history of five");
+    // A much bigger build: the very next answers must reflect it.
+    let sent = Instant::now();
+    bus.publish_event(&usage(6, 30_000_000_000), &tp)
+        .await
+        .unwrap();
+    let changed = eventually(Duration::from_secs(5), || {
+        let mut client = client.clone();
+        let before = before.memory_limit_bytes;
+        let w = w.clone();
+        async move {
+            let r = recommend(&mut client, &w).await;
+            (r.memory_limit_bytes != before).then_some(r)
+        }
+    })
+    .await
+    .expect("the answer changes");
+    let took = sent.elapsed();
+    assert!(took < Duration::from_secs(1), "took {took:?}");
+    assert_eq!(changed.basis.unwrap().samples, 6);
+    assert!(changed.memory_limit_bytes > before.memory_limit_bytes);
+    stack.stop().await;
+}
+
+#[tokio::test]
+async fn bad_requests_name_the_field_and_reflection_and_health_work() {
+    let stack = Stack::start().await;
+    let mut client = stack.client().await;
+    let err = client
+        .recommend(RecommendRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(err.message().contains("workload"), "{}", err.message());
+    let err = client
+        .recommend_batch(runyard_allocator::proto::RecommendBatchRequest {
+            requests: vec![request(&torch(), ""), RecommendRequest::default()],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(err.message().contains("requests[1]"), "{}", err.message());
+
+    // Gantry endpoint: missing and malformed specs are 400 with a message.
+    let http = reqwest::Client::new();
+    for query in [vec![], vec![("spec", "@@@")]] {
+        let r = http
+            .get(format!("{}/v1/allocation", stack.http))
+            .query(&query)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 400);
+        let body: Value = r.json().await.unwrap();
+        assert!(
+            body["error"].as_str().unwrap().starts_with("spec"),
+            "{body}"
+        );
+    }
+    // Specs without variants are fine.
+    let r = http
+        .get(format!("{}/v1/allocation", stack.http))
+        .query(&[(
+            "spec",
+            "zlib@1.3.1 arch=linux-ubuntu22.04-x86_64%gcc@12.3.0",
+        )])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+
+    // Standard health checking and reflection.
+    let channel = Channel::from_shared(format!("http://{}", stack.grpc))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel.clone());
+    let status = health
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: "runyard.allocator.v1.Allocator".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        status.status(),
+        tonic_health::pb::health_check_response::ServingStatus::Serving
+    );
+    use tonic_reflection::pb::v1::{
+        ServerReflectionRequest, server_reflection_client::ServerReflectionClient,
+        server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
+    };
+    let mut reflection = ServerReflectionClient::new(channel);
+    let req = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut answers = reflection
+        .server_reflection_info(futures::stream::iter([req]))
+        .await
+        .unwrap()
+        .into_inner();
+    let answer = answers.message().await.unwrap().unwrap();
+    let Some(MessageResponse::ListServicesResponse(list)) = answer.message_response else {
+        panic!("list services answer expected");
+    };
+    let names: Vec<_> = list.service.iter().map(|s| s.name.as_str()).collect();
+    assert!(
+        names.contains(&"runyard.allocator.v1.Allocator"),
+        "{names:?}"
+    );
+    stack.stop().await;
+}
