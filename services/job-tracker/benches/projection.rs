@@ -513,45 +513,25 @@ fn rows_of(events: &[Event], batch: usize) -> anyhow::Result<Vec<Rows>> {
     Ok(out)
 }
 
-const JOB_COLUMNS: &[&str] = &[
-    "forge",
-    "instance",
-    "job_id",
-    "status",
-    "project",
-    "project_id",
-    "pipeline_id",
-    "run_attempt",
-    "name",
-    "stage",
-    "workflow_name",
-    "labels",
-    "forge_status",
-    "conclusion",
-    "failure_reason",
-    "runner_id",
-    "runner_name",
-    "runner_group_id",
-    "runner_group_name",
-    "ref",
-    "sha",
-    "tag",
-    "html_url",
-    "organization",
-    "enterprise",
-    "allow_failure",
-    "duration_seconds",
-    "queued_duration_seconds",
-    "created_at",
-    "queued_at",
-    "started_at",
-    "completed_at",
-    "first_seen_at",
-    "last_event_at",
-    "rank_status",
-    "rank_at",
-    "rank_event",
-];
+/// Every `jobs` column in binding order: keys and status, the tracker's
+/// picked columns, then times and rank.
+fn job_columns() -> Vec<&'static str> {
+    ["forge", "instance", "job_id", "status"]
+        .into_iter()
+        .chain(runyard_job_tracker::apply::JOB_PICKED.iter().copied())
+        .chain([
+            "created_at",
+            "queued_at",
+            "started_at",
+            "completed_at",
+            "first_seen_at",
+            "last_event_at",
+            "rank_status",
+            "rank_at",
+            "rank_event",
+        ])
+        .collect()
+}
 
 const USAGE_COLUMNS: &[&str] = &[
     "forge",
@@ -580,10 +560,11 @@ const USAGE_COLUMNS: &[&str] = &[
 /// in place (`DO UPDATE SET col = EXCLUDED.col`); the tracker's
 /// order-independent merge is not part of the baseline.
 async fn plain_insert(pool: &PgPool, batches: &[Rows]) -> anyhow::Result<Duration> {
-    let job_sql = format!("INSERT INTO jobs ({}) ", JOB_COLUMNS.join(", "));
+    let job_columns = job_columns();
+    let job_sql = format!("INSERT INTO jobs ({}) ", job_columns.join(", "));
     let job_update = format!(
         " ON CONFLICT (forge, instance, job_id) DO UPDATE SET {}",
-        JOB_COLUMNS[3..]
+        job_columns[3..]
             .iter()
             .map(|c| format!("{c} = EXCLUDED.{c}"))
             .collect::<Vec<_>>()

@@ -108,7 +108,9 @@ fn pick(table: &str, cols: &[&str]) -> String {
         .join(",\n")
 }
 
-const JOB_PICKED: &[&str] = &[
+/// The job columns that come from the highest-ranked observation (the rest
+/// are keys, the forward-only status, earliest/latest times and the rank).
+pub const JOB_PICKED: &[&str] = &[
     "project",
     "project_id",
     "pipeline_id",
