@@ -57,13 +57,46 @@ impl TraceParent {
     }
 }
 
+impl TraceParent {
+    /// The `traceparent` value as a NATS header value, for
+    /// [`crate::Bus::prepare_event`] and [`crate::Prepared`] headers.
+    pub fn header_value(&self) -> async_nats::HeaderValue {
+        async_nats::HeaderValue::from(self.encode().as_str())
+    }
+
+    /// `00-<trace_id>-<span_id>-<flags>` in lower-case hex: formatted by hand
+    /// because this runs for every delivery and `fmt`'s padded hex of a
+    /// `u128` is several times slower.
+    fn encode(&self) -> Encoded {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        fn put(out: &mut [u8], value: u128) {
+            let mut v = value;
+            for b in out.iter_mut().rev() {
+                *b = HEX[(v & 0xf) as usize];
+                v >>= 4;
+            }
+        }
+        let mut buf = *b"00-00000000000000000000000000000000-0000000000000000-00";
+        put(&mut buf[3..35], self.trace_id);
+        put(&mut buf[36..52], u128::from(self.span_id));
+        put(&mut buf[53..55], u128::from(self.flags));
+        Encoded(buf)
+    }
+}
+
+/// A formatted `traceparent`: 55 ASCII bytes.
+struct Encoded([u8; 55]);
+
+impl Encoded {
+    fn as_str(&self) -> &str {
+        // Only ASCII hex digits and dashes are ever written into it.
+        std::str::from_utf8(&self.0).unwrap_or_default()
+    }
+}
+
 impl fmt::Display for TraceParent {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "00-{:032x}-{:016x}-{:02x}",
-            self.trace_id, self.span_id, self.flags
-        )
+        f.write_str(self.encode().as_str())
     }
 }
 
@@ -104,6 +137,35 @@ mod tests {
         assert_eq!(tp.trace_id, 0x4bf92f3577b34da6a3ce929d0e0e4736);
         assert_ne!(tp.span_id, 0x00f067aa0ba902b7);
         assert_eq!(TraceParent::parse(&tp.to_string()), Some(tp));
+    }
+
+    #[test]
+    fn formats_as_w3c_traceparent() {
+        let tp = TraceParent {
+            trace_id: 0x4bf92f3577b34da6a3ce929d0e0e4736,
+            span_id: 0xf067aa0ba902b7,
+            flags: 1,
+        };
+        let want = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        assert_eq!(tp.to_string(), want);
+        assert_eq!(tp.header_value().as_str(), want);
+        for _ in 0..100 {
+            let tp = TraceParent::new_root();
+            let by_fmt = format!(
+                "00-{:032x}-{:016x}-{:02x}",
+                tp.trace_id, tp.span_id, tp.flags
+            );
+            assert_eq!(tp.to_string(), by_fmt);
+        }
+        let max = TraceParent {
+            trace_id: u128::MAX,
+            span_id: u64::MAX,
+            flags: u8::MAX,
+        };
+        assert_eq!(
+            max.to_string(),
+            format!("00-{}-{}-ff", "f".repeat(32), "f".repeat(16))
+        );
     }
 
     #[test]

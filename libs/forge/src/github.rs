@@ -3,11 +3,43 @@
 use runyard_events::{Body, Conclusion, Forge, JobKey, JobObserved, JobStatus, ids};
 use time::OffsetDateTime;
 
+use crate::filter::KeySet;
 use crate::json::Obj;
 use crate::{
-    Encoding, Envelope, GITHUB_DOT_COM, Normalized, PayloadError, encoding, host_of, non_empty,
-    parse_json, seconds_between, short,
+    Encoding, Envelope, GITHUB_DOT_COM, Members, Normalized, PayloadError, encoding, host_of,
+    non_empty, parse_json, seconds_between, short,
 };
+
+/// Every object key [`workflow_job`] reads, at any depth: the only
+/// members the body is parsed into (see [`crate::filter`]). Reading a key
+/// that is not listed here reads it as absent; the `filter` tests catch it.
+pub(crate) static KEYS: KeySet = KeySet::new(&[
+    "action",
+    "completed_at",
+    "conclusion",
+    "created_at",
+    "enterprise",
+    "full_name",
+    "head_branch",
+    "head_sha",
+    "html_url",
+    "id",
+    "labels",
+    "login",
+    "name",
+    "organization",
+    "repository",
+    "run_attempt",
+    "run_id",
+    "runner_group_id",
+    "runner_group_name",
+    "runner_id",
+    "runner_name",
+    "slug",
+    "started_at",
+    "workflow_job",
+    "workflow_name",
+]);
 
 /// One GitHub webhook delivery as ingest received it: the headers that matter
 /// and the raw body. The signature is checked before this is built
@@ -39,6 +71,15 @@ pub struct GithubDelivery<'a> {
 /// `ping` and every other event type are [`Normalized::Ignored`] (without
 /// looking at the body, since there is nothing in it runyard records).
 pub fn normalize_github(d: &GithubDelivery<'_>) -> Result<Normalized, PayloadError> {
+    normalize(d, Members::Only(&KEYS))
+}
+
+/// [`normalize_github`], building `members` of the body (the tests compare
+/// [`Members::All`] with the allowlist).
+pub(crate) fn normalize(
+    d: &GithubDelivery<'_>,
+    members: Members,
+) -> Result<Normalized, PayloadError> {
     match d.event {
         Some("workflow_job") => {}
         Some("ping") => return Ok(Normalized::Ignored("ping".into())),
@@ -49,8 +90,8 @@ pub fn normalize_github(d: &GithubDelivery<'_>) -> Result<Normalized, PayloadErr
     let delivery_id = non_empty(d.delivery_id)
         .ok_or_else(|| PayloadError::invalid("X-GitHub-Delivery", "missing"))?;
     let value = match enc {
-        Encoding::Json => parse_json(d.body, "body")?,
-        Encoding::Form => parse_json(form_payload(d.body)?.as_bytes(), "payload")?,
+        Encoding::Json => parse_json(d.body, "body", members)?,
+        Encoding::Form => parse_json(form_payload(d.body)?.as_bytes(), "payload", members)?,
     };
     let root = Obj::root_named(
         &value,

@@ -6,11 +6,64 @@ use runyard_events::{
 };
 use time::OffsetDateTime;
 
+use crate::filter::KeySet;
 use crate::json::Obj;
 use crate::{
-    Envelope, Normalized, PayloadError, encoding, host_of, non_empty, parse_json, seconds_between,
-    short, status_word,
+    Envelope, Members, Normalized, PayloadError, encoding, host_of, non_empty, parse_json,
+    seconds_between, short, status_word,
 };
+
+/// Every object key the Job Hook and Pipeline Hook normalizers read, at any
+/// depth: the only members the body is parsed into (see
+/// [`crate::filter`]). Reading a key that is not listed here reads it as
+/// absent; the `filter` tests catch it.
+pub(crate) static KEYS: KeySet = KeySet::new(&[
+    "allow_failure",
+    "build_allow_failure",
+    "build_created_at",
+    "build_created_at_iso",
+    "build_duration",
+    "build_failure_reason",
+    "build_finished_at",
+    "build_finished_at_iso",
+    "build_id",
+    "build_name",
+    "build_queued_duration",
+    "build_stage",
+    "build_started_at",
+    "build_started_at_iso",
+    "build_status",
+    "builds",
+    "created_at",
+    "description",
+    "duration",
+    "failure_reason",
+    "finished_at",
+    "homepage",
+    "id",
+    "name",
+    "object_attributes",
+    "object_kind",
+    "path_with_namespace",
+    "pipeline_id",
+    "project",
+    "project_id",
+    "project_name",
+    "queued_duration",
+    "ref",
+    "repository",
+    "retries_count",
+    "runner",
+    "sha",
+    "source",
+    "stage",
+    "started_at",
+    "status",
+    "tag",
+    "tags",
+    "url",
+    "web_url",
+]);
 
 /// One GitLab webhook delivery as ingest received it. The `X-Gitlab-Token`
 /// is checked before this is built ([`crate::token_matches`]).
@@ -51,6 +104,15 @@ enum Hook {
 /// runner. A Pipeline Hook yields its `PipelineObserved` first, then one
 /// `JobObserved` per non-manual build. Other hooks are ignored.
 pub fn normalize_gitlab(d: &GitlabDelivery<'_>) -> Result<Normalized, PayloadError> {
+    normalize(d, Members::Only(&KEYS))
+}
+
+/// [`normalize_gitlab`], building `members` of the body (the tests compare
+/// [`Members::All`] with the allowlist).
+pub(crate) fn normalize(
+    d: &GitlabDelivery<'_>,
+    members: Members,
+) -> Result<Normalized, PayloadError> {
     let hook = match d.event {
         Some("Job Hook") => Hook::Job,
         Some("Pipeline Hook") => Hook::Pipeline,
@@ -63,7 +125,7 @@ pub fn normalize_gitlab(d: &GitlabDelivery<'_>) -> Result<Normalized, PayloadErr
         .ok_or_else(|| {
             PayloadError::invalid("Idempotency-Key", "missing (and no X-Gitlab-Event-UUID)")
         })?;
-    let value = parse_json(d.body, "body")?;
+    let value = parse_json(d.body, "body", members)?;
     let root = Obj::root(&value)?;
     let expected_kind = match hook {
         Hook::Job => "build",

@@ -49,8 +49,11 @@ impl<'a> Obj<'a> {
         }
     }
 
-    /// The value at `key`, `None` when absent or `null`.
+    /// The value at `key`, `None` when absent or `null`. Every read of a
+    /// member goes through here.
     pub(crate) fn get(&self, key: &str) -> Option<&'a Value> {
+        #[cfg(test)]
+        reads::record(key);
         self.map.get(key).filter(|v| !v.is_null())
     }
 
@@ -244,6 +247,33 @@ impl<'a> Obj<'a> {
         timestamps::check(t, received_at)
             .map(Some)
             .map_err(|reason| PayloadError::invalid(field(), reason))
+    }
+}
+
+/// The keys looked up through [`Obj::get`], recorded in tests so that the
+/// `filter` tests can check each one is in its normalizer's allowlist.
+#[cfg(test)]
+pub(crate) mod reads {
+    use std::cell::RefCell;
+    use std::collections::BTreeSet;
+
+    thread_local! {
+        static READ: RefCell<Option<BTreeSet<String>>> = const { RefCell::new(None) };
+    }
+
+    pub(super) fn record(key: &str) {
+        READ.with_borrow_mut(|read| {
+            if let Some(read) = read {
+                read.insert(key.to_owned());
+            }
+        });
+    }
+
+    /// Runs `f` and returns every key looked up meanwhile on this thread.
+    pub(crate) fn during(f: impl FnOnce()) -> BTreeSet<String> {
+        READ.set(Some(BTreeSet::new()));
+        f();
+        READ.take().unwrap_or_default()
     }
 }
 

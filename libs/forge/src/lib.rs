@@ -8,6 +8,7 @@
 //! [`PayloadError`] that names the offending field, which ingest turns into a
 //! `400` with that field in the JSON error.
 
+mod filter;
 mod github;
 mod gitlab;
 mod json;
@@ -102,10 +103,28 @@ fn encoding(content_type: Option<&str>, allow_form: bool) -> Result<Encoding, Pa
     }
 }
 
+/// Which members of a JSON body to build.
+#[derive(Debug, Clone, Copy)]
+enum Members {
+    /// Every member (the usage report's `workload` is an open map).
+    All,
+    /// Only those whose key is in the set, at every depth: the keys a
+    /// normalizer reads (see [`filter`]). Whatever it reads comes out the
+    /// same as with [`Members::All`], for much less work.
+    Only(&'static filter::KeySet),
+}
+
 /// Parses a JSON body, naming `field` when it is not JSON.
-fn parse_json(bytes: &[u8], field: &str) -> Result<serde_json::Value, PayloadError> {
-    serde_json::from_slice(bytes)
-        .map_err(|e| PayloadError::invalid(field, format!("not valid JSON: {e}")))
+fn parse_json(
+    bytes: &[u8],
+    field: &str,
+    members: Members,
+) -> Result<serde_json::Value, PayloadError> {
+    match members {
+        Members::All => serde_json::from_slice(bytes),
+        Members::Only(keys) => filter::parse(bytes, keys),
+    }
+    .map_err(|e| PayloadError::invalid(field, format!("not valid JSON: {e}")))
 }
 
 /// Treats an empty header value like a missing one: proxies sometimes forward

@@ -4,7 +4,7 @@ use runyard_events::{Body, Event, JobKey, UsageReported, ids, parse_forge};
 use time::OffsetDateTime;
 
 use crate::json::Obj;
-use crate::{Envelope, PayloadError, encoding, host_of, parse_json};
+use crate::{Envelope, Members, PayloadError, encoding, host_of, parse_json};
 
 /// Normalizes one usage report (ARCHITECTURE.md, "Usage report body") into a
 /// `UsageReported` event with id `usage:<forge>:<instance>:<job_id>:<attempt>`;
@@ -22,7 +22,7 @@ pub fn normalize_usage(
     received_at: OffsetDateTime,
 ) -> Result<Event, PayloadError> {
     encoding(content_type, false)?;
-    let value = parse_json(body, "body")?;
+    let value = parse_json(body, "body", Members::All)?;
     let root = Obj::root(&value)?;
 
     let forge = parse_forge(root.req_str("forge")?)

@@ -71,6 +71,25 @@ pub fn key<'a>(attributes: impl IntoIterator<Item = (&'a str, &'a str)>) -> Stri
         .join(";")
 }
 
+/// Undoes [`escape`].
+fn unescape(s: &str) -> String {
+    if !s.contains('%') {
+        return s.to_owned();
+    }
+    s.replace("%3B", ";")
+        .replace("%3D", "=")
+        .replace("%25", "%")
+}
+
+/// The attributes a key was made of, as [`key`] normalized them: `key` of
+/// the result is `full` again. Pairs without `=` are skipped.
+pub fn parse_key(full: &str) -> BTreeMap<String, String> {
+    full.split(';')
+        .filter_map(|pair| pair.split_once('='))
+        .map(|(name, value)| (unescape(name), unescape(value)))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -113,6 +132,17 @@ mod tests {
             let forward = key(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())));
             let backward = key(pairs.iter().rev().map(|(k, v)| (k.as_str(), v.as_str())));
             prop_assert_eq!(forward, backward);
+        }
+
+        #[test]
+        fn a_parsed_key_keys_to_itself(
+            pairs in proptest::collection::vec(
+                ("(variants|[a-z_%;= ]{1,6})", "[a-z0-9.+~%;= ]{0,12}"), 0..6)
+        ) {
+            let full = key(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+            let parsed = parse_key(&full);
+            let again = key(parsed.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+            prop_assert_eq!(again, full);
         }
     }
 }

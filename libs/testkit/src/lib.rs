@@ -84,6 +84,11 @@ impl NatsServer {
         format!("nats://127.0.0.1:{}", self.port)
     }
 
+    /// The server's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().and_then(tokio::process::Child::id)
+    }
+
     /// Starts the (stopped) server again on the same port and store.
     pub async fn start_again(&mut self) {
         let store = self.dir.path().join("jetstream");

@@ -4,8 +4,11 @@
 //! Health/Check`), a 500-workload `RecommendBatch`, and the server's RSS.
 //!
 //! Run with `bash scripts/bench-allocator.sh` (builds the release binary
-//! first). Flags: `--samples N --workloads N --seconds S --concurrency C
-//! --connections K --allocator-bin PATH`.
+//! first). Flags: `--samples N --workloads N --seconds S --concurrency C[,C..]
+//! --connections K --rounds R --allocator-bin PATH --database-url URL` (an already
+//! seeded database, kept; by default a fresh one is seeded and dropped).
+//! Besides rates it reports the CPU time each request cost the allocator,
+//! nats-server (the `AllocationIssued` events) and the load generator.
 #![allow(clippy::unwrap_used, clippy::print_stdout)] // a benchmark's main
 
 use std::process::Stdio;
@@ -13,9 +16,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use hdrhistogram::Histogram;
 use runyard_allocator::proto::allocator_client::AllocatorClient;
-use runyard_allocator::proto::{RecommendBatchRequest, RecommendRequest};
+use runyard_allocator::proto::{RecommendBatchRequest, RecommendRequest, Recommendation};
 use runyard_testkit::{NatsServer, TestDb, free_port};
 use tonic::transport::Channel;
 
@@ -23,9 +27,11 @@ struct Args {
     samples: usize,
     workloads: usize,
     seconds: u64,
-    concurrency: usize,
+    concurrency: Vec<usize>,
     connections: usize,
     bin: String,
+    database_url: Option<String>,
+    rounds: usize,
 }
 
 fn args() -> Args {
@@ -33,13 +39,15 @@ fn args() -> Args {
         samples: 1_000_000,
         workloads: 50_000,
         seconds: 10,
-        concurrency: 64,
+        concurrency: vec![16, 64],
         connections: 4,
         bin: concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/../../target/release/runyard-allocator"
         )
         .into(),
+        database_url: None,
+        rounds: 1,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -48,7 +56,11 @@ fn args() -> Args {
             "--samples" => a.samples = value().parse().unwrap(),
             "--workloads" => a.workloads = value().parse().unwrap(),
             "--seconds" => a.seconds = value().parse().unwrap(),
-            "--concurrency" => a.concurrency = value().parse().unwrap(),
+            "--concurrency" => {
+                a.concurrency = value().split(',').map(|c| c.parse().unwrap()).collect();
+            }
+            "--database-url" => a.database_url = Some(value()),
+            "--rounds" => a.rounds = value().parse().unwrap(),
             "--connections" => a.connections = value().parse().unwrap(),
             "--allocator-bin" => a.bin = value(),
             _ => {} // cargo bench passes --bench
@@ -139,30 +151,165 @@ fn rss_kib(pid: u32) -> (u64, u64) {
     (field("VmRSS:"), field("VmHWM:"))
 }
 
+/// CPU seconds a process has used (user + system).
+fn cpu_seconds(pid: &str) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name (which may hold spaces): utime is the
+    // 12th, stime the 13th; both in clock ticks of 1/100 s on Linux.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let ticks: f64 = rest
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .filter_map(|v| v.parse::<f64>().ok())
+        .sum();
+    ticks / 100.0
+}
+
+/// The processes whose CPU time a run accounts for.
+#[derive(Clone)]
+struct Processes {
+    allocator: String,
+    nats: String,
+}
+
+impl Processes {
+    fn cpu(&self) -> [f64; 3] {
+        [
+            cpu_seconds(&self.allocator),
+            cpu_seconds(&self.nats),
+            cpu_seconds("self"),
+        ]
+    }
+}
+
 struct Run {
     rate: f64,
     hist: Histogram<u64>,
+    /// CPU µs per call in the allocator, nats-server and the load generator.
+    cpu_us: [f64; 3],
 }
 
-/// Drives `call` from `concurrency` tasks over `channels` for `seconds`.
-async fn drive<F, Fut>(channels: &[Channel], concurrency: usize, seconds: u64, call: F) -> Run
-where
-    F: Fn(Channel, usize) -> Fut + Send + Sync + 'static,
-    Fut: std::future::Future<Output = bool> + Send,
-{
-    let call = Arc::new(call);
+impl Run {
+    fn row(&self, round: usize, name: &str, concurrency: usize) -> String {
+        format!(
+            "| {round} | {name} | {concurrency} | {:.0} | {:.2} | {:.2} | {:.2} | {:.0} / {:.0} / {:.0} |",
+            self.rate,
+            ms(self.hist.value_at_quantile(0.5)),
+            ms(self.hist.value_at_quantile(0.99)),
+            ms(self.hist.max()),
+            self.cpu_us[0],
+            self.cpu_us[1],
+            self.cpu_us[2],
+        )
+    }
+}
+
+/// A gRPC unary call as the load generator sends it: the method's path and
+/// pre-encoded, length-prefixed request bodies (one per workload).
+#[derive(Clone)]
+struct Call {
+    path: &'static str,
+    bodies: Arc<Vec<Bytes>>,
+}
+
+impl Call {
+    fn new<M: prost::Message>(path: &'static str, messages: impl Iterator<Item = M>) -> Self {
+        let bodies = messages
+            .map(|m| {
+                let mut b = Vec::with_capacity(5 + m.encoded_len());
+                b.push(0);
+                b.extend_from_slice(&u32::try_from(m.encoded_len()).unwrap().to_be_bytes());
+                m.encode(&mut b).unwrap();
+                Bytes::from(b)
+            })
+            .collect();
+        Self {
+            path,
+            bodies: Arc::new(bodies),
+        }
+    }
+}
+
+/// One HTTP/2 connection of the load generator. The calls go straight over
+/// `h2` (the transport tonic's own client uses underneath, without its
+/// per-call service stack), so the generator's CPU stays small next to the
+/// server's; every answer is still checked (`grpc-status` 0 and a
+/// response that decodes).
+async fn connect(port: u16) -> h2::client::SendRequest<Bytes> {
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    tcp.set_nodelay(true).unwrap();
+    let (send, connection) = h2::client::Builder::new()
+        .initial_window_size(1 << 20)
+        .initial_connection_window_size(1 << 24)
+        .handshake(tcp)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    send
+}
+
+/// Sends call `i` of `call` and checks its answer decodes as `R`.
+async fn unary<R: prost::Message + Default>(
+    send: &h2::client::SendRequest<Bytes>,
+    port: u16,
+    call: &Call,
+    i: usize,
+) -> bool {
+    let request = http::Request::post(format!("http://127.0.0.1:{port}{}", call.path))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .unwrap();
+    let Ok(mut send) = send.clone().ready().await else {
+        return false;
+    };
+    let Ok((response, mut stream)) = send.send_request(request, false) else {
+        return false;
+    };
+    let body = call.bodies[i % call.bodies.len()].clone();
+    if stream.send_data(body, true).is_err() {
+        return false;
+    }
+    let Ok(response) = response.await else {
+        return false;
+    };
+    let mut body = response.into_body();
+    let mut data = Vec::new();
+    while let Some(chunk) = body.data().await {
+        let Ok(chunk) = chunk else { return false };
+        let _ = body.flow_control().release_capacity(chunk.len());
+        data.extend_from_slice(&chunk);
+    }
+    let ok = matches!(body.trailers().await, Ok(Some(t))
+        if t.get("grpc-status").is_some_and(|s| s == "0"));
+    ok && data.len() >= 5 && R::decode(&data[5..]).is_ok()
+}
+
+/// Drives `call` from `concurrency` tasks over `connections` for `seconds`.
+async fn drive<R: prost::Message + Default>(
+    procs: &Processes,
+    connections: &[h2::client::SendRequest<Bytes>],
+    port: u16,
+    concurrency: usize,
+    seconds: u64,
+    call: &Call,
+) -> Run {
     let stop = Arc::new(AtomicBool::new(false));
     let mut tasks = Vec::new();
     let started = Instant::now();
+    let cpu_before = procs.cpu();
     for t in 0..concurrency {
         let (call, stop) = (call.clone(), stop.clone());
-        let channel = channels[t % channels.len()].clone();
+        let send = connections[t % connections.len()].clone();
         tasks.push(tokio::spawn(async move {
             let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).unwrap();
             let mut i = t * 7919;
             while !stop.load(Ordering::Relaxed) {
                 let s = Instant::now();
-                assert!(call(channel.clone(), i).await, "call failed");
+                assert!(unary::<R>(&send, port, &call, i).await, "call failed");
                 hist.record(s.elapsed().as_micros() as u64).unwrap();
                 i += 1;
             }
@@ -176,8 +323,11 @@ where
         hist.add(t.await.unwrap()).unwrap();
     }
     let elapsed = started.elapsed().as_secs_f64();
+    let cpu_after = procs.cpu();
+    let calls = hist.len().max(1) as f64;
     Run {
         rate: hist.len() as f64 / elapsed,
+        cpu_us: [0, 1, 2].map(|i| (cpu_after[i] - cpu_before[i]) * 1e6 / calls),
         hist,
     }
 }
@@ -191,20 +341,30 @@ async fn main() {
     runyard_telemetry::install_crypto_provider();
     let a = args();
     let nats = NatsServer::start().await;
-    let db = TestDb::new();
-    println!(
-        "seeding {} samples over {} workloads ...",
-        a.samples, a.workloads
-    );
-    let seeded = seed(&db.url, a.samples, a.workloads).await;
-    println!("seeded in {:.1}s", seeded.as_secs_f64());
+    let fresh = a.database_url.is_none().then(TestDb::new);
+    let url = match (&a.database_url, &fresh) {
+        (Some(url), _) => url.clone(),
+        (None, Some(db)) => db.url.clone(),
+        (None, None) => unreachable!(),
+    };
+    let seeded = if fresh.is_some() {
+        println!(
+            "seeding {} samples over {} workloads ...",
+            a.samples, a.workloads
+        );
+        let seeded = seed(&url, a.samples, a.workloads).await;
+        println!("seeded in {:.1}s", seeded.as_secs_f64());
+        format!("seeded in {:.1} s", seeded.as_secs_f64())
+    } else {
+        "seeded before".to_owned()
+    };
 
     let (grpc_port, http_port) = (free_port(), free_port());
     let started = Instant::now();
     let mut child = std::process::Command::new(&a.bin)
         .env("RUNYARD_NATS_URL", nats.url())
         .env("RUNYARD_NAMESPACE", "bench")
-        .env("RUNYARD_DATABASE_URL", &db.url)
+        .env("RUNYARD_DATABASE_URL", &url)
         .env("RUNYARD_ALLOCATOR_LISTEN", format!("127.0.0.1:{grpc_port}"))
         .env(
             "RUNYARD_ALLOCATOR_HTTP_LISTEN",
@@ -216,6 +376,10 @@ async fn main() {
         .spawn()
         .unwrap();
     let pid = child.id();
+    let procs = Processes {
+        allocator: pid.to_string(),
+        nats: nats.pid().unwrap().to_string(),
+    };
     let http = reqwest::Client::new();
     loop {
         if let Ok(r) = http
@@ -235,50 +399,68 @@ async fn main() {
     let ready = started.elapsed();
     let (rss_ready, _) = rss_kib(pid);
 
-    let mut channels = Vec::new();
+    let mut connections = Vec::new();
     for _ in 0..a.connections {
-        channels.push(
-            Channel::from_shared(format!("http://127.0.0.1:{grpc_port}"))
-                .unwrap()
-                .connect()
-                .await
-                .unwrap(),
-        );
+        connections.push(connect(grpc_port).await);
     }
     let workloads = a.workloads;
+    let noop = Call::new(
+        "/grpc.health.v1.Health/Check",
+        std::iter::once(tonic_health::pb::HealthCheckRequest::default()),
+    );
+    let recommend = Call::new(
+        "/runyard.allocator.v1.Allocator/Recommend",
+        (0..workloads).map(|w| RecommendRequest {
+            workload: workload(w).into_iter().collect(),
+            r#ref: "develop".into(),
+        }),
+    );
+    type Health = tonic_health::pb::HealthCheckResponse;
     // Warm up both paths.
-    let _ = drive(&channels, a.concurrency, 1, |c, _| async move {
-        let mut h = tonic_health::pb::health_client::HealthClient::new(c);
-        h.check(tonic_health::pb::HealthCheckRequest::default())
-            .await
-            .is_ok()
-    })
-    .await;
-    let baseline = drive(&channels, a.concurrency, a.seconds, |c, _| async move {
-        let mut h = tonic_health::pb::health_client::HealthClient::new(c);
-        h.check(tonic_health::pb::HealthCheckRequest::default())
-            .await
-            .is_ok()
-    })
-    .await;
-    let rec = drive(
-        &channels,
-        a.concurrency,
-        a.seconds,
-        move |c, i| async move {
-            let mut client = AllocatorClient::new(c);
-            let req = RecommendRequest {
-                workload: workload(i % workloads).into_iter().collect(),
-                r#ref: "develop".into(),
-            };
-            client.recommend(req).await.is_ok()
-        },
-    )
-    .await;
+    let _ = drive::<Health>(&procs, &connections, grpc_port, 64, 1, &noop).await;
+    let _ = drive::<Recommendation>(&procs, &connections, grpc_port, 64, 1, &recommend).await;
+    let mut rows = Vec::new();
+    let mut ratios = Vec::new();
+    // Rounds alternate the two calls so both see the same machine.
+    for round in 1..=a.rounds {
+        for &concurrency in &a.concurrency {
+            let baseline = drive::<Health>(
+                &procs,
+                &connections,
+                grpc_port,
+                concurrency,
+                a.seconds,
+                &noop,
+            )
+            .await;
+            let rec = drive::<Recommendation>(
+                &procs,
+                &connections,
+                grpc_port,
+                concurrency,
+                a.seconds,
+                &recommend,
+            )
+            .await;
+            let ratio = 100.0 * rec.rate / baseline.rate;
+            ratios.push(ratio);
+            rows.push(baseline.row(round, "no-op Health/Check", concurrency));
+            rows.push(rec.row(round, "Recommend", concurrency));
+            rows.push(format!(
+                "| {round} | Recommend / no-op | {concurrency} | {ratio:.0}% | | | | |"
+            ));
+        }
+    }
+    ratios.sort_by(f64::total_cmp);
     let (_, hwm_load) = rss_kib(pid);
 
     // A pipeline's generate step: 500 workloads in one call.
-    let mut client = AllocatorClient::new(channels[0].clone());
+    let channel = Channel::from_shared(format!("http://127.0.0.1:{grpc_port}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = AllocatorClient::new(channel);
     let mut batch_hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).unwrap();
     for round in 0..20 {
         let requests = (0..500)
@@ -301,39 +483,18 @@ async fn main() {
     let (rss_end, hwm_end) = rss_kib(pid);
     let _ = child.kill();
     let _ = child.wait();
-    db.drop_db().await;
+    if let Some(db) = fresh {
+        db.drop_db().await;
+    }
 
     println!();
     println!("| measure | value |");
     println!("|---|---|");
     println!(
-        "| history | {} samples, {} workloads (seeded in {:.1} s) |",
-        a.samples,
-        a.workloads,
-        seeded.as_secs_f64()
+        "| history | {} samples, {} workloads ({seeded}) |",
+        a.samples, a.workloads,
     );
     println!("| start-up to ready | {:.2} s |", ready.as_secs_f64());
-    println!(
-        "| load | {} tasks over {} HTTP/2 connections, {} s each |",
-        a.concurrency, a.connections, a.seconds
-    );
-    println!(
-        "| baseline no-op (Health/Check) | {:.0} /s, p50 {:.2} ms, p99 {:.2} ms |",
-        baseline.rate,
-        ms(baseline.hist.value_at_quantile(0.5)),
-        ms(baseline.hist.value_at_quantile(0.99))
-    );
-    println!(
-        "| Recommend | {:.0} /s, p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms |",
-        rec.rate,
-        ms(rec.hist.value_at_quantile(0.5)),
-        ms(rec.hist.value_at_quantile(0.99)),
-        ms(rec.hist.max())
-    );
-    println!(
-        "| Recommend / no-op | {:.0}% |",
-        100.0 * rec.rate / baseline.rate
-    );
     println!(
         "| RecommendBatch of 500 | p50 {:.1} ms, max {:.1} ms (20 calls) |",
         ms(batch_hist.value_at_quantile(0.5)),
@@ -345,5 +506,25 @@ async fn main() {
         hwm_load / 1024,
         rss_end / 1024,
         hwm_end / 1024
+    );
+    println!();
+    println!(
+        "Load: tasks over {} HTTP/2 connections, {} s per row.",
+        a.connections, a.seconds
+    );
+    println!();
+    println!(
+        "| round | call | tasks | calls/s | p50 ms | p99 ms | max ms | CPU µs per call: allocator / nats-server / load generator |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
+    for row in rows {
+        println!("{row}");
+    }
+    println!();
+    println!(
+        "Recommend / no-op over all rows: min {:.0}%, median {:.0}%, max {:.0}%",
+        ratios[0],
+        ratios[ratios.len() / 2],
+        ratios[ratios.len() - 1]
     );
 }

@@ -3,9 +3,9 @@
 
 use tonic::{Request, Response, Status};
 
-use crate::State;
 use crate::model::{self, Recommendation as ModelRec, Workload};
 use crate::proto;
+use crate::{Api, State};
 
 /// The gRPC service.
 #[derive(Debug, Clone)]
@@ -31,18 +31,19 @@ pub fn to_proto(r: &ModelRec) -> proto::Recommendation {
             retries_exhausted: r.basis.retries_exhausted,
             defaults: r.basis.defaults,
         }),
-        variables: model::variables(r).into_iter().collect(),
+        variables: model::variables(r),
     }
 }
 
-fn workload_of(req: &proto::RecommendRequest, prefix: &str) -> Result<Workload, Status> {
-    let workload: Workload = req
-        .workload
-        .iter()
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-    model::validate(&workload).map_err(|e| Status::invalid_argument(format!("{prefix}{e}")))?;
-    Ok(workload)
+/// The request's workload and ref, or `INVALID_ARGUMENT` naming the field
+/// (`prefix` locates the request in a batch).
+fn workload_of(
+    req: proto::RecommendRequest,
+    prefix: impl FnOnce() -> String,
+) -> Result<(Workload, String), Status> {
+    let workload: Workload = req.workload.into_iter().collect();
+    model::validate(&workload).map_err(|e| Status::invalid_argument(format!("{}{e}", prefix())))?;
+    Ok((workload, req.r#ref))
 }
 
 #[tonic::async_trait]
@@ -53,11 +54,11 @@ impl proto::allocator_server::Allocator for Service {
         request: Request<proto::RecommendRequest>,
     ) -> Result<Response<proto::Recommendation>, Status> {
         self.state.require_ready()?;
-        let req = request.into_inner();
-        let workload = workload_of(&req, "")?;
+        let (workload, r) = workload_of(request.into_inner(), String::new)?;
         let rec = self.state.recommend(&workload);
-        self.state.issued("grpc", &workload, &req.r#ref, &rec);
-        Ok(Response::new(to_proto(&rec)))
+        let response = to_proto(&rec);
+        self.state.issued(Api::Grpc, workload, r, rec);
+        Ok(Response::new(response))
     }
 
     #[tracing::instrument(skip_all, fields(requests))]
@@ -75,18 +76,21 @@ impl proto::allocator_server::Allocator for Service {
                 req.requests.len()
             )));
         }
-        let workloads = req
+        let (workloads, refs): (Vec<_>, Vec<_>) = req
             .requests
-            .iter()
+            .into_iter()
             .enumerate()
-            .map(|(i, r)| workload_of(r, &format!("requests[{i}].")))
-            .collect::<Result<Vec<_>, _>>()?;
+            .map(|(i, r)| workload_of(r, || format!("requests[{i}].")))
+            .collect::<Result<Vec<_>, _>>()?
+            .into_iter()
+            .unzip();
         let recs = self.state.recommend_many(&workloads);
-        for ((w, r), rec) in workloads.iter().zip(&req.requests).zip(&recs) {
-            self.state.issued("batch", w, &r.r#ref, rec);
+        let recommendations = recs.iter().map(to_proto).collect();
+        for ((w, r), rec) in workloads.into_iter().zip(refs).zip(recs) {
+            self.state.issued(Api::Batch, w, r, rec);
         }
         Ok(Response::new(proto::RecommendBatchResponse {
-            recommendations: recs.iter().map(to_proto).collect(),
+            recommendations,
         }))
     }
 }

@@ -3,6 +3,7 @@
 //! changes the next recommendation within a second.
 
 use std::collections::HashSet;
+use std::str::FromStr as _;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -15,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::State;
 use crate::model::{Observation, Workload};
+use sqlx::ConnectOptions as _;
 
 /// How far before the load the live follow starts, so nothing published
 /// while loading is missed (overlap is deduplicated by event id).
@@ -23,73 +25,89 @@ const OVERLAP: Duration = Duration::from_secs(600);
 /// Loads every usage sample of the projection into the model. Returns the
 /// ids of samples reported within [`OVERLAP`] of the start, which the live
 /// follow may deliver again, and when the load started.
+///
+/// Rows are decoded here while a blocking thread feeds the model, so
+/// Postgres, decoding and the model each keep a core busy; workloads come as
+/// their stored `workload_key` (no JSON per row) and the protected-ref test
+/// runs in the query.
 pub async fn load(state: &State) -> Result<(HashSet<String>, time::OffsetDateTime), sqlx::Error> {
     let started = time::OffsetDateTime::now_utc();
     let recent_after = started - OVERLAP;
     let clock = Instant::now();
+    let options = sqlx::postgres::PgConnectOptions::from_str(&state.config.database_url)?
+        // A million-row stream is slow by design, not a slow statement.
+        .disable_statement_logging();
     let pool = sqlx::postgres::PgPoolOptions::new()
         .max_connections(1)
         .acquire_timeout(Duration::from_secs(5))
-        .connect(&state.config.database_url)
+        .connect_with(options)
         .await?;
+    let protected: Vec<&str> = state.protected.iter().map(String::as_str).collect();
     // Insertion order is time order up to small skews the model tolerates;
     // it streams from the primary key instead of sorting a million rows.
     let mut rows = sqlx::query(
-        "SELECT event_id, workload::text AS workload, ref, peak_memory_bytes,
+        "SELECT workload_key, COALESCE(ref, '') = ANY($1) AS protected, peak_memory_bytes,
                 memory_limit_bytes, memory_request_bytes, cpu_seconds, wall_seconds,
-                oom_killed, reported_at
+                oom_killed, reported_at,
+                CASE WHEN reported_at >= $2 THEN event_id END AS recent_id
          FROM usage_samples ORDER BY id",
     )
+    .bind(&protected)
+    .bind(recent_after)
     .fetch(&pool);
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Chunk>(4);
+    let feeder = {
+        let state = state.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut loaded = 0usize;
+            while let Some(chunk) = rx.blocking_recv() {
+                loaded += chunk.observations.len();
+                state
+                    .metrics
+                    .samples_observed
+                    .inc_by(chunk.observations.len() as u64);
+                let mut model = state.model_write();
+                for (key, obs) in chunk.iter() {
+                    model.observe_key(key, obs);
+                }
+            }
+            loaded
+        })
+    };
     let mut recent = HashSet::new();
-    let mut loaded = 0usize;
-    let mut batch: Vec<(Workload, Observation)> = Vec::with_capacity(4096);
-    loop {
+    let mut chunk = Chunk::default();
+    let outcome = loop {
         let row = match rows.next().await {
             Some(Ok(row)) => row,
             Some(Err(sqlx::Error::Database(e))) if e.code().as_deref() == Some("42P01") => {
                 tracing::warn!(
                     "no projection yet (usage_samples missing): starting without history"
                 );
-                break;
+                break Ok(());
             }
-            Some(Err(e)) => return Err(e),
-            None => break,
+            Some(Err(e)) => break Err(e),
+            None => break Ok(()),
         };
-        let reported: time::OffsetDateTime = row.try_get("reported_at")?;
-        let workload_text: String = row.try_get("workload")?;
-        let Ok(workload) = serde_json::from_str::<Workload>(&workload_text) else {
-            continue;
-        };
-        let r: Option<String> = row.try_get("ref")?;
-        let obs = Observation {
-            at: reported.unix_timestamp() as f64,
-            peak_memory_bytes: u64::try_from(row.try_get::<i64, _>("peak_memory_bytes")?)
-                .unwrap_or(0),
-            memory_limit_bytes: row
-                .try_get::<Option<i64>, _>("memory_limit_bytes")?
-                .and_then(|v| u64::try_from(v).ok()),
-            memory_request_bytes: row
-                .try_get::<Option<i64>, _>("memory_request_bytes")?
-                .and_then(|v| u64::try_from(v).ok()),
-            cpu_seconds: row.try_get("cpu_seconds")?,
-            wall_seconds: row.try_get("wall_seconds")?,
-            oom_killed: row.try_get("oom_killed")?,
-            protected: state.is_protected(r.as_deref().unwrap_or("")),
-        };
-        if reported >= recent_after {
-            recent.insert(row.try_get::<String, _>("event_id")?);
+        match decode(&row, &mut chunk) {
+            Ok(Some(id)) => {
+                recent.insert(id);
+            }
+            Ok(None) => {}
+            Err(e) => break Err(e),
         }
-        batch.push((workload, obs));
-        if batch.len() == batch.capacity() {
-            loaded += batch.len();
-            observe_all(state, &mut batch);
+        if chunk.observations.len() == Chunk::ROWS {
+            // The feeder only stops early if it panicked; the join says so.
+            let _ = tx.send(std::mem::take(&mut chunk)).await;
         }
-    }
-    loaded += batch.len();
-    observe_all(state, &mut batch);
+    };
+    let _ = tx.send(chunk).await;
+    drop(tx);
     drop(rows);
     pool.close().await;
+    let loaded = feeder
+        .await
+        .map_err(|e| sqlx::Error::Protocol(format!("history feeder failed: {e}")))?;
+    outcome?;
     let (workloads, samples) = state.model_read().stats();
     tracing::info!(
         loaded,
@@ -101,13 +119,44 @@ pub async fn load(state: &State) -> Result<(HashSet<String>, time::OffsetDateTim
     Ok((recent, started))
 }
 
-/// Takes the write lock once per chunk, not per sample.
-fn observe_all(state: &State, batch: &mut Vec<(Workload, Observation)>) {
-    state.metrics.samples_observed.inc_by(batch.len() as u64);
-    let mut model = state.model_write();
-    for (w, o) in batch.drain(..) {
-        model.observe(&w, o);
+/// Decoded rows on their way to the model: the keys in one buffer.
+#[derive(Debug, Default)]
+struct Chunk {
+    keys: String,
+    ends: Vec<usize>,
+    observations: Vec<Observation>,
+}
+
+impl Chunk {
+    const ROWS: usize = 4096;
+
+    fn iter(&self) -> impl Iterator<Item = (&str, Observation)> {
+        let starts = std::iter::once(0).chain(self.ends.iter().copied());
+        starts
+            .zip(&self.ends)
+            .zip(&self.observations)
+            .map(|((start, &end), &obs)| (&self.keys[start..end], obs))
     }
+}
+
+/// Adds one projection row to `chunk`; returns its event id if it is recent.
+fn decode(row: &sqlx::postgres::PgRow, chunk: &mut Chunk) -> Result<Option<String>, sqlx::Error> {
+    let key: &str = row.try_get(0)?;
+    let reported: time::OffsetDateTime = row.try_get(8)?;
+    let bytes = |v: Option<i64>| v.and_then(|v| u64::try_from(v).ok());
+    chunk.observations.push(Observation {
+        at: reported.unix_timestamp() as f64,
+        peak_memory_bytes: bytes(row.try_get(2)?).unwrap_or(0),
+        memory_limit_bytes: bytes(row.try_get(3)?),
+        memory_request_bytes: bytes(row.try_get(4)?),
+        cpu_seconds: row.try_get(5)?,
+        wall_seconds: row.try_get(6)?,
+        oom_killed: row.try_get(7)?,
+        protected: row.try_get::<Option<bool>, _>(1)?.unwrap_or(false),
+    });
+    chunk.keys.push_str(key);
+    chunk.ends.push(chunk.keys.len());
+    row.try_get(9)
 }
 
 /// Converts a usage event into the model's terms.

@@ -60,8 +60,10 @@ async fn allocation(
         Err(e) => return bad_request(&format!("spec: {e}")),
     };
     let rec = state.recommend(&workload);
-    state.issued("http", &workload, "", &rec);
-    axum::Json(json!({"variables": model::variables(&rec)})).into_response()
+    let variables: std::collections::BTreeMap<String, String> = model::variables(&rec);
+    let body = axum::Json(json!({ "variables": variables }));
+    state.issued(crate::Api::Http, workload, String::new(), rec);
+    body.into_response()
 }
 
 async fn readyz(AxumState(state): AxumState<State>) -> Response {

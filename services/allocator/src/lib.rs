@@ -48,9 +48,23 @@ struct RecLabels {
     basis: &'static str,
 }
 
+/// The APIs a recommendation is answered on, as counted.
+const APIS: [&str; 3] = ["grpc", "batch", "http"];
+/// The bases a recommendation is counted under.
+const BASES: [&str; 4] = ["history", "defaults", "oom_bump", "exhausted"];
+
+/// Where a recommendation was answered.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Api {
+    Grpc = 0,
+    Batch = 1,
+    Http = 2,
+}
+
 #[derive(Debug, Clone)]
 struct AllocatorMetrics {
-    recommendations: Family<RecLabels, Counter>,
+    /// `recommendations{api, basis}`, resolved once: `[api][basis]`.
+    recommendations: [[Counter; BASES.len()]; APIS.len()],
     samples_observed: Counter,
     allocations_dropped: Counter,
     workloads: Gauge,
@@ -59,8 +73,11 @@ struct AllocatorMetrics {
 
 impl AllocatorMetrics {
     fn register(registry: &Metrics) -> Self {
+        let family = Family::<RecLabels, Counter>::default();
+        let recommendations = APIS
+            .map(|api| BASES.map(|basis| family.get_or_create(&RecLabels { api, basis }).clone()));
         let m = Self {
-            recommendations: Family::default(),
+            recommendations,
             samples_observed: Counter::default(),
             allocations_dropped: Counter::default(),
             workloads: Gauge::default(),
@@ -71,7 +88,7 @@ impl AllocatorMetrics {
             r.register(
                 "recommendations",
                 "Recommendations served, by API and basis",
-                m.recommendations.clone(),
+                family,
             );
             r.register(
                 "samples_observed",
@@ -99,7 +116,7 @@ pub struct Inner {
     bus: Bus,
     registry: Metrics,
     metrics: AllocatorMetrics,
-    allocations: Option<mpsc::Sender<Event>>,
+    allocations: Option<mpsc::Sender<Issued>>,
     loaded: AtomicBool,
     following: AtomicBool,
 }
@@ -128,47 +145,70 @@ impl Inner {
     }
 
     fn recommend(&self, w: &model::Workload) -> model::Recommendation {
-        self.model_read().recommend(w, now())
+        self.model_read().recommend(w)
     }
 
     fn recommend_many(&self, ws: &[model::Workload]) -> Vec<model::Recommendation> {
-        let now = now();
         let model = self.model_read();
-        ws.iter().map(|w| model.recommend(w, now)).collect()
+        ws.iter().map(|w| model.recommend(w)).collect()
     }
 
-    /// Counts an answer and queues its `AllocationIssued` event — never on
-    /// the request's critical path: a full queue drops (and counts) it.
-    fn issued(&self, api: &'static str, w: &model::Workload, r: &str, rec: &model::Recommendation) {
+    /// Counts an answer and queues it for its `AllocationIssued` event —
+    /// never on the request's critical path: the publisher task builds the
+    /// event, and a full queue drops (and counts) it.
+    fn issued(&self, api: Api, workload: model::Workload, r: String, rec: model::Recommendation) {
         let basis = if rec.basis.retries_exhausted {
-            "exhausted"
+            3
         } else if rec.basis.oom_bump {
-            "oom_bump"
+            2
         } else if rec.basis.defaults {
-            "defaults"
+            1
         } else {
-            "history"
+            0
         };
-        self.metrics
-            .recommendations
-            .get_or_create(&RecLabels { api, basis })
-            .inc();
+        self.metrics.recommendations[api as usize][basis].inc();
         let Some(tx) = &self.allocations else { return };
-        let now = time::OffsetDateTime::now_utc();
-        let event = Event {
+        let issued = Issued {
+            at: time::OffsetDateTime::now_utc(),
+            workload,
+            r#ref: r,
+            rec,
+        };
+        if tx.try_send(issued).is_err() {
+            self.metrics.allocations_dropped.inc();
+        }
+    }
+}
+
+/// An answered recommendation on its way to becoming an `AllocationIssued`.
+#[derive(Debug)]
+struct Issued {
+    at: time::OffsetDateTime,
+    workload: model::Workload,
+    r#ref: String,
+    rec: model::Recommendation,
+}
+
+impl Issued {
+    fn into_event(self) -> Event {
+        let Self {
+            at,
+            workload,
+            r#ref,
+            rec,
+        } = self;
+        Event {
             id: format!("allocation:{:032x}", rand::random::<u128>()),
-            occurred_at: Some(timestamp(now)),
-            received_at: Some(timestamp(now)),
+            occurred_at: Some(timestamp(at)),
+            received_at: Some(timestamp(at)),
             source: Some(Source {
                 producer: "allocator".into(),
                 ..Source::default()
             }),
             body: Some(Body::AllocationIssued(AllocationIssued {
-                workload: w.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
-                r#ref: r.to_owned(),
-                workload_key: runyard_store::workload::key(
-                    w.iter().map(|(k, v)| (k.as_str(), v.as_str())),
-                ),
+                workload_key: model::full_key(&workload),
+                workload: workload.into_iter().collect(),
+                r#ref,
                 cpu_request_millicores: rec.cpu_request_millicores,
                 cpu_limit_millicores: rec.cpu_limit_millicores,
                 memory_request_bytes: rec.memory_request_bytes,
@@ -177,33 +217,28 @@ impl Inner {
                 retry_count: rec.retry_count,
                 samples: rec.basis.samples,
                 level: rec.basis.level,
-                statistic: rec.basis.statistic.clone(),
+                statistic: rec.basis.statistic,
                 oom_bump: rec.basis.oom_bump,
                 retries_exhausted: rec.basis.retries_exhausted,
             })),
-        };
-        if tx.try_send(event).is_err() {
-            self.metrics.allocations_dropped.inc();
         }
     }
 }
 
-fn now() -> f64 {
-    time::OffsetDateTime::now_utc().unix_timestamp_nanos() as f64 / 1e9
-}
-
 /// Publishes queued `AllocationIssued` events, many in flight at once.
-async fn publish_allocations(bus: Bus, mut rx: mpsc::Receiver<Event>) {
-    let tp = TraceParent::new_root();
+async fn publish_allocations(bus: Bus, mut rx: mpsc::Receiver<Issued>) {
+    let traceparent = TraceParent::new_root().header_value();
     let mut batch = Vec::with_capacity(256);
     while rx.recv_many(&mut batch, 256).await > 0 {
-        let publishes = batch.iter().map(|e| bus.publish_event(e, &tp));
-        for r in futures::future::join_all(publishes).await {
+        let messages = batch
+            .drain(..)
+            .filter_map(|issued| bus.prepare_event(&issued.into_event(), &traceparent).ok())
+            .collect();
+        for r in bus.publish_batch(messages).await {
             if let Err(error) = r {
                 tracing::debug!(%error, "allocation event not published");
             }
         }
-        batch.clear();
     }
 }
 
@@ -214,7 +249,7 @@ pub struct App {
     state: State,
     grpc: TcpListener,
     http: TcpListener,
-    allocations_rx: Option<mpsc::Receiver<Event>>,
+    allocations_rx: Option<mpsc::Receiver<Issued>>,
 }
 
 impl App {

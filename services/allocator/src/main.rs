@@ -6,6 +6,11 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use runyard_allocator::{App, Config, simulate};
 
+/// Every request allocates a little (maps, strings, events); mimalloc's
+/// per-thread free lists keep that cheap under load.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Recommends CPU and memory for CI jobs from the history of the same
 /// workload (gRPC and gantry-compatible HTTP).
 #[derive(Parser, Debug)]

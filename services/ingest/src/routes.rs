@@ -12,7 +12,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use bytes::Bytes;
 use http_body_util::BodyExt as _;
-use runyard_bus::{BusError, Outgoing, TraceParent, traceparent_for};
+use runyard_bus::{BusError, HeaderValue as NatsValue, Prepared, traceparent_for};
 use runyard_events::{Event, ids};
 use runyard_forge::{
     GithubDelivery, GitlabDelivery, Normalized, PayloadError, normalize_github, normalize_gitlab,
@@ -153,6 +153,12 @@ fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers.get(name).and_then(|v| v.to_str().ok())
 }
 
+/// This hop's `traceparent` (continuing the sender's trace, if any) as the
+/// header value every message of the delivery carries.
+fn trace_header(headers: &HeaderMap) -> NatsValue {
+    traceparent_for(header_str(headers, "traceparent")).header_value()
+}
+
 fn payload_outcome(e: PayloadError) -> Outcome {
     match e {
         PayloadError::UnsupportedMediaType(ct) => Outcome::UnsupportedMediaType(ct),
@@ -183,40 +189,97 @@ async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Byte
 
 /// The raw delivery as kept in `<NS>_RAW`: original headers (minus secrets)
 /// under an `Http-` prefix so they can never be taken for NATS's own headers.
-fn raw_message(
-    state: &AppState,
+/// Of a repeated request header, the last value is kept.
+pub fn raw_message(
+    ns: &runyard_events::Namespace,
     kind: &str,
     key: &str,
     headers: &HeaderMap,
     body: Bytes,
-    tp: &TraceParent,
-) -> Outgoing {
-    let mut out_headers = vec![
-        (runyard_bus::TRACEPARENT_HEADER.to_owned(), tp.to_string()),
-        (
-            runyard_bus::EVENT_TYPE_HEADER.to_owned(),
-            "RawDelivery".to_owned(),
-        ),
-    ];
+    traceparent: &NatsValue,
+) -> Prepared {
+    let mut msg = Prepared::new(ns.raw_subject(kind), &ids::raw(key), body);
+    msg.headers
+        .insert(runyard_bus::TRACEPARENT, traceparent.clone());
+    msg.headers.insert(runyard_bus::EVENT_TYPE, "RawDelivery");
     for (name, value) in headers {
         if SECRET_HEADERS.contains(&name.as_str()) {
             continue;
         }
-        if let Ok(v) = value.to_str() {
-            out_headers.push((format!("Http-{}", name.as_str()), v.to_owned()));
+        if let (Some(name), Ok(v)) = (http_header_name(name), value.to_str()) {
+            msg.headers.insert(name, v);
         }
     }
-    Outgoing {
-        subject: state.bus.namespace().raw_subject(kind),
-        id: ids::raw(key),
-        headers: out_headers,
-        payload: body,
-    }
+    msg
 }
+
+/// Declares the request headers the forges and common proxies send, whose
+/// `Http-` names are then static rather than built per delivery.
+macro_rules! http_header_names {
+    ($($name:literal),* $(,)?) => {
+        /// The NATS header name `Http-<name>` of a request header. An
+        /// HTTP header name is a token (visible ASCII, no `:`), which is all
+        /// a NATS header name must be, so this is never `None` in practice.
+        fn http_header_name(
+            name: &axum::http::HeaderName,
+        ) -> Option<runyard_bus::HeaderName> {
+            match name.as_str() {
+                $(
+                    // `const`: the name is built once, at compile time.
+                    $name => Some(const {
+                        runyard_bus::HeaderName::from_static(concat!("Http-", $name))
+                    }),
+                )*
+                other => {
+                    let mut prefixed = String::with_capacity(5 + other.len());
+                    prefixed.push_str("Http-");
+                    prefixed.push_str(other);
+                    runyard_bus::HeaderName::try_from(prefixed).ok()
+                }
+            }
+        }
+    };
+}
+
+http_header_names!(
+    "accept",
+    "accept-encoding",
+    "connection",
+    "content-length",
+    "content-type",
+    "host",
+    "idempotency-key",
+    "traceparent",
+    "tracestate",
+    "user-agent",
+    "x-forwarded-for",
+    "x-forwarded-host",
+    "x-forwarded-proto",
+    "x-github-delivery",
+    "x-github-enterprise-host",
+    "x-github-enterprise-version",
+    "x-github-event",
+    "x-github-hook-id",
+    "x-github-hook-installation-target-id",
+    "x-github-hook-installation-target-type",
+    "x-gitlab-event",
+    "x-gitlab-event-uuid",
+    "x-gitlab-instance",
+    "x-gitlab-webhook-uuid",
+    "x-hub-signature",
+    "x-hub-signature-256",
+    "x-real-ip",
+    "x-request-id",
+);
 
 /// Publishes the raw delivery and every event concurrently and waits for
 /// all acks: 202 only when everything is durable.
-async fn publish(state: &AppState, raw: Outgoing, events: Vec<Event>, tp: &TraceParent) -> Outcome {
+async fn publish(
+    state: &AppState,
+    raw: Prepared,
+    events: Vec<Event>,
+    traceparent: &NatsValue,
+) -> Outcome {
     let Some(primary) = events.first().map(|e| e.id.clone()) else {
         return Outcome::Ignored("nothing to record".into());
     };
@@ -225,7 +288,7 @@ async fn publish(state: &AppState, raw: Outgoing, events: Vec<Event>, tp: &Trace
     }
     let mut messages = Vec::with_capacity(events.len());
     for e in &events {
-        match state.bus.event_message(e, tp) {
+        match state.bus.prepare_event(e, traceparent) {
             Ok(m) => messages.push(m),
             Err(error) => {
                 tracing::error!(%error, event_id = %e.id, "normalized event cannot be routed");
@@ -242,7 +305,7 @@ async fn publish(state: &AppState, raw: Outgoing, events: Vec<Event>, tp: &Trace
     let raw_fits = raw.payload.len() + 4096 <= state.bus.max_payload();
     let raw_publish = async {
         if raw_fits {
-            state.bus.publish(raw).await.map(Some)
+            state.bus.publish_prepared(raw).await.map(Some)
         } else {
             state.metrics.raw_skipped.inc();
             tracing::warn!(
@@ -253,7 +316,7 @@ async fn publish(state: &AppState, raw: Outgoing, events: Vec<Event>, tp: &Trace
         }
     };
     let event_publishes =
-        futures::future::join_all(messages.into_iter().map(|m| state.bus.publish(m)));
+        futures::future::join_all(messages.into_iter().map(|m| state.bus.publish_prepared(m)));
     let (raw_result, event_results) = tokio::join!(raw_publish, event_publishes);
     state
         .metrics
@@ -304,7 +367,9 @@ fn finish(state: &AppState, forge: &'static str, outcome: Outcome) -> Response {
             duplicate,
             ..
         } => {
-            tracing::info!(forge, %event_id, duplicate, "delivery accepted");
+            // The normal case, many times a second: not worth a line at
+            // `info` (the deliveries metric counts it).
+            tracing::debug!(forge, %event_id, duplicate, "delivery accepted");
         }
         Outcome::Unavailable(_) | Outcome::NotConfigured(_) | Outcome::Unauthorized(_) => {
             tracing::warn!(forge, result, "delivery refused");
@@ -348,9 +413,16 @@ async fn github_outcome(state: &AppState, headers: &HeaderMap, body: Body) -> Ou
         Err(e) => payload_outcome(e),
         Ok(Normalized::Ignored(reason)) => Outcome::Ignored(reason),
         Ok(Normalized::Events(events)) => {
-            let tp = traceparent_for(header_str(headers, "traceparent"));
+            let tp = trace_header(headers);
             let key = delivery.delivery_id.map(ids::github).unwrap_or_default();
-            let raw = raw_message(state, "github", &key, headers, body.clone(), &tp);
+            let raw = raw_message(
+                state.bus.namespace(),
+                "github",
+                &key,
+                headers,
+                body.clone(),
+                &tp,
+            );
             publish(state, raw, events, &tp).await
         }
     }
@@ -391,7 +463,7 @@ async fn gitlab_outcome(state: &AppState, headers: &HeaderMap, body: Body) -> Ou
         Err(e) => payload_outcome(e),
         Ok(Normalized::Ignored(reason)) => Outcome::Ignored(reason),
         Ok(Normalized::Events(events)) => {
-            let tp = traceparent_for(header_str(headers, "traceparent"));
+            let tp = trace_header(headers);
             let key = delivery
                 .idempotency_key
                 .filter(|k| !k.trim().is_empty())
@@ -399,7 +471,14 @@ async fn gitlab_outcome(state: &AppState, headers: &HeaderMap, body: Body) -> Ou
                 .map(str::trim)
                 .map(|k| format!("gitlab:{k}"))
                 .unwrap_or_default();
-            let raw = raw_message(state, "gitlab", &key, headers, body.clone(), &tp);
+            let raw = raw_message(
+                state.bus.namespace(),
+                "gitlab",
+                &key,
+                headers,
+                body.clone(),
+                &tp,
+            );
             publish(state, raw, events, &tp).await
         }
     }
@@ -431,8 +510,15 @@ async fn usage_outcome(state: &AppState, headers: &HeaderMap, body: Body) -> Out
     match normalize_usage(content_type, &body, OffsetDateTime::now_utc()) {
         Err(e) => payload_outcome(e),
         Ok(event) => {
-            let tp = traceparent_for(header_str(headers, "traceparent"));
-            let raw = raw_message(state, "usage", &event.id, headers, body.clone(), &tp);
+            let tp = trace_header(headers);
+            let raw = raw_message(
+                state.bus.namespace(),
+                "usage",
+                &event.id,
+                headers,
+                body.clone(),
+                &tp,
+            );
             publish(state, raw, vec![event], &tp).await
         }
     }

@@ -210,6 +210,56 @@ async fn github_workflow_job_lifecycle_becomes_job_events() {
 }
 
 #[tokio::test]
+async fn raw_delivery_keeps_request_headers_and_the_delivery_is_one_trace() {
+    let mut h = Harness::start().await;
+    let sender = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let req = h
+        .http
+        .post(format!("{}/webhooks/gitlab", h.base))
+        .header("X-Gitlab-Event", "Job Hook")
+        .header("Idempotency-Key", "hdr-1")
+        .header("X-Gitlab-Instance", "https://gitlab.example.com")
+        .header("X-Gitlab-Token", GL_TOKEN)
+        .header("Content-Type", "application/json")
+        .header("traceparent", sender)
+        // Not one of the names ingest knows, and repeated: the last is kept.
+        .header("X-Proxy-Hop", "edge-1")
+        .header("X-Proxy-Hop", "edge-2")
+        .body(fixture("gitlab_job_failed.json"));
+    let (status, answer) = send(req).await;
+    assert_eq!(status, 202, "{answer}");
+    let raw = h.raw().await;
+    let events = h.events().await;
+    assert_eq!((raw.len(), events.len()), (1, 1));
+    let r = &raw[0];
+    assert_eq!(header(r, "Nats-Msg-Id"), Some("raw:gitlab:hdr-1"));
+    assert_eq!(header(r, "Runyard-Event-Type"), Some("RawDelivery"));
+    assert_eq!(header(r, "Http-x-gitlab-event"), Some("Job Hook"));
+    assert_eq!(header(r, "Http-idempotency-key"), Some("hdr-1"));
+    assert_eq!(header(r, "Http-content-type"), Some("application/json"));
+    assert_eq!(header(r, "Http-traceparent"), Some(sender));
+    assert_eq!(header(r, "Http-x-proxy-hop"), Some("edge-2"));
+    assert_eq!(
+        header(r, "Http-x-gitlab-token"),
+        None,
+        "secrets are not kept"
+    );
+    // The sender's trace, continued in one new span that the raw delivery
+    // and its events share.
+    let tp = header(r, "traceparent").expect("traceparent");
+    assert!(
+        tp.starts_with("00-4bf92f3577b34da6a3ce929d0e0e4736-"),
+        "{tp}"
+    );
+    assert_ne!(tp, sender);
+    let e = &events[0];
+    assert_eq!(header(e, "traceparent"), Some(tp));
+    assert_eq!(header(e, "Runyard-Event-Type"), Some("JobObserved"));
+    assert_eq!(header(e, "Nats-Msg-Id"), Some("gitlab:hdr-1:4711:failed"));
+    h.stop().await;
+}
+
+#[tokio::test]
 async fn github_form_encoded_delivery_is_accepted() {
     let mut h = Harness::start().await;
     let json_body = fixture("github_workflow_job_queued.json");
@@ -704,17 +754,58 @@ async fn nats_down_means_503_and_recovery_without_restart() {
     h.stop().await;
 }
 
+/// Reads from `stream` until `buf` holds a blank line (the end of a
+/// response head), with a deadline.
+async fn read_head(stream: &mut tokio::net::TcpStream, buf: &mut Vec<u8>) -> String {
+    use tokio::io::AsyncReadExt as _;
+    let read = async {
+        while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+            let mut chunk = [0_u8; 1024];
+            let n = stream.read(&mut chunk).await.expect("read");
+            assert!(n > 0, "connection closed before a response head");
+            buf.extend_from_slice(&chunk[..n]);
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), read)
+        .await
+        .expect("a response head within 10 s");
+    String::from_utf8_lossy(buf).into_owned()
+}
+
 #[tokio::test]
 async fn graceful_shutdown_finishes_in_flight_deliveries() {
+    use tokio::io::AsyncWriteExt as _;
+
     let mut h = Harness::start().await;
     let body = fixture("github_workflow_job_queued.json");
+    let addr = h.base.trim_start_matches("http://").to_owned();
+
+    // One delivery held in flight: its head asks `Expect: 100-continue`, so
+    // the server's `100 Continue` proves the handler is already reading the
+    // body; the body is sent only once shutdown has begun.
+    let mut held = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let head = format!(
+        "POST /webhooks/github HTTP/1.1\r\nHost: {addr}\r\nX-GitHub-Event: workflow_job\r\n\
+         X-GitHub-Delivery: held-1\r\nX-Hub-Signature-256: {}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\
+         Expect: 100-continue\r\n\r\n",
+        github_signature(GH_SECRET, body.as_bytes()),
+        body.len()
+    );
+    held.write_all(head.as_bytes()).await.unwrap();
+    let mut buf = Vec::new();
+    let interim = read_head(&mut held, &mut buf).await;
+    assert!(interim.starts_with("HTTP/1.1 100 "), "{interim}");
+
+    // Others race the shutdown: each is answered 202 or refused.
     let mut tasks = Vec::new();
     for i in 0..40 {
         let http = h.http.clone();
         let url = format!("{}/webhooks/github", h.base);
         let body = body.clone();
         tasks.push(tokio::spawn(async move {
-            http.post(url)
+            let answer = http
+                .post(url)
                 .header("X-GitHub-Event", "workflow_job")
                 .header("X-GitHub-Delivery", format!("inflight-{i}"))
                 .header(
@@ -724,20 +815,44 @@ async fn graceful_shutdown_finishes_in_flight_deliveries() {
                 .body(body)
                 .send()
                 .await
-                .map(|r| r.status().as_u16())
+                .map(|r| r.status().as_u16());
+            (format!("github:inflight-{i}"), answer)
         }));
     }
     tokio::task::yield_now().await;
+
+    // Shutdown begins: the listener closes while `held` is mid-request.
+    let _ = h.shutdown.take().expect("running").send(());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while tokio::net::TcpStream::connect(&addr).await.is_ok() {
+        assert!(Instant::now() < deadline, "listener still open after 10 s");
+        tokio::task::yield_now().await;
+    }
+
+    held.write_all(body.as_bytes()).await.unwrap();
+    buf.clear();
+    let response = read_head(&mut held, &mut buf).await;
+    assert!(
+        response.starts_with("HTTP/1.1 202 "),
+        "the delivery in flight at shutdown is finished: {response}"
+    );
+    drop(held);
+
     h.stop().await;
-    let mut accepted = 0;
+    let mut accepted = vec!["github:held-1".to_owned()];
     for t in tasks {
         match t.await.unwrap() {
-            Ok(202) => accepted += 1,
-            Ok(other) => panic!("unexpected answer {other} during shutdown"),
-            Err(_) => {} // refused after the listener closed: the forge retries
+            (id, Ok(202)) => accepted.push(id),
+            (_, Ok(other)) => panic!("unexpected answer {other} during shutdown"),
+            (_, Err(_)) => {} // refused after the listener closed: the forge retries
         }
     }
-    let stored = h.events().await.len();
+    accepted.sort();
+    let mut stored: Vec<String> = decode_events(&h.events().await)
+        .into_iter()
+        .map(|e| e.id)
+        .collect();
+    stored.sort();
     assert_eq!(stored, accepted, "every 202 is in the stream, nothing else");
 }
 

@@ -81,12 +81,13 @@ mod stats;
 mod tests;
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::OnceLock;
 
 use keys::{KeyHasher, escape_name, select_ladder};
 pub(crate) use keys::{full_key, sub_key};
 use oom::{Overshoots, Streak};
 pub use spec::{parse_spec, validate, variables};
-use stats::{FitKnobs, Sample};
+use stats::{Fit, FitKnobs, Sample};
 
 /// A workload: attribute name → value (`package`, `version`, `variants`,
 /// `compiler`, `compiler_version`, `arch` for Spack; `repo`, `workflow`, `job`
@@ -329,14 +330,34 @@ pub struct Model {
     hasher: KeyHasher,
     /// Level keys by index hash: (check hash, index into `windows`).
     levels: HashMap<u64, (u64, u32)>,
-    /// Per level key: the most recent samples, oldest first.
-    windows: Vec<Vec<Sample>>,
+    /// Per level key: the most recent samples and their fit.
+    windows: Vec<Window>,
     /// Workloads (full keys) by index hash.
     workloads: HashMap<u64, WorkloadState>,
     /// How far killed jobs overshot their first limit (all workloads).
     overshoots: Overshoots,
     /// Samples held at the most specific level (each observation once).
     held: usize,
+}
+
+/// The most recent samples of one level key, oldest first, and their fit —
+/// computed when first asked for and kept until a sample arrives: a fit
+/// does not depend on when it is asked (recency weights are relative to the
+/// newest sample), so answering costs no fitting between observations.
+#[derive(Debug, Default)]
+struct Window {
+    samples: Vec<Sample>,
+    fit: OnceLock<Fit>,
+}
+
+impl Window {
+    fn fit(&self, knobs: &FitKnobs) -> Fit {
+        *self.fit.get_or_init(|| stats::fit(&self.samples, knobs))
+    }
+
+    fn len(&self) -> usize {
+        self.samples.len()
+    }
 }
 
 /// No window (an empty level key, or one lost to a hash collision).
@@ -364,7 +385,7 @@ struct Base<'a> {
     /// Its window's index.
     id: u32,
     /// Its samples.
-    window: &'a [Sample],
+    window: &'a Window,
 }
 
 /// What a walk down a workload's ladder found.
@@ -372,11 +393,11 @@ struct Base<'a> {
 struct Found<'a> {
     /// The most specific level with samples, when it has fewer than
     /// `min_samples` (a new version's first jobs).
-    own: Option<&'a [Sample]>,
+    own: Option<&'a Window>,
     /// The most specific level with at least `min_samples`.
     base: Option<Base<'a>>,
     /// The next level after `base` with enough samples (another window).
-    parent: Option<&'a [Sample]>,
+    parent: Option<&'a Window>,
 }
 
 /// The predictive distribution of the next `ln(peak)`.
@@ -401,6 +422,17 @@ fn compact_time(at: f64) -> u32 {
     } else {
         0
     }
+}
+
+/// `lognormal-q0.987`: the quantile to three decimals, formatted as an
+/// integer (float formatting is a measurable part of answering).
+fn quantile_statistic(q: f64) -> String {
+    let thousandths = (q.clamp(0.0, 1.0) * 1000.0).round() as u32;
+    format!(
+        "lognormal-q{}.{:03}",
+        thousandths / 1000,
+        thousandths % 1000
+    )
 }
 
 fn round_up(value: f64, unit: u64) -> u64 {
@@ -512,10 +544,17 @@ impl Model {
     /// Adds one finished job attempt of `workload`. Observations may arrive
     /// slightly out of time order.
     pub fn observe(&mut self, workload: &Workload, obs: Observation) {
+        self.observe_key(&full_key(workload), obs);
+    }
+
+    /// [`Model::observe`] for a workload given by its key (as
+    /// `runyard_store::workload::key` makes it, e.g. a projection row's
+    /// `workload_key`): the attributes are only parsed back out of it the
+    /// first time the workload trains the model.
+    pub fn observe_key(&mut self, full: &str, obs: Observation) {
         let at = if obs.at.is_finite() { obs.at } else { 0.0 };
         let keep = self.params.oom_max_retries as usize + 1;
-        let full = full_key(workload);
-        let (index, check) = self.hasher.hash(&full);
+        let (index, check) = self.hasher.hash(full);
         let state = self
             .workloads
             .entry(index)
@@ -535,7 +574,7 @@ impl Model {
             return;
         }
         if state.windows.is_empty() {
-            let ids = self.intern_levels(workload, &full);
+            let ids = self.intern_levels(&runyard_store::workload::parse_key(full), full);
             if let Some(state) = self.workloads.get_mut(&index) {
                 state.windows = ids;
             }
@@ -567,10 +606,10 @@ impl Model {
             .windows
             .iter()
             .find(|&&id| id != NO_WINDOW)
-            .map(|&id| self.windows[id as usize].as_slice())
-            .filter(|window| !window.is_empty())
+            .map(|&id| &self.windows[id as usize])
+            .filter(|window| window.len() > 0)
             .map_or(f32::NAN, |window| {
-                let fit = stats::fit(window, at, &self.knobs);
+                let fit = window.fit(&self.knobs);
                 ((ln_peak - fit.mu) / (1.0 + 1.0 / fit.n_eff).sqrt()) as f32
             });
         let sample = Sample {
@@ -586,16 +625,17 @@ impl Model {
             if id == NO_WINDOW || state.windows[..level].contains(&id) {
                 continue;
             }
-            let grew = stats::insert_sample(&mut self.windows[id as usize], sample, cap);
+            let window = &mut self.windows[id as usize];
+            let grew = stats::insert_sample(&mut window.samples, sample, cap);
+            window.fit = OnceLock::new();
             if level == 0 && grew {
                 self.held += 1;
             }
         }
     }
 
-    /// The recommendation for the next job of `workload` at `now` (unix
-    /// seconds). A pure read.
-    pub fn recommend(&self, workload: &Workload, now: f64) -> Recommendation {
+    /// The recommendation for the next job of `workload`. A pure read.
+    pub fn recommend(&self, workload: &Workload) -> Recommendation {
         let p = &self.params;
 
         let full = full_key(workload);
@@ -614,7 +654,7 @@ impl Model {
             retries_exhausted: false,
             defaults: true,
         };
-        let (mut limit, request, retry_floor, cores) = match self.estimate(&found, now) {
+        let (mut limit, request, retry_floor, cores) = match self.estimate(&found) {
             Some(est) => {
                 let quantile = |q: f64| est.mu + stats::t_quantile(q, est.dof) * est.sd_pred;
                 let q = if p.oom_cost > 0.0 {
@@ -634,7 +674,7 @@ impl Model {
                     basis.level = i32::try_from(base.level).unwrap_or(i32::MAX);
                 }
                 basis.defaults = false;
-                basis.statistic = format!("lognormal-q{:.3}", q);
+                basis.statistic = quantile_statistic(q);
                 if p.limit_margin > 0.0 {
                     basis.statistic += &format!("+{}%", (p.limit_margin * 100.0).round());
                 }
@@ -753,7 +793,7 @@ impl Model {
             None => {
                 let id = u32::try_from(self.windows.len()).unwrap_or(NO_WINDOW);
                 if id != NO_WINDOW {
-                    self.windows.push(Vec::new());
+                    self.windows.push(Window::default());
                     self.levels.insert(index, (check, id));
                 }
                 id
@@ -806,7 +846,7 @@ impl Model {
                     }
                 }
             };
-            let Some(window) = self.windows.get(id as usize).filter(|w| !w.is_empty()) else {
+            let Some(window) = self.windows.get(id as usize).filter(|w| w.len() > 0) else {
                 continue;
             };
             match found.base {
@@ -838,12 +878,12 @@ impl Model {
     /// base level (shrunk towards the few samples of a more specific level,
     /// if any), σ² from the base level's residuals with the parent level's
     /// (or the configured) σ as prior.
-    fn estimate(&self, found: &Found<'_>, now: f64) -> Option<Estimate> {
+    fn estimate(&self, found: &Found<'_>) -> Option<Estimate> {
         let p = &self.params;
         let Base { level, window, .. } = found.base?;
         let global_var = p.prior_sigma.powi(2);
-        let base = stats::fit(window, now, &self.knobs);
-        let parent = found.parent.map(|w| stats::fit(w, now, &self.knobs));
+        let base = window.fit(&self.knobs);
+        let parent = found.parent.map(|w| w.fit(&self.knobs));
         let (prior_var, prior_weight) = match parent {
             Some(f) if f.resid_n > 0.0 => (
                 (p.prior_weight * global_var + f.resid_n * f.resid_var)
@@ -868,7 +908,7 @@ impl Model {
             // residuals, and at least `fallback_sigma`.
             var_mu += p.fallback_sigma.powi(2).max(base.value_var - var);
             if let Some(own) = found.own {
-                let own = stats::fit(own, now, &self.knobs);
+                let own = own.fit(&self.knobs);
                 let prior_precision = 1.0 / var_mu.max(1e-12);
                 let data_precision = own.n_eff / var.max(1e-12);
                 mu = (mu * prior_precision + own.mu * data_precision)

@@ -1,8 +1,6 @@
 //! The edges of the maths: validating a workload, parsing a gantry-style
 //! Spack spec into one, and formatting a recommendation as CI variables.
 
-use std::collections::BTreeMap;
-
 use runyard_store::workload::normalize_variants;
 
 use super::{MB, Recommendation, VARIANTS, Workload};
@@ -75,8 +73,9 @@ pub fn validate(workload: &Workload) -> Result<(), String> {
 /// `KUBERNETES_CPU_LIMIT` in millicores (`"1200m"`),
 /// `KUBERNETES_MEMORY_REQUEST` / `KUBERNETES_MEMORY_LIMIT` in gantry's format
 /// (`"<n>M"`, megabytes of 10^6 bytes, rounded up), `SPACK_BUILD_JOBS` and
-/// `RUNYARD_RETRY_COUNT`.
-pub fn variables(r: &Recommendation) -> BTreeMap<String, String> {
+/// `RUNYARD_RETRY_COUNT`. Collected into whichever map the caller answers
+/// with.
+pub fn variables<M: FromIterator<(String, String)>>(r: &Recommendation) -> M {
     [
         (
             "KUBERNETES_CPU_REQUEST",

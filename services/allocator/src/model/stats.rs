@@ -156,23 +156,20 @@ fn clip_bounds(pairs: &[(f64, f64)], center: f64, knobs: &FitKnobs) -> (f64, f64
 }
 
 /// Fits the newest [`MAX_WINDOW`] of `samples` (sorted oldest first,
-/// non-empty) as seen at `now`: recency weights; the weighted mean of
+/// non-empty): recency weights relative to the newest sample (so a fit
+/// does not change with the time it is asked at); the weighted mean of
 /// `ln(peak)` after clipping outliers (spikes, censored OOM values) at
 /// `clip` robust scales around the weighted median; the weighted mean
 /// square of the residuals, clipped alike around zero.
-pub(crate) fn fit(samples: &[Sample], now: f64, knobs: &FitKnobs) -> Fit {
+pub(crate) fn fit(samples: &[Sample], knobs: &FitKnobs) -> Fit {
     let samples = &samples[samples.len().saturating_sub(MAX_WINDOW)..];
     let n = samples.len();
     let per_sample = half_life_rate(knobs.half_life_samples);
     let per_day = half_life_rate(knobs.half_life_days);
-    let newest = samples.last().map_or(0.0, |s| f64::from(s.at));
-    // The reference time is `now`, but never before the newest sample (clock
-    // skew, or a replay asking about the past) so ages stay non-negative.
-    let reference = if now.is_finite() {
-        now.max(newest)
-    } else {
-        newest
-    };
+    // Ages count from the newest sample: measuring them from any later
+    // time would add the same term to every log-weight, which the
+    // normalisation below takes out again.
+    let reference = samples.last().map_or(0.0, |s| f64::from(s.at));
 
     // Log-weights, normalised so the newest is 1 (nothing underflows): one
     // set for the location, one for the residuals.
@@ -504,7 +501,7 @@ mod tests {
                 )
             })
             .collect();
-        let fit = fit(&samples, 2000.0, &knobs(0.0));
+        let fit = fit(&samples, &knobs(0.0));
         assert!((fit.mu - 20.2).abs() < 1e-6);
         assert!((fit.n_eff - 5.0).abs() < 1e-9);
         assert!((fit.resid_var - 0.01).abs() < 1e-6);
@@ -513,7 +510,7 @@ mod tests {
         // A sample-count half-life favours the newest.
         let mut k = knobs(0.0);
         k.half_life_samples = 1.0;
-        let recent = super::fit(&samples, 2000.0, &k);
+        let recent = super::fit(&samples, &k);
         assert!(recent.mu > 20.3 && recent.n_eff < 3.0, "{recent:?}");
     }
 
@@ -527,8 +524,8 @@ mod tests {
             .collect();
         samples[10].ln_peak = 20.0 + 2.0f32.ln();
         samples[10].resid = 2.0f32.ln();
-        let raw = fit(&samples, 2000.0, &knobs(0.0));
-        let robust = fit(&samples, 2000.0, &knobs(3.0));
+        let raw = fit(&samples, &knobs(0.0));
+        let robust = fit(&samples, &knobs(3.0));
         assert!(raw.resid_var.sqrt() > 0.15, "{raw:?}");
         assert!(robust.resid_var.sqrt() < 0.08, "{robust:?}");
         assert!(robust.mu < raw.mu);

@@ -156,7 +156,7 @@ pub fn replay_model(trace: &Trace, protected: &[bool], params: Params, warmup: u
         let w = &trace.workloads[job.workload as usize];
         let is_protected = protected[job.git_ref as usize];
         let measured = i >= warmup;
-        let mut rec = model.recommend(w, job.at);
+        let mut rec = model.recommend(w);
         if measured {
             out.jobs += 1;
             out.limit_bytes += rec.memory_limit_bytes as f64;
@@ -213,7 +213,7 @@ pub fn replay_model(trace: &Trace, protected: &[bool], params: Params, warmup: u
             if measured && attempt == 0 {
                 out.first_ooms += 1;
             }
-            let next = model.recommend(w, at + 0.5);
+            let next = model.recommend(w);
             if !next.basis.oom_bump || attempt >= MAX_RETRIES {
                 if measured {
                     out.failed += 1;
