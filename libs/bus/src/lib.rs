@@ -443,44 +443,31 @@ impl Bus {
 }
 
 impl Bus {
-    /// Publishes many messages as one batch: every message is handed to the
-    /// connection before any ack is awaited, and one timeout bounds the
-    /// whole batch (a per-message timer costs more than the publish itself
-    /// at high rates). One result per message, in order.
-    pub async fn publish_batch(&self, msgs: Vec<Prepared>) -> Vec<Result<Stored, BusError>> {
-        let timeout = self.ack_timeout;
+    /// Publishes `msgs` in order and asks JetStream to acknowledge only the
+    /// last. The server takes one connection's messages in order, so that
+    /// ack says the stream has taken in the whole batch: an ack per message
+    /// costs the client (reply inbox, ack parsing) and nats-server alike. The
+    /// price is not hearing about one earlier message the stream refused on
+    /// its own (too large, a duplicate id), so this is for events whose
+    /// occasional loss is tolerable. `Ok(None)` for an empty batch; the
+    /// last message's [`Stored`] otherwise.
+    pub async fn publish_confirming_last(
+        &self,
+        mut msgs: Vec<Prepared>,
+    ) -> Result<Option<Stored>, BusError> {
+        let Some(last) = msgs.pop() else {
+            return Ok(None);
+        };
         if !self.is_connected() {
-            return msgs.iter().map(|_| Err(BusError::Disconnected)).collect();
+            return Err(BusError::Disconnected);
         }
-        let mut pending = Vec::with_capacity(msgs.len());
         for msg in msgs {
-            let size = msg.payload.len();
-            let publish = PublishMessage::build()
-                .headers(msg.headers)
-                .payload(msg.payload);
-            pending.push(
-                self.js
-                    .send_publish(msg.subject, publish)
-                    .await
-                    .map(|ack| (ack, size))
-                    .map_err(|e| classify_publish(e, size, timeout)),
-            );
+            self.client
+                .publish_with_headers(msg.subject, msg.headers, msg.payload)
+                .await
+                .map_err(|e| nats_err("publishing", e))?;
         }
-        let count = pending.len();
-        let acks = futures::future::join_all(pending.into_iter().map(|p| async move {
-            let (ack, size) = p?;
-            let ack = ack.await.map_err(|e| classify_publish(e, size, timeout))?;
-            Ok(Stored {
-                sequence: ack.sequence,
-                duplicate: ack.duplicate,
-            })
-        }));
-        match tokio::time::timeout(timeout, acks).await {
-            Ok(results) => results,
-            Err(_) => (0..count)
-                .map(|_| Err(BusError::AckTimeout(timeout)))
-                .collect(),
-        }
+        self.publish_prepared(last).await.map(Some)
     }
 }
 

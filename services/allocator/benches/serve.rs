@@ -23,6 +23,11 @@ use runyard_allocator::proto::{RecommendBatchRequest, RecommendRequest, Recommen
 use runyard_testkit::{NatsServer, TestDb, free_port};
 use tonic::transport::Channel;
 
+/// The load generator decodes every answer (maps of strings); with the
+/// server's allocator it leaves more of the shared cores to the server.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 struct Args {
     samples: usize,
     workloads: usize,

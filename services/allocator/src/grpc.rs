@@ -55,9 +55,9 @@ impl proto::allocator_server::Allocator for Service {
     ) -> Result<Response<proto::Recommendation>, Status> {
         self.state.require_ready()?;
         let (workload, r) = workload_of(request.into_inner(), String::new)?;
-        let rec = self.state.recommend(&workload);
+        let (rec, key) = self.state.recommend(&workload);
         let response = to_proto(&rec);
-        self.state.issued(Api::Grpc, workload, r, rec);
+        self.state.issued(Api::Grpc, (workload, key), r, rec);
         Ok(Response::new(response))
     }
 
@@ -85,9 +85,9 @@ impl proto::allocator_server::Allocator for Service {
             .into_iter()
             .unzip();
         let recs = self.state.recommend_many(&workloads);
-        let recommendations = recs.iter().map(to_proto).collect();
-        for ((w, r), rec) in workloads.into_iter().zip(refs).zip(recs) {
-            self.state.issued(Api::Batch, w, r, rec);
+        let recommendations = recs.iter().map(|(rec, _)| to_proto(rec)).collect();
+        for ((w, r), (rec, key)) in workloads.into_iter().zip(refs).zip(recs) {
+            self.state.issued(Api::Batch, (w, key), r, rec);
         }
         Ok(Response::new(proto::RecommendBatchResponse {
             recommendations,

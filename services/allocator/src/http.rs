@@ -59,10 +59,10 @@ async fn allocation(
         Ok(w) => w,
         Err(e) => return bad_request(&format!("spec: {e}")),
     };
-    let rec = state.recommend(&workload);
+    let (rec, key) = state.recommend(&workload);
     let variables: std::collections::BTreeMap<String, String> = model::variables(&rec);
     let body = axum::Json(json!({ "variables": variables }));
-    state.issued(crate::Api::Http, workload, String::new(), rec);
+    state.issued(crate::Api::Http, (workload, key), String::new(), rec);
     body.into_response()
 }
 

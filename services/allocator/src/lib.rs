@@ -144,19 +144,32 @@ impl Inner {
         }
     }
 
-    fn recommend(&self, w: &model::Workload) -> model::Recommendation {
-        self.model_read().recommend(w)
+    /// The recommendation for `w`, and `w`'s key (for its event).
+    fn recommend(&self, w: &model::Workload) -> (model::Recommendation, String) {
+        let key = model::full_key(w);
+        (self.model_read().recommend_keyed(w, &key), key)
     }
 
-    fn recommend_many(&self, ws: &[model::Workload]) -> Vec<model::Recommendation> {
+    fn recommend_many(&self, ws: &[model::Workload]) -> Vec<(model::Recommendation, String)> {
         let model = self.model_read();
-        ws.iter().map(|w| model.recommend(w)).collect()
+        ws.iter()
+            .map(|w| {
+                let key = model::full_key(w);
+                (model.recommend_keyed(w, &key), key)
+            })
+            .collect()
     }
 
     /// Counts an answer and queues it for its `AllocationIssued` event —
     /// never on the request's critical path: the publisher task builds the
     /// event, and a full queue drops (and counts) it.
-    fn issued(&self, api: Api, workload: model::Workload, r: String, rec: model::Recommendation) {
+    fn issued(
+        &self,
+        api: Api,
+        (workload, key): (model::Workload, String),
+        r: String,
+        rec: model::Recommendation,
+    ) {
         let basis = if rec.basis.retries_exhausted {
             3
         } else if rec.basis.oom_bump {
@@ -171,6 +184,7 @@ impl Inner {
         let issued = Issued {
             at: time::OffsetDateTime::now_utc(),
             workload,
+            key,
             r#ref: r,
             rec,
         };
@@ -185,6 +199,8 @@ impl Inner {
 struct Issued {
     at: time::OffsetDateTime,
     workload: model::Workload,
+    /// The workload's key, made when it was answered.
+    key: String,
     r#ref: String,
     rec: model::Recommendation,
 }
@@ -194,6 +210,7 @@ impl Issued {
         let Self {
             at,
             workload,
+            key,
             r#ref,
             rec,
         } = self;
@@ -206,7 +223,7 @@ impl Issued {
                 ..Source::default()
             }),
             body: Some(Body::AllocationIssued(AllocationIssued {
-                workload_key: model::full_key(&workload),
+                workload_key: key,
                 workload: workload.into_iter().collect(),
                 r#ref,
                 cpu_request_millicores: rec.cpu_request_millicores,
@@ -225,7 +242,9 @@ impl Issued {
     }
 }
 
-/// Publishes queued `AllocationIssued` events, many in flight at once.
+/// Publishes queued `AllocationIssued` events in batches of what has
+/// queued up, with one ack per batch (analytics events: a lost one is
+/// tolerable, a slower answer is not).
 async fn publish_allocations(bus: Bus, mut rx: mpsc::Receiver<Issued>) {
     let traceparent = TraceParent::new_root().header_value();
     let mut batch = Vec::with_capacity(256);
@@ -234,10 +253,8 @@ async fn publish_allocations(bus: Bus, mut rx: mpsc::Receiver<Issued>) {
             .drain(..)
             .filter_map(|issued| bus.prepare_event(&issued.into_event(), &traceparent).ok())
             .collect();
-        for r in bus.publish_batch(messages).await {
-            if let Err(error) = r {
-                tracing::debug!(%error, "allocation event not published");
-            }
+        if let Err(error) = bus.publish_confirming_last(messages).await {
+            tracing::debug!(%error, "allocation events not published");
         }
     }
 }

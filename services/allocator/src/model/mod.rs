@@ -636,12 +636,17 @@ impl Model {
 
     /// The recommendation for the next job of `workload`. A pure read.
     pub fn recommend(&self, workload: &Workload) -> Recommendation {
+        self.recommend_keyed(workload, &full_key(workload))
+    }
+
+    /// [`Model::recommend`] for a caller that already made the workload's
+    /// key ([`full_key`]).
+    pub(crate) fn recommend_keyed(&self, workload: &Workload, full: &str) -> Recommendation {
         let p = &self.params;
 
-        let full = full_key(workload);
-        let (index, check) = self.hasher.hash(&full);
+        let (index, check) = self.hasher.hash(full);
         let state = self.workloads.get(&index).filter(|s| s.check == check);
-        let found = self.find(workload, &full, state);
+        let found = self.find(workload, full, state);
 
         let ceiling = p.ceiling_memory_bytes;
         let clamp_limit = |bytes: u64| bytes.clamp(p.min_memory_bytes, ceiling);
