@@ -34,6 +34,9 @@ pub async fn load(state: &State) -> Result<(HashSet<String>, time::OffsetDateTim
     let started = time::OffsetDateTime::now_utc();
     let recent_after = started - OVERLAP;
     let clock = Instant::now();
+    // A failed attempt may have fed part of the history: start every
+    // attempt from an empty model so a retry never counts a sample twice.
+    *state.model_write() = crate::model::Model::new(state.config.model.clone());
     let options = sqlx::postgres::PgConnectOptions::from_str(&state.config.database_url)?
         // A million-row stream is slow by design, not a slow statement.
         .disable_statement_logging();
@@ -270,5 +273,58 @@ async fn sleep_or_stop(stop: &CancellationToken, d: Duration) {
     tokio::select! {
         () = stop.cancelled() => {}
         () = tokio::time::sleep(d) => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use runyard_testkit::{TestDb, TestNats, unique_namespace};
+
+    use crate::{App, Config};
+
+    #[tokio::test]
+    async fn loading_again_counts_no_sample_twice() {
+        // A load that fails half-way is retried: the retry must not add the
+        // part the failed attempt already fed to the model.
+        let nats = TestNats::get().await;
+        let db = TestDb::new();
+        runyard_store::migrate(&db.url).await.unwrap();
+        let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
+        sqlx::query(
+            "INSERT INTO usage_samples (forge, instance, job_id, attempt, event_id, ref, workload,
+                workload_key, peak_memory_bytes, memory_limit_bytes, cpu_seconds, wall_seconds,
+                oom_killed, reported_at)
+             SELECT 'gitlab', 'ci.example', j, 1, 'usage:gitlab:ci.example:' || j || ':1',
+                'develop', '{\"package\": \"zlib\"}', 'package=zlib', 1000000000 + j * 1000000,
+                4000000000, 60, 30, false, now() - (j || ' seconds')::interval
+             FROM generate_series(1, 12) AS j",
+        )
+        .execute(&pool)
+        .await
+        .unwrap();
+        pool.close().await;
+        let app = App::build(Config {
+            nats_url: nats.url(),
+            namespace: unique_namespace().to_string(),
+            database_url: db.url.clone(),
+            allocator_listen: "127.0.0.1:0".parse().unwrap(),
+            allocator_http_listen: "127.0.0.1:0".parse().unwrap(),
+            ..Config::default()
+        })
+        .await
+        .unwrap();
+        let state = &app.state;
+        let (recent, _) = super::load(state).await.unwrap();
+        assert_eq!(recent.len(), 12, "every sample is within the overlap");
+        let once = state.model_read().stats();
+        let w: crate::model::Workload = [("package".to_owned(), "zlib".to_owned())].into();
+        let answer = state.model_read().recommend(&w);
+        assert_eq!(once, (1, 12));
+        super::load(state).await.unwrap();
+        assert_eq!(state.model_read().stats(), once);
+        assert_eq!(state.model_read().recommend(&w), answer);
+        db.drop_db().await;
     }
 }
