@@ -189,23 +189,39 @@ impl Processes {
 }
 
 struct Run {
-    rate: f64,
+    /// Wall-clock seconds driven.
+    elapsed: f64,
     hist: Histogram<u64>,
-    /// CPU µs per call in the allocator, nats-server and the load generator.
-    cpu_us: [f64; 3],
+    /// CPU seconds of the allocator, nats-server and the load generator.
+    cpu: [f64; 3],
 }
 
 impl Run {
+    fn rate(&self) -> f64 {
+        self.hist.len() as f64 / self.elapsed
+    }
+
+    /// Adds a later slice of the same call.
+    fn add(&mut self, slice: Run) {
+        self.elapsed += slice.elapsed;
+        for (total, c) in self.cpu.iter_mut().zip(slice.cpu) {
+            *total += c;
+        }
+        self.hist.add(slice.hist).unwrap();
+    }
+
     fn row(&self, round: usize, name: &str, concurrency: usize) -> String {
+        let calls = self.hist.len().max(1) as f64;
+        let cpu_us = self.cpu.map(|c| c * 1e6 / calls);
         format!(
             "| {round} | {name} | {concurrency} | {:.0} | {:.2} | {:.2} | {:.2} | {:.0} / {:.0} / {:.0} |",
-            self.rate,
+            self.rate(),
             ms(self.hist.value_at_quantile(0.5)),
             ms(self.hist.value_at_quantile(0.99)),
             ms(self.hist.max()),
-            self.cpu_us[0],
-            self.cpu_us[1],
-            self.cpu_us[2],
+            cpu_us[0],
+            cpu_us[1],
+            cpu_us[2],
         )
     }
 }
@@ -329,10 +345,9 @@ async fn drive<R: prost::Message + Default>(
     }
     let elapsed = started.elapsed().as_secs_f64();
     let cpu_after = procs.cpu();
-    let calls = hist.len().max(1) as f64;
     Run {
-        rate: hist.len() as f64 / elapsed,
-        cpu_us: [0, 1, 2].map(|i| (cpu_after[i] - cpu_before[i]) * 1e6 / calls),
+        elapsed,
+        cpu: [0, 1, 2].map(|i| cpu_after[i] - cpu_before[i]),
         hist,
     }
 }
@@ -426,28 +441,32 @@ async fn main() {
     let _ = drive::<Recommendation>(&procs, &connections, grpc_port, 64, 1, &recommend).await;
     let mut rows = Vec::new();
     let mut ratios = Vec::new();
-    // Rounds alternate the two calls so both see the same machine.
+    // The two calls alternate in one-second slices, so both see the same
+    // machine (this VM's speed drifts by tens of percent within a minute).
     for round in 1..=a.rounds {
         for &concurrency in &a.concurrency {
-            let baseline = drive::<Health>(
-                &procs,
-                &connections,
-                grpc_port,
-                concurrency,
-                a.seconds,
-                &noop,
-            )
-            .await;
-            let rec = drive::<Recommendation>(
-                &procs,
-                &connections,
-                grpc_port,
-                concurrency,
-                a.seconds,
-                &recommend,
-            )
-            .await;
-            let ratio = 100.0 * rec.rate / baseline.rate;
+            let (mut baseline, mut rec) = (None::<Run>, None::<Run>);
+            for _ in 0..a.seconds.max(1) {
+                let b =
+                    drive::<Health>(&procs, &connections, grpc_port, concurrency, 1, &noop).await;
+                let r = drive::<Recommendation>(
+                    &procs,
+                    &connections,
+                    grpc_port,
+                    concurrency,
+                    1,
+                    &recommend,
+                )
+                .await;
+                for (total, slice) in [(&mut baseline, b), (&mut rec, r)] {
+                    match total {
+                        Some(t) => t.add(slice),
+                        None => *total = Some(slice),
+                    }
+                }
+            }
+            let (baseline, rec) = (baseline.unwrap(), rec.unwrap());
+            let ratio = 100.0 * rec.rate() / baseline.rate();
             ratios.push(ratio);
             rows.push(baseline.row(round, "no-op Health/Check", concurrency));
             rows.push(rec.row(round, "Recommend", concurrency));
@@ -514,7 +533,8 @@ async fn main() {
     );
     println!();
     println!(
-        "Load: tasks over {} HTTP/2 connections, {} s per row.",
+        "Load: tasks over {} HTTP/2 connections, {} s per row, taken in one-second slices \
+         alternating with the other call of the same round.",
         a.connections, a.seconds
     );
     println!();
