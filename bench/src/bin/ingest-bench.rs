@@ -462,6 +462,27 @@ fn per_op(cpu: &CpuUsage, name: &str, ops: u64) -> String {
     format!("{:.0}", cpu.of(name).as_secs_f64() * 1e6 / ops as f64)
 }
 
+/// CPU µs per delivery of ingest, nats-server and the load generator, as
+/// one `ingest / nats / bench` cell.
+fn cpu_per_delivery(cpu: &CpuUsage, ok: u64) -> String {
+    format!(
+        "{} / {} / {}",
+        per_op(cpu, "ingest", ok),
+        per_op(cpu, "nats", ok),
+        per_op(cpu, "bench", ok)
+    )
+}
+
+/// Ingest's peak RSS (`VmHWM` or the sampler's maximum, whichever is
+/// higher) and its RSS at the end, as one `peak / now` MiB cell.
+fn rss_cell(mem: &Memory, sampled_max_kib: u64) -> String {
+    format!(
+        "{} / {}",
+        mib(mem.hwm_kib.max(sampled_max_kib)),
+        mib(mem.rss_kib)
+    )
+}
+
 /// Cores busy on average over `wall`: ours, and other load on the machine
 /// (and which attempt this was, when earlier ones were disturbed).
 fn cores_busy(cpu: &CpuUsage, wall: Duration, attempts: u32) -> String {
@@ -1356,18 +1377,9 @@ fn render(
                 vs_pair,
                 th.result.tally.failed().to_string(),
                 format!("{} / {}", ms(p.p50), ms(p.p99)),
-                format!(
-                    "{} / {} / {}",
-                    per_op(&th.cpu, "ingest", ok),
-                    per_op(&th.cpu, "nats", ok),
-                    per_op(&th.cpu, "bench", ok)
-                ),
+                cpu_per_delivery(&th.cpu, ok),
                 cores_busy(&th.cpu, th.result.elapsed, th.attempts),
-                format!(
-                    "{} / {}",
-                    mib(th.mem.hwm_kib.max(th.sampled_max_kib)),
-                    mib(th.mem.rss_kib)
-                ),
+                rss_cell(&th.mem, th.sampled_max_kib),
             ]);
         }
     }
@@ -1406,18 +1418,9 @@ fn render(
             ms(p.max),
             ms(s.p99),
             l.result.tally.failed().to_string(),
-            format!(
-                "{} / {} / {}",
-                per_op(&l.cpu, "ingest", ok),
-                per_op(&l.cpu, "nats", ok),
-                per_op(&l.cpu, "bench", ok)
-            ),
+            cpu_per_delivery(&l.cpu, ok),
             cores_busy(&l.cpu, l.result.elapsed, l.attempts),
-            format!(
-                "{} / {}",
-                mib(l.mem.hwm_kib.max(l.sampled_max_kib)),
-                mib(l.mem.rss_kib)
-            ),
+            rss_cell(&l.mem, l.sampled_max_kib),
         ]);
     }
     let _ = writeln!(out, "{t}");

@@ -14,13 +14,10 @@ const GB: u64 = 1_000_000_000;
 const MB: u64 = 1_000_000;
 
 fn resident_bytes() -> u64 {
-    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
-    let pages: u64 = statm
-        .split_whitespace()
-        .nth(1)
-        .and_then(|p| p.parse().ok())
-        .unwrap_or(0);
-    pages * 4096
+    runyard_bench::procfs::memory(std::process::id())
+        .unwrap_or_default()
+        .rss_kib
+        * 1024
 }
 
 fn main() {

@@ -20,6 +20,7 @@ use bytes::Bytes;
 use hdrhistogram::Histogram;
 use runyard_allocator::proto::allocator_client::AllocatorClient;
 use runyard_allocator::proto::{RecommendBatchRequest, RecommendRequest, Recommendation};
+use runyard_bench::procfs;
 use runyard_testkit::{NatsServer, TestDb, free_port};
 use tonic::transport::Channel;
 
@@ -143,49 +144,23 @@ async fn seed(url: &str, samples: usize, workloads: usize) -> Duration {
     started.elapsed()
 }
 
-fn rss_kib(pid: u32) -> (u64, u64) {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
-    };
-    (field("VmRSS:"), field("VmHWM:"))
-}
-
-/// CPU seconds a process has used (user + system).
-fn cpu_seconds(pid: &str) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the command name (which may hold spaces): utime is the
-    // 12th, stime the 13th; both in clock ticks of 1/100 s on Linux.
-    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let ticks: f64 = rest
-        .split_whitespace()
-        .skip(11)
-        .take(2)
-        .filter_map(|v| v.parse::<f64>().ok())
-        .sum();
-    ticks / 100.0
-}
-
-/// The processes whose CPU time a run accounts for.
+/// The processes whose CPU time a run accounts for: the allocator,
+/// nats-server and this load generator.
 #[derive(Clone)]
-struct Processes {
-    allocator: String,
-    nats: String,
-}
+struct Processes([u32; 3]);
 
 impl Processes {
+    /// CPU seconds each has used so far.
     fn cpu(&self) -> [f64; 3] {
-        [
-            cpu_seconds(&self.allocator),
-            cpu_seconds(&self.nats),
-            cpu_seconds("self"),
-        ]
+        self.0
+            .map(|pid| procfs::cpu_time(pid).unwrap_or_default().as_secs_f64())
     }
+}
+
+/// `(VmRSS, VmHWM)` of `pid` in KiB.
+fn rss_kib(pid: u32) -> (u64, u64) {
+    let m = procfs::memory(pid).unwrap_or_default();
+    (m.rss_kib, m.hwm_kib)
 }
 
 struct Run {
@@ -396,10 +371,7 @@ async fn main() {
         .spawn()
         .unwrap();
     let pid = child.id();
-    let procs = Processes {
-        allocator: pid.to_string(),
-        nats: nats.pid().unwrap().to_string(),
-    };
+    let procs = Processes([pid, nats.pid().unwrap(), std::process::id()]);
     let http = reqwest::Client::new();
     loop {
         if let Ok(r) = http

@@ -146,18 +146,12 @@ impl Inner {
 
     /// The recommendation for `w`, and `w`'s key (for its event).
     fn recommend(&self, w: &model::Workload) -> (model::Recommendation, String) {
-        let key = model::full_key(w);
-        (self.model_read().recommend_keyed(w, &key), key)
+        keyed_recommendation(&self.model_read(), w)
     }
 
     fn recommend_many(&self, ws: &[model::Workload]) -> Vec<(model::Recommendation, String)> {
         let model = self.model_read();
-        ws.iter()
-            .map(|w| {
-                let key = model::full_key(w);
-                (model.recommend_keyed(w, &key), key)
-            })
-            .collect()
+        ws.iter().map(|w| keyed_recommendation(&model, w)).collect()
     }
 
     /// Counts an answer and queues it for its `AllocationIssued` event —
@@ -192,6 +186,15 @@ impl Inner {
             self.metrics.allocations_dropped.inc();
         }
     }
+}
+
+/// `model`'s recommendation for `w`, and `w`'s key, made once for both.
+fn keyed_recommendation(
+    model: &model::Model,
+    w: &model::Workload,
+) -> (model::Recommendation, String) {
+    let key = model::full_key(w);
+    (model.recommend_keyed(w, &key), key)
 }
 
 /// An answered recommendation on its way to becoming an `AllocationIssued`.

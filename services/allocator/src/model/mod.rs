@@ -191,25 +191,30 @@ fn ladder(levels: &[&[&str]]) -> Vec<Vec<String>> {
         .collect()
 }
 
+/// The six levels gantry matches a Spack job at, most specific first
+/// (dropping compiler version, version, compiler).
+pub(crate) const GANTRY_LEVELS: [&[&str]; 6] = [
+    &[
+        "package",
+        "variants",
+        "version",
+        "compiler",
+        "compiler_version",
+    ],
+    &["package", "variants", "compiler", "compiler_version"],
+    &["package", "variants", "version", "compiler"],
+    &["package", "variants", "compiler"],
+    &["package", "variants", "version"],
+    &["package", "variants"],
+];
+
 impl Params {
-    /// gantry's six levels (dropping compiler version, version, compiler)
-    /// and then the package name alone.
+    /// gantry's six levels ([`GANTRY_LEVELS`]) and then the package name
+    /// alone.
     pub fn spack_ladder() -> Vec<Vec<String>> {
-        ladder(&[
-            &[
-                "package",
-                "variants",
-                "version",
-                "compiler",
-                "compiler_version",
-            ],
-            &["package", "variants", "compiler", "compiler_version"],
-            &["package", "variants", "version", "compiler"],
-            &["package", "variants", "compiler"],
-            &["package", "variants", "version"],
-            &["package", "variants"],
-            &["package"],
-        ])
+        let mut levels = GANTRY_LEVELS.to_vec();
+        levels.push(&["package"]);
+        ladder(&levels)
     }
 
     /// A GitHub job by repository, workflow and job name; a renamed workflow

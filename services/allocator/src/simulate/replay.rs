@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use runyard_store::workload;
 
 use super::trace::Trace;
-use crate::model::{MB, Model, Observation, Params, Workload, sub_key};
+use crate::model::{GANTRY_LEVELS, MB, Model, Observation, Params, Workload, sub_key};
 
 /// Retries a job gets after an OOM kill (gantry and runyard alike).
 pub const MAX_RETRIES: u32 = 3;
@@ -240,20 +240,6 @@ const GANTRY_MIN: usize = GANTRY_SAMPLE - 1;
 const GANTRY_REQUEST: u64 = 2_000_000_000;
 const GANTRY_LIMIT: u64 = 5_000_000_000;
 const GANTRY_BUMP: f64 = 1.2;
-const GANTRY_LEVELS: [&[&str]; 6] = [
-    &[
-        "package",
-        "variants",
-        "version",
-        "compiler",
-        "compiler_version",
-    ],
-    &["package", "variants", "compiler", "compiler_version"],
-    &["package", "variants", "version", "compiler"],
-    &["package", "variants", "compiler"],
-    &["package", "variants", "version"],
-    &["package", "variants"],
-];
 
 /// gantry's published rule: the newest 5 `develop` samples of the first of
 /// six levels with at least 4; request = their mean usage (the trace has
