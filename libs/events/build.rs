@@ -7,7 +7,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let file = root.join("runyard/events/v1/events.proto");
     println!("cargo:rerun-if-changed={}", root.display());
     let fds = protox::compile([&file], [&root])?;
+    // The allocator's workloads are sorted maps already; an event it
+    // publishes per answer takes one as is.
     tonic_prost_build::configure()
+        .btree_map(".runyard.events.v1.AllocationIssued.workload")
         .build_client(false)
         .build_server(false)
         .compile_fds(fds)?;

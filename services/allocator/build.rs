@@ -13,7 +13,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         out.join("allocator_descriptor.bin"),
         prost::Message::encode_to_vec(&fds),
     )?;
+    // The workload arrives as, and the variables are answered from, sorted
+    // maps: decoding straight into them saves a hashed map per call.
     tonic_prost_build::configure()
+        .btree_map(".runyard.allocator.v1.RecommendRequest.workload")
+        .btree_map(".runyard.allocator.v1.Recommendation.variables")
         .build_client(true)
         .build_server(true)
         .compile_fds(fds)?;

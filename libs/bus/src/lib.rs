@@ -453,23 +453,37 @@ impl Bus {
     /// last message's [`Stored`] otherwise.
     pub async fn publish_confirming_last(
         &self,
-        mut msgs: Vec<Prepared>,
+        msgs: impl IntoIterator<Item = Prepared>,
     ) -> Result<Option<Stored>, BusError> {
-        let Some(last) = msgs.pop() else {
+        let mut msgs = msgs.into_iter().peekable();
+        if msgs.peek().is_none() {
             return Ok(None);
-        };
+        }
         if !self.is_connected() {
             return Err(BusError::Disconnected);
         }
-        for msg in msgs {
+        let mut sent = 0_usize;
+        while let Some(msg) = msgs.next() {
+            if msgs.peek().is_none() {
+                return self.publish_prepared(msg).await.map(Some);
+            }
             self.client
                 .publish_with_headers(msg.subject, msg.headers, msg.payload)
                 .await
                 .map_err(|e| nats_err("publishing", e))?;
+            sent += 1;
+            if sent.is_multiple_of(YIELD_EVERY) {
+                tokio::task::yield_now().await;
+            }
         }
-        self.publish_prepared(last).await.map(Some)
+        Ok(None)
     }
 }
+
+/// How many messages of a batch [`Bus::publish_confirming_last`] sends (and
+/// its iterator builds) before letting the worker thread run other tasks: a
+/// large batch must not hold up the requests of the service that publishes.
+const YIELD_EVERY: usize = 32;
 
 fn classify_publish(
     e: jetstream::context::PublishError,

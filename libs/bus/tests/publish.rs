@@ -27,7 +27,7 @@ async fn a_batch_confirmed_by_its_last_ack_lands_whole_and_in_order() {
     let events: Vec<_> = (0..50)
         .map(|i| usage_event(1000 + i, base_time()))
         .collect();
-    let batch = events
+    let batch: Vec<_> = events
         .iter()
         .map(|e| bus.prepare_event(e, &traceparent).unwrap())
         .collect();
@@ -50,11 +50,11 @@ async fn a_batch_confirmed_by_its_last_ack_lands_whole_and_in_order() {
         assert!(headers.get(runyard_bus::TRACEPARENT_HEADER).is_some());
     }
 
-    // The same batch again: JetStream drops every message as a duplicate.
+    // The same batch again, built as it is sent: JetStream drops every
+    // message as a duplicate.
     let again = events
         .iter()
-        .map(|e| bus.prepare_event(e, &traceparent).unwrap())
-        .collect();
+        .map(|e| bus.prepare_event(e, &traceparent).unwrap());
     let stored = bus.publish_confirming_last(again).await.unwrap().unwrap();
     assert!(stored.duplicate);
     assert_eq!(

@@ -5,8 +5,9 @@
 //!
 //! Run with `bash scripts/bench-allocator.sh` (builds the release binary
 //! first). Flags: `--samples N --workloads N --seconds S --concurrency C[,C..]
-//! --connections K --rounds R --allocator-bin PATH --database-url URL` (an already
-//! seeded database, kept; by default a fresh one is seeded and dropped).
+//! --connections K --rounds R --allocator-bin PATH --database-url URL` (a
+//! database that is kept: seeded when it holds no samples, reused as it is
+//! otherwise; by default a fresh one is seeded and dropped).
 //! Besides rates it reports the CPU time each request cost the allocator,
 //! nats-server (the `AllocationIssued` events) and the load generator.
 #![allow(clippy::unwrap_used, clippy::print_stdout)] // a benchmark's main
@@ -19,7 +20,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use hdrhistogram::Histogram;
 use runyard_allocator::proto::allocator_client::AllocatorClient;
-use runyard_allocator::proto::{RecommendBatchRequest, RecommendRequest, Recommendation};
+use runyard_allocator::proto::{RecommendBatchRequest, RecommendRequest};
 use runyard_bench::procfs;
 use runyard_testkit::{NatsServer, TestDb, free_port};
 use tonic::transport::Channel;
@@ -247,8 +248,42 @@ async fn connect(port: u16) -> h2::client::SendRequest<Bytes> {
     send
 }
 
-/// Sends call `i` of `call` and checks its answer decodes as `R`.
-async fn unary<R: prost::Message + Default>(
+/// An answer the load generator checks.
+trait Answer: prost::Message + Default {
+    /// Whether the decoded answer is a right one.
+    fn valid(&self) -> bool;
+}
+
+impl Answer for tonic_health::pb::HealthCheckResponse {
+    fn valid(&self) -> bool {
+        self.status == tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+    }
+}
+
+/// The fields of a `Recommendation` the load generator checks. Decoding
+/// walks the whole answer (prost skips the basis and the variables, which
+/// still have to be well-formed) without building their strings and maps:
+/// that work would be the generator's, on the cores the server needs.
+#[derive(Clone, PartialEq, prost::Message)]
+struct CheckedRecommendation {
+    #[prost(uint64, tag = "1")]
+    cpu_request_millicores: u64,
+    #[prost(uint64, tag = "3")]
+    memory_request_bytes: u64,
+    #[prost(uint64, tag = "4")]
+    memory_limit_bytes: u64,
+}
+
+impl Answer for CheckedRecommendation {
+    fn valid(&self) -> bool {
+        self.cpu_request_millicores > 0
+            && self.memory_request_bytes > 0
+            && self.memory_request_bytes <= self.memory_limit_bytes
+    }
+}
+
+/// Sends call `i` of `call` and checks its answer decodes as a valid `R`.
+async fn unary<R: Answer>(
     send: &h2::client::SendRequest<Bytes>,
     port: u16,
     call: &Call,
@@ -281,11 +316,11 @@ async fn unary<R: prost::Message + Default>(
     }
     let ok = matches!(body.trailers().await, Ok(Some(t))
         if t.get("grpc-status").is_some_and(|s| s == "0"));
-    ok && data.len() >= 5 && R::decode(&data[5..]).is_ok()
+    ok && data.len() >= 5 && R::decode(&data[5..]).is_ok_and(|r| r.valid())
 }
 
 /// Drives `call` from `concurrency` tasks over `connections` for `seconds`.
-async fn drive<R: prost::Message + Default>(
+async fn drive<R: Answer>(
     procs: &Processes,
     connections: &[h2::client::SendRequest<Bytes>],
     port: u16,
@@ -342,7 +377,17 @@ async fn main() {
         (None, Some(db)) => db.url.clone(),
         (None, None) => unreachable!(),
     };
-    let seeded = if fresh.is_some() {
+    let empty = {
+        runyard_store::migrate(&url).await.unwrap();
+        let pool = sqlx::PgPool::connect(&url).await.unwrap();
+        let (rows,): (i64,) = sqlx::query_as("SELECT count(*) FROM usage_samples")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        pool.close().await;
+        rows == 0
+    };
+    let seeded = if empty {
         println!(
             "seeding {} samples over {} workloads ...",
             a.samples, a.workloads
@@ -410,7 +455,8 @@ async fn main() {
     type Health = tonic_health::pb::HealthCheckResponse;
     // Warm up both paths.
     let _ = drive::<Health>(&procs, &connections, grpc_port, 64, 1, &noop).await;
-    let _ = drive::<Recommendation>(&procs, &connections, grpc_port, 64, 1, &recommend).await;
+    let _ =
+        drive::<CheckedRecommendation>(&procs, &connections, grpc_port, 64, 1, &recommend).await;
     let mut rows = Vec::new();
     let mut ratios = Vec::new();
     // The two calls alternate in one-second slices, so both see the same
@@ -421,7 +467,7 @@ async fn main() {
             for _ in 0..a.seconds.max(1) {
                 let b =
                     drive::<Health>(&procs, &connections, grpc_port, concurrency, 1, &noop).await;
-                let r = drive::<Recommendation>(
+                let r = drive::<CheckedRecommendation>(
                     &procs,
                     &connections,
                     grpc_port,

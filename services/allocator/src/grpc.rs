@@ -13,8 +13,9 @@ pub struct Service {
     pub(crate) state: State,
 }
 
-/// Converts a model recommendation to its wire form.
-pub fn to_proto(r: &ModelRec) -> proto::Recommendation {
+/// Converts a model recommendation to its wire form, moving the matched
+/// attributes out of `r` (its `AllocationIssued` event does not carry them).
+pub fn to_proto(r: &mut ModelRec) -> proto::Recommendation {
     proto::Recommendation {
         cpu_request_millicores: r.cpu_request_millicores,
         cpu_limit_millicores: r.cpu_limit_millicores,
@@ -24,7 +25,7 @@ pub fn to_proto(r: &ModelRec) -> proto::Recommendation {
         retry_count: r.retry_count,
         basis: Some(proto::Basis {
             samples: r.basis.samples,
-            matched: r.basis.matched.clone(),
+            matched: std::mem::take(&mut r.basis.matched),
             level: r.basis.level,
             statistic: r.basis.statistic.clone(),
             oom_bump: r.basis.oom_bump,
@@ -41,7 +42,7 @@ fn workload_of(
     req: proto::RecommendRequest,
     prefix: impl FnOnce() -> String,
 ) -> Result<(Workload, String), Status> {
-    let workload: Workload = req.workload.into_iter().collect();
+    let workload: Workload = req.workload;
     model::validate(&workload).map_err(|e| Status::invalid_argument(format!("{}{e}", prefix())))?;
     Ok((workload, req.r#ref))
 }
@@ -55,8 +56,8 @@ impl proto::allocator_server::Allocator for Service {
     ) -> Result<Response<proto::Recommendation>, Status> {
         self.state.require_ready()?;
         let (workload, r) = workload_of(request.into_inner(), String::new)?;
-        let (rec, key) = self.state.recommend(&workload);
-        let response = to_proto(&rec);
+        let (mut rec, key) = self.state.recommend(&workload);
+        let response = to_proto(&mut rec);
         self.state.issued(Api::Grpc, (workload, key), r, rec);
         Ok(Response::new(response))
     }
@@ -84,8 +85,8 @@ impl proto::allocator_server::Allocator for Service {
             .collect::<Result<Vec<_>, _>>()?
             .into_iter()
             .unzip();
-        let recs = self.state.recommend_many(&workloads);
-        let recommendations = recs.iter().map(|(rec, _)| to_proto(rec)).collect();
+        let mut recs = self.state.recommend_many(&workloads);
+        let recommendations = recs.iter_mut().map(|(rec, _)| to_proto(rec)).collect();
         for ((w, r), (rec, key)) in workloads.into_iter().zip(refs).zip(recs) {
             self.state.issued(Api::Batch, (w, key), r, rec);
         }

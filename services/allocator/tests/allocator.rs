@@ -3,7 +3,7 @@
 //! generated client, over gantry's HTTP endpoint, and follows new reports.
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -254,7 +254,7 @@ async fn usage_reports_through_the_stack_shape_the_recommendation() {
         .json()
         .await
         .unwrap();
-    let http_vars: HashMap<String, String> =
+    let http_vars: BTreeMap<String, String> =
         serde_json::from_value(body["variables"].clone()).unwrap();
     assert_eq!(http_vars, rec.variables);
 
