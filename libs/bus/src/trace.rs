@@ -3,6 +3,8 @@
 
 use std::fmt;
 
+use runyard_telemetry::traces::{Span, SpanKind};
+
 /// A parsed or freshly made `traceparent` value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TraceParent {
@@ -103,9 +105,41 @@ impl fmt::Display for TraceParent {
 /// Continues an incoming `traceparent` (a new span in the same trace), or
 /// starts a new trace when there is none or it is malformed.
 pub fn traceparent_for(incoming: Option<&str>) -> TraceParent {
-    incoming
-        .and_then(TraceParent::parse)
-        .map_or_else(TraceParent::new_root, |p| p.child())
+    Hop::continuing(incoming).this
+}
+
+/// One service's hop along a trace: the `traceparent` it was handed, if a
+/// valid one, and the one it passes on (a new span of the same trace, or of
+/// a new trace).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hop {
+    /// The context the hop was handed.
+    pub parent: Option<TraceParent>,
+    /// This hop's own context, what it publishes.
+    pub this: TraceParent,
+}
+
+impl Hop {
+    /// The hop continuing `incoming` (a `traceparent` header value).
+    pub fn continuing(incoming: Option<&str>) -> Self {
+        let parent = incoming.and_then(TraceParent::parse);
+        Self {
+            parent,
+            this: parent.map_or_else(TraceParent::new_root, |p| p.child()),
+        }
+    }
+
+    /// Starts timing this hop as an exported span with this hop's ids
+    /// ([`runyard_telemetry::traces`]); `None` when trace export is off.
+    pub fn span(&self, name: &'static str, kind: SpanKind) -> Option<Span> {
+        Span::start(
+            name,
+            kind,
+            self.this.trace_id,
+            self.this.span_id,
+            self.parent.map(|p| p.span_id),
+        )
+    }
 }
 
 fn nonzero_u128() -> u128 {

@@ -1,9 +1,11 @@
 //! Process-wide chores every runyard binary does the same way: the rustls
 //! crypto provider, tracing (JSON or pretty), the Prometheus registry and its
-//! text exposition, and the shutdown signal.
+//! text exposition, OTLP trace export ([`traces`]), and the shutdown signal.
 
 use std::io::IsTerminal;
 use std::sync::{Arc, Mutex};
+
+pub mod traces;
 
 pub use prometheus_client;
 use prometheus_client::registry::Registry;

@@ -230,6 +230,7 @@ pub fn decode_events(msgs: &[async_nats::jetstream::Message]) -> Vec<runyard_eve
         .collect()
 }
 
+pub mod otlp;
 pub mod proxy;
 pub mod synth;
 

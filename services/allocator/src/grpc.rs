@@ -1,6 +1,7 @@
 //! The gRPC edge: `runyard.allocator.v1.Allocator`, mapping requests to the
 //! model and errors to `INVALID_ARGUMENT`.
 
+use runyard_bus::{Hop, SpanKind, SpanStatus, TraceParent};
 use tonic::{Request, Response, Status};
 
 use crate::model::{self, Recommendation as ModelRec, Workload};
@@ -47,28 +48,61 @@ fn workload_of(
     Ok((workload, req.r#ref))
 }
 
-#[tonic::async_trait]
-impl proto::allocator_server::Allocator for Service {
-    #[tracing::instrument(skip_all)]
-    async fn recommend(
+/// When traces are exported, this call's hop of its trace, continuing the
+/// caller's `traceparent` (metadata or HTTP header).
+pub(crate) fn trace_hop(traceparent: impl FnOnce() -> Option<String>) -> Option<Hop> {
+    runyard_telemetry::traces::enabled().then(|| Hop::continuing(traceparent().as_deref()))
+}
+
+/// Answers a call as one hop of its caller's trace (`traceparent`
+/// metadata): `answer` gets the hop's context for the events it queues, and
+/// the hop's span (when traces are exported) ends with the answer.
+fn traced<Q, A>(
+    request: Request<Q>,
+    span_name: &'static str,
+    answer: impl FnOnce(Q, Option<TraceParent>) -> Result<A, Status>,
+) -> Result<Response<A>, Status> {
+    let hop = trace_hop(|| {
+        request
+            .metadata()
+            .get("traceparent")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    });
+    let span = hop.and_then(|h| h.span(span_name, SpanKind::Server));
+    let result = answer(request.into_inner(), hop.map(|h| h.this));
+    if let Some(mut span) = span {
+        match &result {
+            Ok(_) => span.end(SpanStatus::Ok),
+            Err(status) => {
+                span.set("rpc.grpc.status_code", status.code() as i64);
+                span.end(SpanStatus::error(status.message().to_owned()));
+            }
+        }
+    }
+    result.map(Response::new)
+}
+
+impl Service {
+    fn answer(
         &self,
-        request: Request<proto::RecommendRequest>,
-    ) -> Result<Response<proto::Recommendation>, Status> {
+        req: proto::RecommendRequest,
+        trace: Option<TraceParent>,
+    ) -> Result<proto::Recommendation, Status> {
         self.state.require_ready()?;
-        let (workload, r) = workload_of(request.into_inner(), String::new)?;
+        let (workload, r) = workload_of(req, String::new)?;
         let (mut rec, key) = self.state.recommend(&workload);
         let response = to_proto(&mut rec);
-        self.state.issued(Api::Grpc, (workload, key), r, rec);
-        Ok(Response::new(response))
+        self.state.issued(Api::Grpc, (workload, key), r, rec, trace);
+        Ok(response)
     }
 
-    #[tracing::instrument(skip_all, fields(requests))]
-    async fn recommend_batch(
+    fn answer_batch(
         &self,
-        request: Request<proto::RecommendBatchRequest>,
-    ) -> Result<Response<proto::RecommendBatchResponse>, Status> {
+        req: proto::RecommendBatchRequest,
+        trace: Option<TraceParent>,
+    ) -> Result<proto::RecommendBatchResponse, Status> {
         self.state.require_ready()?;
-        let req = request.into_inner();
         tracing::Span::current().record("requests", req.requests.len());
         let max = self.state.config.allocator_max_batch;
         if req.requests.len() > max {
@@ -88,10 +122,31 @@ impl proto::allocator_server::Allocator for Service {
         let mut recs = self.state.recommend_many(&workloads);
         let recommendations = recs.iter_mut().map(|(rec, _)| to_proto(rec)).collect();
         for ((w, r), (rec, key)) in workloads.into_iter().zip(refs).zip(recs) {
-            self.state.issued(Api::Batch, (w, key), r, rec);
+            self.state.issued(Api::Batch, (w, key), r, rec, trace);
         }
-        Ok(Response::new(proto::RecommendBatchResponse {
-            recommendations,
-        }))
+        Ok(proto::RecommendBatchResponse { recommendations })
+    }
+}
+
+#[tonic::async_trait]
+impl proto::allocator_server::Allocator for Service {
+    #[tracing::instrument(skip_all)]
+    async fn recommend(
+        &self,
+        request: Request<proto::RecommendRequest>,
+    ) -> Result<Response<proto::Recommendation>, Status> {
+        traced(request, "allocator Recommend", |req, trace| {
+            self.answer(req, trace)
+        })
+    }
+
+    #[tracing::instrument(skip_all, fields(requests))]
+    async fn recommend_batch(
+        &self,
+        request: Request<proto::RecommendBatchRequest>,
+    ) -> Result<Response<proto::RecommendBatchResponse>, Status> {
+        traced(request, "allocator RecommendBatch", |req, trace| {
+            self.answer_batch(req, trace)
+        })
     }
 }

@@ -6,6 +6,7 @@ use axum::extract::{Query, State as AxumState};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use runyard_bus::{SpanKind, SpanStatus};
 use serde::Deserialize;
 use serde_json::json;
 
@@ -40,7 +41,33 @@ fn bad_request(message: &str) -> Response {
 /// Gantry-compatible: `{"variables": {...}}` with the same numbers gRPC gives.
 async fn allocation(
     AxumState(state): AxumState<State>,
+    headers: axum::http::HeaderMap,
     query: Result<Query<SpecQuery>, axum::extract::rejection::QueryRejection>,
+) -> Response {
+    let hop = crate::grpc::trace_hop(|| {
+        headers
+            .get("traceparent")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    });
+    let span = hop.and_then(|h| h.span("allocator GET /v1/allocation", SpanKind::Server));
+    let response = gantry_answer(&state, query, hop.map(|h| h.this));
+    if let Some(mut span) = span {
+        let status = response.status();
+        span.set("http.response.status_code", i64::from(status.as_u16()));
+        span.end(if status.is_success() {
+            SpanStatus::Ok
+        } else {
+            SpanStatus::error(status.to_string())
+        });
+    }
+    response
+}
+
+fn gantry_answer(
+    state: &State,
+    query: Result<Query<SpecQuery>, axum::extract::rejection::QueryRejection>,
+    trace: Option<runyard_bus::TraceParent>,
 ) -> Response {
     let spec = match query {
         Ok(Query(SpecQuery { spec: Some(spec) })) if !spec.trim().is_empty() => spec,
@@ -62,7 +89,7 @@ async fn allocation(
     let (rec, key) = state.recommend(&workload);
     let variables: std::collections::BTreeMap<String, String> = model::variables(&rec);
     let body = axum::Json(json!({ "variables": variables }));
-    state.issued(crate::Api::Http, (workload, key), String::new(), rec);
+    state.issued(crate::Api::Http, (workload, key), String::new(), rec, trace);
     body.into_response()
 }
 

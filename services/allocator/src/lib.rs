@@ -163,6 +163,7 @@ impl Inner {
         (workload, key): (model::Workload, String),
         r: String,
         rec: model::Recommendation,
+        trace: Option<TraceParent>,
     ) {
         let basis = if rec.basis.retries_exhausted {
             3
@@ -181,6 +182,7 @@ impl Inner {
             key,
             r#ref: r,
             rec,
+            trace,
         };
         if tx.try_send(issued).is_err() {
             self.metrics.allocations_dropped.inc();
@@ -206,6 +208,8 @@ struct Issued {
     key: String,
     r#ref: String,
     rec: model::Recommendation,
+    /// The answering call's trace context, when traces are exported.
+    trace: Option<TraceParent>,
 }
 
 impl Issued {
@@ -216,6 +220,7 @@ impl Issued {
             key,
             r#ref,
             rec,
+            trace: _,
         } = self;
         Event {
             id: format!("allocation:{:032x}", rand::random::<u128>()),
@@ -269,9 +274,14 @@ async fn publish_allocations(bus: Bus, mut rx: mpsc::Receiver<Issued>) {
                 batch.push(issued);
             }
         }
-        let messages = batch
-            .drain(..)
-            .filter_map(|issued| bus.prepare_event(&issued.into_event(), &traceparent).ok());
+        // An event carries its call's trace context when traces are
+        // exported, the publisher's own otherwise.
+        let messages = batch.drain(..).filter_map(|issued| {
+            let own = issued.trace.map(|t| t.header_value());
+            let event = issued.into_event();
+            bus.prepare_event(&event, own.as_ref().unwrap_or(&traceparent))
+                .ok()
+        });
         if let Err(error) = bus.publish_confirming_last(messages).await {
             tracing::debug!(%error, "allocation events not published");
         }

@@ -40,7 +40,12 @@ async fn main() -> anyhow::Result<()> {
         Command::Run => {
             let config = Config::load(args.config.as_deref()).context("loading configuration")?;
             let app = App::build(config).await.context("starting allocator")?;
-            app.run(runyard_telemetry::shutdown_signal()).await
+            runyard_telemetry::traces::exporting(
+                "runyard-allocator",
+                app.run(runyard_telemetry::shutdown_signal()),
+            )
+            .await
+            .context("starting trace export")?
         }
         Command::Simulate(sim) => simulate::run(&sim),
     }

@@ -10,11 +10,14 @@ use std::time::{Duration, Instant};
 use runyard_allocator::proto::RecommendRequest;
 use runyard_allocator::proto::allocator_client::AllocatorClient;
 use runyard_allocator::{App, Config};
-use runyard_bus::{Bus, StreamSettings, TraceParent};
+use runyard_bus::{Bus, StreamSettings, TRACEPARENT_HEADER, TraceParent};
 use runyard_events::{
     Body, Event, Forge, JobKey, Namespace, Source, UsageReported, ids, timestamp,
 };
-use runyard_testkit::{TestDb, TestNats, eventually, unique_namespace};
+use runyard_testkit::otlp::{AnyValue, Collector, Span, attribute, hex_id};
+use runyard_testkit::{
+    TestDb, TestNats, decode_events, eventually, stream_messages, unique_namespace,
+};
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 use tonic::transport::Channel;
@@ -510,5 +513,167 @@ async fn bad_requests_name_the_field_and_reflection_and_health_work() {
         names.contains(&"runyard.allocator.v1.Allocator"),
         "{names:?}"
     );
+    stack.stop().await;
+}
+
+/// With an OTLP endpoint set, a usage report's path through ingest and
+/// job-tracker is one trace continuing the sender's `traceparent`, and a
+/// `Recommend` or gantry call carrying one is exported as its child, with
+/// the call's context on its `AllocationIssued` event.
+#[tokio::test]
+async fn traces_follow_a_report_and_the_calls_through_the_stack() {
+    let collector = Collector::start().await;
+    runyard_telemetry::traces::install("runyard-test", &collector.url).unwrap();
+    let stack = Stack::start().await;
+    let http = reqwest::Client::new();
+    let sender = "00f067aa0ba902b7";
+
+    // A usage report, sent with a traceparent, and a refused one without.
+    let report_trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let report = json!({
+        "forge": "gitlab", "instance": "gitlab.example.com", "job_id": 77,
+        "attempt": 1, "ref": "develop", "workload": torch(),
+        "peak_memory_bytes": 1_000_000_000u64, "memory_limit_bytes": 2_000_000_000u64,
+        "cpu_seconds": 60.0, "wall_seconds": 30.0, "oom_killed": false, "exit_code": 0
+    });
+    let post = |token: &str| {
+        http.post(format!("{}/v1/usage", stack.ingest))
+            .bearer_auth(token)
+            .json(&report)
+    };
+    let accepted = post(USAGE_TOKEN)
+        .header("traceparent", format!("00-{report_trace}-{sender}-01"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(accepted.status(), 202);
+    assert_eq!(post("wrong").send().await.unwrap().status(), 401);
+
+    // A Recommend with the caller's context in its metadata, and one the
+    // allocator refuses.
+    let call_trace = "0af7651916cd43dd8448eb211c80319c";
+    let traced = |req: RecommendRequest| {
+        let mut req = tonic::Request::new(req);
+        req.metadata_mut().insert(
+            "traceparent",
+            format!("00-{call_trace}-{sender}-01").parse().unwrap(),
+        );
+        req
+    };
+    let mut client = stack.client().await;
+    client
+        .recommend(traced(request(&torch(), "develop")))
+        .await
+        .unwrap();
+    let refused = client
+        .recommend(traced(RecommendRequest::default()))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument);
+
+    // The gantry endpoint with a traceparent header.
+    let gantry_trace = "5b8aa5a2d2c872e8321cf37308d69df2";
+    let resp = http
+        .get(format!("{}/v1/allocation", stack.http))
+        .query(&[("spec", "zlib@1.3.1 +shared arch=x86_64_v3%gcc@12.3.0")])
+        .header("traceparent", format!("00-{gantry_trace}-{sender}-01"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+
+    let in_trace = |spans: &[(String, Span)], trace: &str, name: &str| -> Vec<Span> {
+        spans
+            .iter()
+            .map(|(_, s)| s)
+            .filter(|s| hex_id(&s.trace_id) == trace && s.name == name)
+            .cloned()
+            .collect()
+    };
+    let spans = collector
+        .wait_for(Duration::from_secs(20), |spans| {
+            !in_trace(spans, report_trace, "job-tracker apply").is_empty()
+                && in_trace(spans, call_trace, "allocator Recommend").len() == 2
+                && !in_trace(spans, gantry_trace, "allocator GET /v1/allocation").is_empty()
+        })
+        .await
+        .expect("the spans reach the collector");
+    assert!(spans.iter().all(|(service, _)| service == "runyard-test"));
+
+    // ingest's span continues the sender's; job-tracker's continues ingest's.
+    let [ingest] = in_trace(&spans, report_trace, "ingest usage report")
+        .try_into()
+        .unwrap();
+    assert_eq!(hex_id(&ingest.parent_span_id), sender);
+    assert_eq!(
+        attribute(&ingest, "http.response.status_code"),
+        Some(AnyValue::IntValue(202))
+    );
+    assert_eq!(
+        attribute(&ingest, "runyard.event_id"),
+        Some(AnyValue::StringValue(
+            "usage:gitlab:gitlab.example.com:77:1".into()
+        ))
+    );
+    let [apply] = in_trace(&spans, report_trace, "job-tracker apply")
+        .try_into()
+        .unwrap();
+    assert_eq!(apply.parent_span_id, ingest.span_id);
+    assert_eq!(
+        attribute(&apply, "runyard.event_type"),
+        Some(AnyValue::StringValue("UsageReported".into()))
+    );
+    assert!(apply.end_time_unix_nano >= apply.start_time_unix_nano);
+    // The refused report: traced as what the sender was told, in a new trace.
+    let refused_report = spans
+        .iter()
+        .map(|(_, s)| s)
+        .find(|s| attribute(s, "http.response.status_code") == Some(AnyValue::IntValue(401)))
+        .expect("the refused report's span");
+    assert_eq!(refused_report.name, "ingest usage report");
+    assert!(refused_report.parent_span_id.is_empty());
+
+    // The allocator's calls.
+    let calls = in_trace(&spans, call_trace, "allocator Recommend");
+    assert!(calls.iter().all(|s| hex_id(&s.parent_span_id) == sender));
+    let (answered, invalid): (Vec<_>, Vec<_>) = calls
+        .iter()
+        .partition(|s| attribute(s, "rpc.grpc.status_code").is_none());
+    let (answered, invalid) = (answered[0], invalid[0]);
+    assert_eq!(
+        attribute(invalid, "rpc.grpc.status_code"),
+        Some(AnyValue::IntValue(tonic::Code::InvalidArgument as i64))
+    );
+    let [gantry] = in_trace(&spans, gantry_trace, "allocator GET /v1/allocation")
+        .try_into()
+        .unwrap();
+    assert_eq!(
+        attribute(&gantry, "http.response.status_code"),
+        Some(AnyValue::IntValue(200))
+    );
+
+    // Each answer's AllocationIssued event carries its call's span.
+    let nats = async_nats::connect(stack.nats.url()).await.unwrap();
+    let carried = eventually(Duration::from_secs(10), || async {
+        let msgs = stream_messages(&nats, &stack.ns.events_stream()).await;
+        let carried: Vec<(String, String)> = decode_events(&msgs)
+            .iter()
+            .zip(&msgs)
+            .filter(|(e, _)| matches!(e.body, Some(Body::AllocationIssued(_))))
+            .filter_map(|(_, m)| m.headers.as_ref()?.get(TRACEPARENT_HEADER))
+            .filter_map(|v| TraceParent::parse(v.as_str()))
+            .map(|t| {
+                (
+                    format!("{:032x}", t.trace_id),
+                    format!("{:016x}", t.span_id),
+                )
+            })
+            .collect();
+        (carried.len() == 2).then_some(carried)
+    })
+    .await
+    .expect("two AllocationIssued events");
+    assert!(carried.contains(&(call_trace.to_owned(), hex_id(&answered.span_id))));
+    assert!(carried.contains(&(gantry_trace.to_owned(), hex_id(&gantry.span_id))));
     stack.stop().await;
 }

@@ -31,5 +31,10 @@ async fn main() -> anyhow::Result<()> {
     let app = runyard_ingest::App::build(config)
         .await
         .context("starting ingest")?;
-    app.run(runyard_telemetry::shutdown_signal()).await
+    runyard_telemetry::traces::exporting(
+        "runyard-ingest",
+        app.run(runyard_telemetry::shutdown_signal()),
+    )
+    .await
+    .context("starting trace export")?
 }

@@ -12,7 +12,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use bytes::Bytes;
 use http_body_util::BodyExt as _;
-use runyard_bus::{BusError, HeaderValue as NatsValue, Prepared, traceparent_for};
+use runyard_bus::{
+    BusError, HeaderValue as NatsValue, Hop, Prepared, Span, SpanKind, SpanStatus, TraceParent,
+};
 use runyard_events::{Event, ids};
 use runyard_forge::{
     GithubDelivery, GitlabDelivery, Normalized, PayloadError, normalize_github, normalize_gitlab,
@@ -153,10 +155,25 @@ fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers.get(name).and_then(|v| v.to_str().ok())
 }
 
-/// This hop's `traceparent` (continuing the sender's trace, if any) as the
-/// header value every message of the delivery carries.
-fn trace_header(headers: &HeaderMap) -> NatsValue {
-    traceparent_for(header_str(headers, "traceparent")).header_value()
+/// Answers a delivery as one hop of its trace, continuing the sender's
+/// `traceparent` if it sent one: `outcome` gets the context every message of
+/// the delivery carries, and the hop's span (when traces are exported) ends
+/// with the answer.
+async fn traced<F, Fut>(
+    state: &AppState,
+    headers: &HeaderMap,
+    forge: &'static str,
+    span_name: &'static str,
+    outcome: F,
+) -> Response
+where
+    F: FnOnce(TraceParent) -> Fut,
+    Fut: std::future::Future<Output = Outcome>,
+{
+    let hop = Hop::continuing(header_str(headers, "traceparent"));
+    let span = hop.span(span_name, SpanKind::Server);
+    let outcome = outcome(hop.this).await;
+    finish(state, forge, outcome, span)
 }
 
 fn payload_outcome(e: PayloadError) -> Outcome {
@@ -351,7 +368,7 @@ async fn publish(
     }
 }
 
-fn finish(state: &AppState, forge: &'static str, outcome: Outcome) -> Response {
+fn finish(state: &AppState, forge: &'static str, outcome: Outcome, span: Option<Span>) -> Response {
     let duplicate = matches!(
         outcome,
         Outcome::Accepted {
@@ -376,16 +393,48 @@ fn finish(state: &AppState, forge: &'static str, outcome: Outcome) -> Response {
         }
         _ => tracing::debug!(forge, result, "delivery answered"),
     }
-    outcome.into_response()
+    let event_id = match (&span, &outcome) {
+        (Some(_), Outcome::Accepted { event_id, .. }) => Some(event_id.clone()),
+        _ => None,
+    };
+    let response = outcome.into_response();
+    if let Some(mut span) = span {
+        let status = response.status();
+        span.set("runyard.forge", forge);
+        span.set("runyard.result", result);
+        span.set("http.response.status_code", i64::from(status.as_u16()));
+        if let Some(id) = event_id {
+            span.set("runyard.event_id", id);
+        }
+        span.end(if status.is_server_error() {
+            SpanStatus::error(result)
+        } else if status.is_success() {
+            SpanStatus::Ok
+        } else {
+            SpanStatus::Unset
+        });
+    }
+    response
 }
 
 #[tracing::instrument(skip_all, fields(delivery = header_str(&headers, "x-github-delivery").unwrap_or("")))]
 async fn github(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
-    let outcome = github_outcome(&state, &headers, body).await;
-    finish(&state, "github", outcome)
+    traced(
+        &state,
+        &headers,
+        "github",
+        "ingest GitHub webhook",
+        |trace| github_outcome(&state, &headers, body, trace),
+    )
+    .await
 }
 
-async fn github_outcome(state: &AppState, headers: &HeaderMap, body: Body) -> Outcome {
+async fn github_outcome(
+    state: &AppState,
+    headers: &HeaderMap,
+    body: Body,
+    trace: TraceParent,
+) -> Outcome {
     let Some(secret) = state.github_secret.as_ref() else {
         return Outcome::NotConfigured("github webhook");
     };
@@ -413,7 +462,7 @@ async fn github_outcome(state: &AppState, headers: &HeaderMap, body: Body) -> Ou
         Err(e) => payload_outcome(e),
         Ok(Normalized::Ignored(reason)) => Outcome::Ignored(reason),
         Ok(Normalized::Events(events)) => {
-            let tp = trace_header(headers);
+            let tp = trace.header_value();
             let key = delivery.delivery_id.map(ids::github).unwrap_or_default();
             let raw = raw_message(
                 state.bus.namespace(),
@@ -430,11 +479,22 @@ async fn github_outcome(state: &AppState, headers: &HeaderMap, body: Body) -> Ou
 
 #[tracing::instrument(skip_all, fields(delivery = header_str(&headers, "idempotency-key").or(header_str(&headers, "x-gitlab-event-uuid")).unwrap_or("")))]
 async fn gitlab(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
-    let outcome = gitlab_outcome(&state, &headers, body).await;
-    finish(&state, "gitlab", outcome)
+    traced(
+        &state,
+        &headers,
+        "gitlab",
+        "ingest GitLab webhook",
+        |trace| gitlab_outcome(&state, &headers, body, trace),
+    )
+    .await
 }
 
-async fn gitlab_outcome(state: &AppState, headers: &HeaderMap, body: Body) -> Outcome {
+async fn gitlab_outcome(
+    state: &AppState,
+    headers: &HeaderMap,
+    body: Body,
+    trace: TraceParent,
+) -> Outcome {
     let Some(token) = state.gitlab_token.as_ref() else {
         return Outcome::NotConfigured("gitlab webhook");
     };
@@ -463,7 +523,7 @@ async fn gitlab_outcome(state: &AppState, headers: &HeaderMap, body: Body) -> Ou
         Err(e) => payload_outcome(e),
         Ok(Normalized::Ignored(reason)) => Outcome::Ignored(reason),
         Ok(Normalized::Events(events)) => {
-            let tp = trace_header(headers);
+            let tp = trace.header_value();
             let key = delivery
                 .idempotency_key
                 .filter(|k| !k.trim().is_empty())
@@ -486,11 +546,18 @@ async fn gitlab_outcome(state: &AppState, headers: &HeaderMap, body: Body) -> Ou
 
 #[tracing::instrument(skip_all)]
 async fn usage(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
-    let outcome = usage_outcome(&state, &headers, body).await;
-    finish(&state, "usage", outcome)
+    traced(&state, &headers, "usage", "ingest usage report", |trace| {
+        usage_outcome(&state, &headers, body, trace)
+    })
+    .await
 }
 
-async fn usage_outcome(state: &AppState, headers: &HeaderMap, body: Body) -> Outcome {
+async fn usage_outcome(
+    state: &AppState,
+    headers: &HeaderMap,
+    body: Body,
+    trace: TraceParent,
+) -> Outcome {
     let Some(token) = state.usage_token.as_ref() else {
         return Outcome::NotConfigured("usage reports");
     };
@@ -510,7 +577,7 @@ async fn usage_outcome(state: &AppState, headers: &HeaderMap, body: Body) -> Out
     match normalize_usage(content_type, &body, OffsetDateTime::now_utc()) {
         Err(e) => payload_outcome(e),
         Ok(event) => {
-            let tp = trace_header(headers);
+            let tp = trace.header_value();
             let raw = raw_message(
                 state.bus.namespace(),
                 "usage",

@@ -46,7 +46,12 @@ async fn main() -> anyhow::Result<()> {
     match args.command.unwrap_or(Command::Run) {
         Command::Run => {
             let app = App::build(config).await.context("starting job-tracker")?;
-            app.run(runyard_telemetry::shutdown_signal()).await
+            runyard_telemetry::traces::exporting(
+                "runyard-job-tracker",
+                app.run(runyard_telemetry::shutdown_signal()),
+            )
+            .await
+            .context("starting trace export")?
         }
         Command::Migrate => runyard_store::migrate(&config.database_url)
             .await

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use async_nats::jetstream::{self, AckKind, consumer};
 use futures::StreamExt as _;
 use prost::Message as _;
-use runyard_bus::Outgoing;
+use runyard_bus::{Hop, Outgoing, Span, SpanKind, SpanStatus};
 use runyard_events::Event;
 use tokio_util::sync::CancellationToken;
 
@@ -149,6 +149,7 @@ async fn handle_batch(state: &State, batch: Vec<jetstream::Message>, stop: &Canc
     let deadletter = state.bus.namespace().deadletter_subject();
     let mut incoming = Vec::with_capacity(batch.len());
     let mut to_ack = Vec::with_capacity(batch.len());
+    let mut spans = Vec::new();
     for msg in batch {
         if msg.subject.as_str() == deadletter {
             to_ack.push(msg);
@@ -157,6 +158,9 @@ async fn handle_batch(state: &State, batch: Vec<jetstream::Message>, stop: &Canc
         let seq = msg.info().map(|i| i.stream_sequence).unwrap_or_default();
         match Event::decode(msg.payload.clone()) {
             Ok(event) if !event.id.is_empty() => {
+                if let Some(span) = apply_span(&msg, seq, &event) {
+                    spans.push((seq, span));
+                }
                 incoming.push(Incoming { seq, event });
                 to_ack.push(msg);
             }
@@ -167,12 +171,16 @@ async fn handle_batch(state: &State, batch: Vec<jetstream::Message>, stop: &Canc
     let started = Instant::now();
     let mut backoff = Backoff::new();
     let mut waited_since_stop: Option<Instant> = None;
+    let mut refused = Vec::new();
     loop {
         match apply_batch(&state.pool, &incoming).await {
             Ok(applied) => {
                 state.db_ok.store(true, Ordering::SeqCst);
                 state.metrics.count("applied", applied.new);
                 state.metrics.count("duplicate", applied.duplicates);
+                if !spans.is_empty() {
+                    refused.clone_from(&applied.rejected);
+                }
                 for (seq, reason) in &applied.rejected {
                     if let Some(i) = incoming.iter().find(|i| i.seq == *seq) {
                         let payload = i.event.encode_to_vec();
@@ -231,6 +239,34 @@ async fn handle_batch(state: &State, batch: Vec<jetstream::Message>, stop: &Canc
             .last_applied_sequence
             .set(i64::try_from(state.last_acked.load(Ordering::SeqCst)).unwrap_or(i64::MAX));
     }
+    for (seq, span) in spans {
+        span.end(match refused.iter().find(|(s, _)| *s == seq) {
+            Some((_, reason)) => SpanStatus::error(reason.clone()),
+            None => SpanStatus::Ok,
+        });
+    }
+}
+
+/// When traces are exported, the span of applying one event: a hop of the
+/// trace its message's `traceparent` names (ending once its batch is
+/// committed and acked).
+fn apply_span(msg: &jetstream::Message, seq: u64, event: &Event) -> Option<Span> {
+    if !runyard_telemetry::traces::enabled() {
+        return None;
+    }
+    let incoming = msg
+        .headers
+        .as_ref()
+        .and_then(|h| h.get(runyard_bus::TRACEPARENT_HEADER))
+        .map(async_nats::HeaderValue::as_str);
+    let mut span = Hop::continuing(incoming).span("job-tracker apply", SpanKind::Consumer)?;
+    span.set("runyard.event_id", event.id.clone());
+    span.set("runyard.event_type", runyard_events::event_type(event));
+    span.set(
+        "runyard.stream_sequence",
+        i64::try_from(seq).unwrap_or(i64::MAX),
+    );
+    Some(span)
 }
 
 async fn apply_one_by_one(state: &State, incoming: &[Incoming]) {
