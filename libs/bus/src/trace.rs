@@ -129,6 +129,13 @@ impl Hop {
         }
     }
 
+    /// The hop continuing the `traceparent` that `incoming` reads, only when
+    /// traces are exported (`None`, and `incoming` unread, otherwise): for
+    /// hops whose context matters only to their span.
+    pub fn when_exported<'a>(incoming: impl FnOnce() -> Option<&'a str>) -> Option<Self> {
+        runyard_telemetry::traces::enabled().then(|| Self::continuing(incoming()))
+    }
+
     /// Starts timing this hop as an exported span with this hop's ids
     /// ([`runyard_telemetry::traces`]); `None` when trace export is off.
     pub fn span(&self, name: &'static str, kind: SpanKind) -> Option<Span> {

@@ -42,13 +42,11 @@ pub struct ExportError {
 }
 
 /// Starts exporting to `$OTEL_EXPORTER_OTLP_ENDPOINT` as `service` if the
-/// variable is set and not empty; `Ok(false)` when it is not.
-pub fn install_from_env(service: &'static str) -> Result<bool, ExportError> {
+/// variable is set and not empty; does nothing when it is not.
+pub fn install_from_env(service: &'static str) -> Result<(), ExportError> {
     match std::env::var(ENDPOINT_VAR) {
-        Ok(endpoint) if !endpoint.trim().is_empty() => {
-            install(service, endpoint.trim()).map(|()| true)
-        }
-        _ => Ok(false),
+        Ok(endpoint) if !endpoint.trim().is_empty() => install(service, endpoint.trim()),
+        _ => Ok(()),
     }
 }
 
@@ -147,13 +145,22 @@ impl Span {
         self.attributes.push(KeyValue::new(key, value));
     }
 
-    /// Ends the hop now with `status` and queues it for export.
-    pub fn end(self, status: Status) {
-        self.end_at(SystemTime::now(), status);
+    /// Ends a hop that answered HTTP `status`: records the code, and the
+    /// span's status the way OpenTelemetry's HTTP conventions have it for a
+    /// server (a 5xx is an error described by `error`, a 2xx is OK, anything
+    /// else is left unset — a client's mistake is not the server's error).
+    pub fn end_http(mut self, status: u16, error: impl FnOnce() -> String) {
+        self.set("http.response.status_code", i64::from(status));
+        self.end(match status {
+            500..=599 => Status::error(error()),
+            200..=299 => Status::Ok,
+            _ => Status::Unset,
+        });
     }
 
-    /// Ends the hop at `end` with `status` and queues it for export.
-    pub fn end_at(self, end: SystemTime, status: Status) {
+    /// Ends the hop now with `status` and queues it for export.
+    pub fn end(self, status: Status) {
+        let end = SystemTime::now();
         let Some(e) = EXPORTER.get() else { return };
         let parent = match self.parent {
             Some(p) => opentelemetry::Context::new().with_remote_span_context(SpanContext::new(

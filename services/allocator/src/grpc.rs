@@ -48,12 +48,6 @@ fn workload_of(
     Ok((workload, req.r#ref))
 }
 
-/// When traces are exported, this call's hop of its trace, continuing the
-/// caller's `traceparent` (metadata or HTTP header).
-pub(crate) fn trace_hop(traceparent: impl FnOnce() -> Option<String>) -> Option<Hop> {
-    runyard_telemetry::traces::enabled().then(|| Hop::continuing(traceparent().as_deref()))
-}
-
 /// Answers a call as one hop of its caller's trace (`traceparent`
 /// metadata): `answer` gets the hop's context for the events it queues, and
 /// the hop's span (when traces are exported) ends with the answer.
@@ -62,12 +56,11 @@ fn traced<Q, A>(
     span_name: &'static str,
     answer: impl FnOnce(Q, Option<TraceParent>) -> Result<A, Status>,
 ) -> Result<Response<A>, Status> {
-    let hop = trace_hop(|| {
+    let hop = Hop::when_exported(|| {
         request
             .metadata()
             .get("traceparent")
             .and_then(|v| v.to_str().ok())
-            .map(str::to_owned)
     });
     let span = hop.and_then(|h| h.span(span_name, SpanKind::Server));
     let result = answer(request.into_inner(), hop.map(|h| h.this));

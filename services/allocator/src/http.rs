@@ -6,7 +6,7 @@ use axum::extract::{Query, State as AxumState};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use runyard_bus::{SpanKind, SpanStatus};
+use runyard_bus::{Hop, SpanKind};
 use serde::Deserialize;
 use serde_json::json;
 
@@ -44,22 +44,12 @@ async fn allocation(
     headers: axum::http::HeaderMap,
     query: Result<Query<SpecQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Response {
-    let hop = crate::grpc::trace_hop(|| {
-        headers
-            .get("traceparent")
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned)
-    });
+    let hop = Hop::when_exported(|| headers.get("traceparent").and_then(|v| v.to_str().ok()));
     let span = hop.and_then(|h| h.span("allocator GET /v1/allocation", SpanKind::Server));
     let response = gantry_answer(&state, query, hop.map(|h| h.this));
-    if let Some(mut span) = span {
+    if let Some(span) = span {
         let status = response.status();
-        span.set("http.response.status_code", i64::from(status.as_u16()));
-        span.end(if status.is_success() {
-            SpanStatus::Ok
-        } else {
-            SpanStatus::error(status.to_string())
-        });
+        span.end_http(status.as_u16(), || status.to_string());
     }
     response
 }

@@ -12,9 +12,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use bytes::Bytes;
 use http_body_util::BodyExt as _;
-use runyard_bus::{
-    BusError, HeaderValue as NatsValue, Hop, Prepared, Span, SpanKind, SpanStatus, TraceParent,
-};
+use runyard_bus::{BusError, HeaderValue as NatsValue, Hop, Prepared, Span, SpanKind, TraceParent};
 use runyard_events::{Event, ids};
 use runyard_forge::{
     GithubDelivery, GitlabDelivery, Normalized, PayloadError, normalize_github, normalize_gitlab,
@@ -399,20 +397,12 @@ fn finish(state: &AppState, forge: &'static str, outcome: Outcome, span: Option<
     };
     let response = outcome.into_response();
     if let Some(mut span) = span {
-        let status = response.status();
         span.set("runyard.forge", forge);
         span.set("runyard.result", result);
-        span.set("http.response.status_code", i64::from(status.as_u16()));
         if let Some(id) = event_id {
             span.set("runyard.event_id", id);
         }
-        span.end(if status.is_server_error() {
-            SpanStatus::error(result)
-        } else if status.is_success() {
-            SpanStatus::Ok
-        } else {
-            SpanStatus::Unset
-        });
+        span.end_http(response.status().as_u16(), || result.to_owned());
     }
     response
 }

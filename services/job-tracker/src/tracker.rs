@@ -251,15 +251,13 @@ async fn handle_batch(state: &State, batch: Vec<jetstream::Message>, stop: &Canc
 /// trace its message's `traceparent` names (ending once its batch is
 /// committed and acked).
 fn apply_span(msg: &jetstream::Message, seq: u64, event: &Event) -> Option<Span> {
-    if !runyard_telemetry::traces::enabled() {
-        return None;
-    }
-    let incoming = msg
-        .headers
-        .as_ref()
-        .and_then(|h| h.get(runyard_bus::TRACEPARENT_HEADER))
-        .map(async_nats::HeaderValue::as_str);
-    let mut span = Hop::continuing(incoming).span("job-tracker apply", SpanKind::Consumer)?;
+    let hop = Hop::when_exported(|| {
+        msg.headers
+            .as_ref()
+            .and_then(|h| h.get(runyard_bus::TRACEPARENT_HEADER))
+            .map(async_nats::HeaderValue::as_str)
+    })?;
+    let mut span = hop.span("job-tracker apply", SpanKind::Consumer)?;
     span.set("runyard.event_id", event.id.clone());
     span.set("runyard.event_type", runyard_events::event_type(event));
     span.set(
