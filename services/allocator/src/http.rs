@@ -72,10 +72,14 @@ fn gantry_answer(
         )
             .into_response();
     }
-    let workload = match model::parse_spec(&spec).and_then(|w| model::validate(&w).map(|()| w)) {
+    // Parse errors name the spec already; validation errors name the workload.
+    let workload = match model::parse_spec(&spec) {
         Ok(w) => w,
-        Err(e) => return bad_request(&format!("spec: {e}")),
+        Err(e) => return bad_request(&e),
     };
+    if let Err(e) = model::validate(&workload) {
+        return bad_request(&format!("spec: {e}"));
+    }
     let (rec, key) = state.recommend(&workload);
     let variables: std::collections::BTreeMap<String, String> = model::variables(&rec);
     let body = axum::Json(json!({ "variables": variables }));
