@@ -10,6 +10,7 @@ use bytes::Bytes;
 use prost::Message as _;
 use runyard_events::{Event, Namespace, event_type};
 
+pub mod consumer;
 mod trace;
 pub use async_nats::header::{HeaderMap, HeaderName, HeaderValue};
 pub use runyard_telemetry::traces::{Span, SpanKind, Status as SpanStatus};

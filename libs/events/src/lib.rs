@@ -11,10 +11,13 @@ pub mod v1 {
 
 pub use v1::{
     AllocationIssued, Conclusion, Event, Forge, JobKey, JobObserved, JobStatus, PipelineObserved,
-    Source, UsageReported, event::Body,
+    RunnerAssigned, RunnerCreated, RunnerDeleted, RunnerFailed, RunnerOnline, RunnerRef,
+    RunnerRequested, Source, UsageReported, event::Body,
 };
 
 use std::fmt;
+
+use sha2::{Digest as _, Sha256};
 
 /// A namespace: subject prefix and the stem of stream and consumer names.
 ///
@@ -121,6 +124,13 @@ impl Namespace {
         format!("{}.v1.allocation", self.0)
     }
 
+    /// `<ns>.v1.runner.<pool>.<state>`, `state` one of [`RUNNER_STATES`].
+    /// The pool name must pass [`valid_pool_name`] (it is a subject token);
+    /// [`Namespace::subject_for`] checks that.
+    pub fn runner_subject(&self, pool: &str, state: &str) -> String {
+        format!("{}.v1.runner.{pool}.{state}", self.0)
+    }
+
     /// The subject an event travels on, derived from its body.
     pub fn subject_for(&self, event: &Event) -> Option<String> {
         let forge = || event.source.as_ref().map(|s| s.forge());
@@ -129,6 +139,18 @@ impl Namespace {
             Body::PipelineObserved(p) => self.pipeline_subject(forge()?, &p.status),
             Body::UsageReported(_) => self.usage_subject(forge()?),
             Body::AllocationIssued(_) => self.allocation_subject(),
+            runner @ (Body::RunnerRequested(_)
+            | Body::RunnerCreated(_)
+            | Body::RunnerOnline(_)
+            | Body::RunnerAssigned(_)
+            | Body::RunnerFailed(_)
+            | Body::RunnerDeleted(_)) => {
+                let pool = &runner_ref(runner)?.pool;
+                if !valid_pool_name(pool) {
+                    return None;
+                }
+                self.runner_subject(pool, runner_state(runner)?)
+            }
         })
     }
 }
@@ -185,8 +207,120 @@ pub fn event_type(event: &Event) -> &'static str {
         Some(Body::PipelineObserved(_)) => "PipelineObserved",
         Some(Body::UsageReported(_)) => "UsageReported",
         Some(Body::AllocationIssued(_)) => "AllocationIssued",
+        Some(Body::RunnerRequested(_)) => "RunnerRequested",
+        Some(Body::RunnerCreated(_)) => "RunnerCreated",
+        Some(Body::RunnerOnline(_)) => "RunnerOnline",
+        Some(Body::RunnerAssigned(_)) => "RunnerAssigned",
+        Some(Body::RunnerFailed(_)) => "RunnerFailed",
+        Some(Body::RunnerDeleted(_)) => "RunnerDeleted",
         None => "Unknown",
     }
+}
+
+/// The `<state>` tokens of runner subjects, in lifecycle order (`failed`
+/// can happen after any of the first four).
+pub const RUNNER_STATES: [&str; 6] = [
+    "requested",
+    "created",
+    "online",
+    "assigned",
+    "failed",
+    "deleted",
+];
+
+/// The `<state>` subject token of a runner event; `None` for other bodies.
+pub fn runner_state(body: &Body) -> Option<&'static str> {
+    Some(match body {
+        Body::RunnerRequested(_) => "requested",
+        Body::RunnerCreated(_) => "created",
+        Body::RunnerOnline(_) => "online",
+        Body::RunnerAssigned(_) => "assigned",
+        Body::RunnerFailed(_) => "failed",
+        Body::RunnerDeleted(_) => "deleted",
+        Body::JobObserved(_)
+        | Body::PipelineObserved(_)
+        | Body::UsageReported(_)
+        | Body::AllocationIssued(_) => return None,
+    })
+}
+
+/// The runner a runner event is about; `None` for other bodies and for a
+/// runner event without its ref.
+pub fn runner_ref(body: &Body) -> Option<&RunnerRef> {
+    match body {
+        Body::RunnerRequested(e) => e.runner.as_ref(),
+        Body::RunnerCreated(e) => e.runner.as_ref(),
+        Body::RunnerOnline(e) => e.runner.as_ref(),
+        Body::RunnerAssigned(e) => e.runner.as_ref(),
+        Body::RunnerFailed(e) => e.runner.as_ref(),
+        Body::RunnerDeleted(e) => e.runner.as_ref(),
+        Body::JobObserved(_)
+        | Body::PipelineObserved(_)
+        | Body::UsageReported(_)
+        | Body::AllocationIssued(_) => None,
+    }
+}
+
+/// `runner:<name>:<state>`, the deterministic id of a runner event. For the
+/// states a runner can reach more than once, `state` carries what tells them
+/// apart: `failed:<attempt>` and `assigned:<job_id>`
+/// ([`runner_event_id_for`] builds those from the body).
+pub fn runner_event_id(name: &str, state: &str) -> String {
+    format!("runner:{name}:{state}")
+}
+
+/// The deterministic id of a runner event, from its body:
+/// `runner:<name>:<state>`, except `runner:<name>:failed:<attempt>`
+/// (`…:failed:<attempt>:given_up` when the job is given up),
+/// `runner:<name>:created:<attempt>` for attempts after the first, and
+/// `runner:<name>:assigned:<job_id>` (0 when the job is missing). `None` for
+/// other bodies and for a runner event without its ref.
+pub fn runner_event_id_for(body: &Body) -> Option<String> {
+    let name = &runner_ref(body)?.name;
+    Some(match body {
+        // Giving up follows the last attempt's own failure: an id of its own.
+        Body::RunnerFailed(f) if f.given_up => {
+            runner_event_id(name, &format!("failed:{}:given_up", f.attempt))
+        }
+        Body::RunnerFailed(f) => runner_event_id(name, &format!("failed:{}", f.attempt)),
+        // A later attempt's instance is a new fact, not a duplicate.
+        Body::RunnerCreated(c) if c.attempt > 1 => {
+            runner_event_id(name, &format!("created:{}", c.attempt))
+        }
+        Body::RunnerAssigned(a) => runner_event_id(
+            name,
+            &format!("assigned:{}", a.job.as_ref().map_or(0, |j| j.job_id)),
+        ),
+        other => runner_event_id(name, runner_state(other)?),
+    })
+}
+
+/// The key of a job's claim in `<NS>_CLAIMS`:
+/// `<forge>.<instance with '.' replaced by '_'>.<job_id>.<run_attempt>`.
+pub fn claim_key(forge: Forge, instance: &str, job_id: u64, run_attempt: u32) -> String {
+    format!(
+        "{}.{}.{job_id}.{run_attempt}",
+        forge_token(forge),
+        instance.replace('.', "_")
+    )
+}
+
+/// The deterministic instance name of the runner made for a claim:
+/// `ry-<pool>-<first 10 hex chars of sha256(claim_key)>`, so whichever
+/// scaler replica creates it, it is the same instance.
+pub fn instance_name(pool: &str, claim_key: &str) -> String {
+    let digest = Sha256::digest(claim_key.as_bytes());
+    format!("ry-{pool}-{}", hex::encode(&digest[..5]))
+}
+
+/// Whether `name` can name a pool: 1-63 characters of `[a-z0-9_-]` (it is a
+/// subject token and part of instance names).
+pub fn valid_pool_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 63
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
 }
 
 /// Deterministic event ids (ARCHITECTURE.md, "The event log").
@@ -213,9 +347,11 @@ pub mod ids {
         format!("usage:{}:{instance}:{job_id}:{attempt}", forge_token(forge))
     }
 
-    /// `<forge>:poll:<job_id>:<status>` for events the reconciler derives.
-    pub fn poll(forge: Forge, job_id: u64, status: &str) -> String {
-        format!("{}:poll:{job_id}:{status}", forge_token(forge))
+    /// `<forge>:poll:<instance>:<job_id>:<status>` for events the
+    /// reconciler derives from the forge's API (job ids are only unique
+    /// within one instance).
+    pub fn poll(forge: Forge, instance: &str, job_id: u64, status: &str) -> String {
+        format!("{}:poll:{instance}:{job_id}:{status}", forge_token(forge))
     }
 
     /// `raw:<event id>`: the dedup id of a raw delivery in `<NS>_RAW`.
@@ -277,9 +413,217 @@ mod tests {
             "usage:gitlab:gitlab.example.com:4711:1"
         );
         assert_eq!(
-            ids::poll(Forge::Github, 9, "queued"),
-            "github:poll:9:queued"
+            ids::poll(Forge::Github, "github.com", 9, "queued"),
+            "github:poll:github.com:9:queued"
         );
+    }
+
+    fn runner(pool: &str, name: &str) -> Option<RunnerRef> {
+        Some(RunnerRef {
+            pool: pool.into(),
+            name: name.into(),
+            pool_id: "6f1c6c1e-3d55-5d35-8c0f-2a0a3b1d9e77".into(),
+            provider: "lxd".into(),
+            forge: Forge::Github as i32,
+            instance: "github.com".into(),
+        })
+    }
+
+    fn job(job_id: u64) -> Option<JobKey> {
+        Some(JobKey {
+            forge: Forge::Github as i32,
+            instance: "github.com".into(),
+            job_id,
+        })
+    }
+
+    /// One body of each runner event type, in [`RUNNER_STATES`] order.
+    fn runner_bodies(pool: &str, name: &str) -> Vec<Body> {
+        let r = || runner(pool, name);
+        vec![
+            Body::RunnerRequested(RunnerRequested {
+                runner: r(),
+                job: job(42),
+                ..Default::default()
+            }),
+            Body::RunnerCreated(RunnerCreated {
+                runner: r(),
+                attempt: 1,
+                ..Default::default()
+            }),
+            Body::RunnerOnline(RunnerOnline {
+                runner: r(),
+                source: "callback".into(),
+            }),
+            Body::RunnerAssigned(RunnerAssigned {
+                runner: r(),
+                job: job(42),
+            }),
+            Body::RunnerFailed(RunnerFailed {
+                runner: r(),
+                attempt: 2,
+                ..Default::default()
+            }),
+            Body::RunnerDeleted(RunnerDeleted {
+                runner: r(),
+                reason: "job_completed".into(),
+            }),
+        ]
+    }
+
+    fn event(body: Body) -> Event {
+        Event {
+            id: "x".into(),
+            body: Some(body),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn runner_events_travel_on_their_pool_and_state() {
+        let ns = Namespace::new("runyard").unwrap();
+        assert_eq!(
+            ns.runner_subject("linux-x64", "online"),
+            "runyard.v1.runner.linux-x64.online"
+        );
+        let bodies = runner_bodies("linux_x64-2", "ry-linux_x64-2-f41ae93a4d");
+        for (body, state) in bodies.into_iter().zip(RUNNER_STATES) {
+            assert_eq!(runner_state(&body), Some(state));
+            assert_eq!(
+                ns.subject_for(&event(body)).as_deref(),
+                Some(format!("runyard.v1.runner.linux_x64-2.{state}").as_str())
+            );
+        }
+    }
+
+    #[test]
+    fn runner_events_without_a_ref_or_a_valid_pool_have_no_subject() {
+        let ns = Namespace::new("runyard").unwrap();
+        for pool in ["", "Linux", "a.b", "a>", "a b", "*"] {
+            for body in runner_bodies(pool, "ry-x-0123456789") {
+                assert_eq!(ns.subject_for(&event(body)), None, "pool {pool:?}");
+            }
+        }
+        let no_ref = [
+            Body::RunnerRequested(RunnerRequested::default()),
+            Body::RunnerCreated(RunnerCreated::default()),
+            Body::RunnerOnline(RunnerOnline::default()),
+            Body::RunnerAssigned(RunnerAssigned::default()),
+            Body::RunnerFailed(RunnerFailed::default()),
+            Body::RunnerDeleted(RunnerDeleted::default()),
+        ];
+        for body in no_ref {
+            assert!(runner_ref(&body).is_none());
+            assert_eq!(runner_event_id_for(&body), None);
+            assert_eq!(ns.subject_for(&event(body)), None);
+        }
+    }
+
+    #[test]
+    fn runner_event_types_name_the_message() {
+        let names: Vec<&str> = runner_bodies("p", "n")
+            .into_iter()
+            .map(|b| event_type(&event(b)))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "RunnerRequested",
+                "RunnerCreated",
+                "RunnerOnline",
+                "RunnerAssigned",
+                "RunnerFailed",
+                "RunnerDeleted"
+            ]
+        );
+        assert_eq!(event_type(&Event::default()), "Unknown");
+    }
+
+    #[test]
+    fn runner_event_ids_are_deterministic() {
+        assert_eq!(
+            runner_event_id("ry-p-0123456789", "requested"),
+            "runner:ry-p-0123456789:requested"
+        );
+        let ids: Vec<String> = runner_bodies("p", "ry-p-0123456789")
+            .iter()
+            .map(|b| runner_event_id_for(b).unwrap())
+            .collect();
+        assert_eq!(
+            ids,
+            [
+                "runner:ry-p-0123456789:requested",
+                "runner:ry-p-0123456789:created",
+                "runner:ry-p-0123456789:online",
+                "runner:ry-p-0123456789:assigned:42",
+                "runner:ry-p-0123456789:failed:2",
+                "runner:ry-p-0123456789:deleted",
+            ]
+        );
+        assert_eq!(
+            runner_event_id_for(&Body::AllocationIssued(AllocationIssued::default())),
+            None
+        );
+    }
+
+    #[test]
+    fn claim_keys_flatten_the_instance() {
+        assert_eq!(
+            claim_key(Forge::Github, "github.com", 42, 1),
+            "github.github_com.42.1"
+        );
+        assert_eq!(
+            claim_key(Forge::Gitlab, "gitlab.example.com", 4711, 2),
+            "gitlab.gitlab_example_com.4711.2"
+        );
+        // Four dot-separated tokens whatever the host.
+        assert_eq!(
+            claim_key(Forge::Gitlab, "ci.a.b.example.org", 1, 1)
+                .split('.')
+                .count(),
+            4
+        );
+    }
+
+    #[test]
+    fn instance_names_hash_the_claim_key() {
+        // sha256("github.github_com.42.1") starts with f41ae93a4d.
+        assert_eq!(
+            instance_name("linux-x64", "github.github_com.42.1"),
+            "ry-linux-x64-f41ae93a4d"
+        );
+        assert_eq!(
+            instance_name(
+                "big",
+                &claim_key(Forge::Gitlab, "gitlab.example.com", 4711, 2)
+            ),
+            "ry-big-b43fcaa2ff"
+        );
+        // Another attempt of the same job is another instance.
+        assert_ne!(
+            instance_name("p", &claim_key(Forge::Github, "github.com", 42, 1)),
+            instance_name("p", &claim_key(Forge::Github, "github.com", 42, 2))
+        );
+    }
+
+    #[test]
+    fn pool_names_are_short_lowercase_subject_tokens() {
+        for good in ["a", "linux-x64", "gpu_a100", "0", &"a".repeat(63)] {
+            assert!(valid_pool_name(good), "{good:?} refused");
+        }
+        for bad in [
+            "",
+            &"a".repeat(64),
+            "Linux",
+            "a.b",
+            "a b",
+            "a>",
+            "*",
+            "ä",
+            "a/b",
+        ] {
+            assert!(!valid_pool_name(bad), "{bad:?} accepted");
+        }
     }
 
     #[test]

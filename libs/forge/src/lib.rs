@@ -1,13 +1,16 @@
 //! What runyard knows about GitHub and GitLab deliveries: signature and token
-//! checks ([`verify`]) and the pure normalizers that turn one webhook delivery
-//! or usage report into `runyard.events.v1` events.
+//! checks ([`verify`]), the pure normalizers that turn one webhook delivery
+//! or usage report into `runyard.events.v1` events, and the forges' REST
+//! clients ([`api`]).
 //!
-//! Everything here is plain functions over plain data — no IO, no clock — so
-//! ingest's HTTP handlers stay thin and every mapping is tested given/when/then.
+//! Apart from [`api`], everything here is plain functions over plain data —
+//! no IO, no clock — so ingest's HTTP handlers stay thin and every mapping is
+//! tested given/when/then.
 //! The normalizers never panic on untrusted input: every rejection is a
 //! [`PayloadError`] that names the offending field, which ingest turns into a
 //! `400` with that field in the JSON error.
 
+pub mod api;
 mod filter;
 mod github;
 mod gitlab;

@@ -114,6 +114,10 @@ pub async fn canonical_dump(pool: &sqlx::PgPool) -> Result<String, sqlx::Error> 
              ORDER BY forge, instance, job_id, attempt",
         ),
         (
+            "runners",
+            "SELECT (to_jsonb(t) - 'id')::text FROM runners t ORDER BY name COLLATE \"C\"",
+        ),
+        (
             "applied_events",
             "SELECT event_id FROM applied_events ORDER BY event_id COLLATE \"C\"",
         ),

@@ -230,6 +230,8 @@ pub fn decode_events(msgs: &[async_nats::jetstream::Message]) -> Vec<runyard_eve
         .collect()
 }
 
+pub mod fake_github;
+pub mod fake_gitlab;
 pub mod otlp;
 pub mod proxy;
 pub mod synth;

@@ -1,15 +1,17 @@
 //! Where the model's history comes from: the projection at start, then
-//! `UsageReported` events followed live on NATS, so a new usage report
-//! changes the next recommendation within a second.
+//! `UsageReported` events followed live on NATS (`runyard_bus::consumer`),
+//! so a new usage report changes the next recommendation within a second.
 
 use std::collections::HashSet;
 use std::str::FromStr as _;
-use std::sync::atomic::Ordering;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use async_nats::jetstream::consumer;
 use futures::StreamExt as _;
-use prost::Message as _;
+use runyard_bus::consumer::{
+    Consumer, ConsumerConfig, Deliver, Delivery, Handler, HandlerError, Rejected,
+};
 use runyard_events::{Body, Event, UsageReported, from_timestamp};
 use sqlx::Row as _;
 use tokio_util::sync::CancellationToken;
@@ -188,91 +190,81 @@ pub fn observation(state: &State, u: &UsageReported, event: &Event) -> (Workload
     (workload, obs)
 }
 
-/// Follows `<ns>.v1.usage.>` from shortly before `since` with an ordered
-/// consumer (re-created after failures), feeding the model.
+/// Follows `<ns>.v1.usage.>` from shortly before `since`, feeding the model,
+/// until `stop` is cancelled. The consumer is ephemeral (this process's
+/// model is its own); bound again after a failure, it carries on after the
+/// last event it handled. `state.following` mirrors whether it is bound.
 pub async fn follow(
     state: State,
-    mut skip: HashSet<String>,
+    skip: HashSet<String>,
     since: time::OffsetDateTime,
     stop: CancellationToken,
 ) {
-    let ns = state.bus.namespace().clone();
-    let mut start = since - OVERLAP;
-    while !stop.is_cancelled() {
-        let stream = match state.bus.jetstream().get_stream(ns.events_stream()).await {
-            Ok(s) => s,
-            Err(error) => {
-                tracing::warn!(%error, "event stream not available; creating it");
-                // Create it if nothing else has yet (settings stay ingest's).
-                let _ = state
-                    .bus
-                    .create_streams_if_missing(&runyard_bus::StreamSettings::default())
-                    .await;
-                state.following.store(false, Ordering::SeqCst);
-                sleep_or_stop(&stop, Duration::from_millis(200)).await;
-                continue;
-            }
-        };
-        let consumer = stream
-            .create_consumer(consumer::pull::OrderedConfig {
-                filter_subject: format!("{}.v1.usage.>", ns),
-                deliver_policy: consumer::DeliverPolicy::ByStartTime { start_time: start },
-                ..Default::default()
-            })
-            .await;
-        let mut messages = match consumer {
-            Ok(c) => match c.messages().await {
-                Ok(m) => m,
-                Err(error) => {
-                    tracing::warn!(%error, "cannot follow usage events; retrying");
-                    sleep_or_stop(&stop, Duration::from_secs(1)).await;
-                    continue;
-                }
-            },
-            Err(error) => {
-                tracing::warn!(%error, "cannot follow usage events; retrying");
-                sleep_or_stop(&stop, Duration::from_secs(1)).await;
-                continue;
-            }
-        };
-        state.following.store(true, Ordering::SeqCst);
+    let config = ConsumerConfig {
+        durable: None,
+        description: "runyard allocator: usage reports followed live".into(),
+        filter_subjects: vec![format!("{}.v1.usage.>", state.bus.namespace())],
+        deliver: Deliver::ByStartTime(since - OVERLAP),
+        batch_size: 256,
+        // A new report should change the next recommendation at once.
+        batch_wait: Duration::from_millis(5),
+        span_name: "allocator observe usage",
+        ..ConsumerConfig::default()
+    };
+    let consumer = Consumer::new(&state.bus, config, None);
+    let mut ready = consumer.status().ready_changes();
+    let mirror = async {
         loop {
-            let next = tokio::select! {
-                () = stop.cancelled() => return,
-                n = messages.next() => n,
-            };
-            let msg = match next {
-                Some(Ok(m)) => m,
-                Some(Err(error)) => {
-                    tracing::debug!(%error, "usage follow error");
-                    continue;
-                }
-                None => break,
-            };
-            if let Ok(info) = msg.info() {
-                // Resume from here if the consumer has to be re-created.
-                start = info.published + time::Duration::nanoseconds(1);
-            }
-            let Ok(event) = Event::decode(msg.payload.clone()) else {
-                continue;
-            };
-            if skip.remove(&event.id) {
-                continue;
-            }
-            if let Some(Body::UsageReported(u)) = &event.body {
-                let (w, o) = observation(&state, u, &event);
-                state.model_write().observe(&w, o);
-                state.metrics.samples_observed.inc();
+            state
+                .following
+                .store(*ready.borrow_and_update(), Ordering::SeqCst);
+            if ready.changed().await.is_err() {
+                std::future::pending::<()>().await;
             }
         }
-        state.following.store(false, Ordering::SeqCst);
+    };
+    let follower = UsageFollower {
+        state: state.clone(),
+        skip: Mutex::new(skip),
+        fed_through: AtomicU64::new(0),
+    };
+    tokio::select! {
+        () = consumer.run(follower, stop) => {}
+        () = mirror => {}
     }
+    state.following.store(false, Ordering::SeqCst);
 }
 
-async fn sleep_or_stop(stop: &CancellationToken, d: Duration) {
-    tokio::select! {
-        () = stop.cancelled() => {}
-        () = tokio::time::sleep(d) => {}
+/// Feeds followed usage reports to the model, once each.
+struct UsageFollower {
+    state: State,
+    /// Reports the load already fed (the follow starts [`OVERLAP`] early).
+    skip: Mutex<HashSet<String>>,
+    /// The highest sequence fed: a message at or below it is a redelivery
+    /// (an ack that did not arrive), since a consumer delivers in order.
+    fed_through: AtomicU64,
+}
+
+impl Handler for UsageFollower {
+    async fn handle(&self, batch: &[Delivery]) -> Result<Rejected, HandlerError> {
+        for d in batch {
+            if self.fed_through.fetch_max(d.seq, Ordering::SeqCst) >= d.seq {
+                continue;
+            }
+            let Some(Body::UsageReported(u)) = &d.event.body else {
+                continue;
+            };
+            {
+                let mut skip = self.skip.lock().unwrap_or_else(|e| e.into_inner());
+                if !skip.is_empty() && skip.remove(&d.event.id) {
+                    continue;
+                }
+            }
+            let (w, o) = observation(&self.state, u, &d.event);
+            self.state.model_write().observe(&w, o);
+            self.state.metrics.samples_observed.inc();
+        }
+        Ok(Vec::new())
     }
 }
 

@@ -7,7 +7,7 @@ use std::sync::LazyLock;
 use runyard_events::Event;
 use sqlx::{PgPool, Postgres, Transaction};
 
-use crate::projection::{Delta, JobRow, PipelineRow, Unprojectable, UsageRow};
+use crate::projection::{Delta, JobRow, PipelineRow, RunnerRow, Unprojectable, UsageRow};
 
 /// One event to apply, with the stream sequence it came from.
 #[derive(Debug, Clone)]
@@ -16,6 +16,25 @@ pub struct Incoming {
     pub seq: u64,
     /// The decoded event.
     pub event: Event,
+}
+
+/// What [`apply_batch`] reads of one event: [`Incoming`], or anything else
+/// holding a decoded event and its sequence (the consumer's deliveries),
+/// so the event need not be copied into an [`Incoming`].
+pub trait ToApply {
+    /// Stream sequence.
+    fn seq(&self) -> u64;
+    /// The decoded event.
+    fn event(&self) -> &Event;
+}
+
+impl ToApply for Incoming {
+    fn seq(&self) -> u64 {
+        self.seq
+    }
+    fn event(&self) -> &Event {
+        &self.event
+    }
 }
 
 /// What applying a batch did.
@@ -33,7 +52,10 @@ pub struct Applied {
 /// (by this or another replica, or earlier in the batch) have no effect.
 /// Events that cannot be projected are recorded as applied (so they are not
 /// retried forever) and returned in [`Applied::rejected`] for dead-lettering.
-pub async fn apply_batch(pool: &PgPool, batch: &[Incoming]) -> Result<Applied, sqlx::Error> {
+pub async fn apply_batch(
+    pool: &PgPool,
+    batch: &[impl ToApply + Sync],
+) -> Result<Applied, sqlx::Error> {
     let mut tx = pool.begin().await?;
     let applied = apply_in(&mut tx, batch).await?;
     tx.commit().await?;
@@ -43,19 +65,19 @@ pub async fn apply_batch(pool: &PgPool, batch: &[Incoming]) -> Result<Applied, s
 /// [`apply_batch`] inside a caller's transaction.
 pub async fn apply_in(
     tx: &mut Transaction<'_, Postgres>,
-    batch: &[Incoming],
+    batch: &[impl ToApply + Sync],
 ) -> Result<Applied, sqlx::Error> {
     // Deduplicate within the batch first (redelivery can put one event in a
     // batch twice); the lowest sequence is recorded.
     let mut seen = std::collections::HashSet::new();
-    let unique: Vec<&Incoming> = batch
+    let unique: Vec<_> = batch
         .iter()
-        .filter(|i| seen.insert(i.event.id.as_str()))
+        .filter(|i| seen.insert(i.event().id.as_str()))
         .collect();
-    let ids: Vec<String> = unique.iter().map(|i| i.event.id.clone()).collect();
+    let ids: Vec<String> = unique.iter().map(|i| i.event().id.clone()).collect();
     let seqs: Vec<i64> = unique
         .iter()
-        .map(|i| i64::try_from(i.seq).unwrap_or(i64::MAX))
+        .map(|i| i64::try_from(i.seq()).unwrap_or(i64::MAX))
         .collect();
     let fresh: Vec<String> = sqlx::query_scalar(
         "INSERT INTO applied_events (event_id, stream_seq)
@@ -73,15 +95,16 @@ pub async fn apply_in(
         duplicates: batch.len() - fresh.len(),
         ..Applied::default()
     };
-    for i in unique.iter().filter(|i| fresh.contains(&i.event.id)) {
-        match delta.add(&i.event) {
+    for i in unique.iter().filter(|i| fresh.contains(&i.event().id)) {
+        match delta.add(i.event()) {
             Ok(()) => applied.new += 1,
-            Err(Unprojectable(reason)) => applied.rejected.push((i.seq, reason)),
+            Err(Unprojectable(reason)) => applied.rejected.push((i.seq(), reason)),
         }
     }
     upsert_jobs(tx, &delta).await?;
     upsert_pipelines(tx, &delta).await?;
     insert_usage(tx, &delta).await?;
+    upsert_runners(tx, &delta).await?;
     Ok(applied)
 }
 
@@ -362,4 +385,247 @@ async fn insert_usage(
     .execute(&mut **tx)
     .await?;
     Ok(())
+}
+
+/// Declares the `runners` columns written (the rest are generated), with
+/// the array type each is bound as, and binds them in that same order.
+macro_rules! runner_columns {
+    ($($f:ident: $ty:literal),* $(,)?) => {
+        const RUNNER_COLUMNS: &[(&str, &str)] = &[$((stringify!($f), $ty)),*];
+
+        fn bind_runners<'q>(
+            query: sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments>,
+            rows: &[&RunnerRow],
+        ) -> sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments> {
+            query$(.bind(column!(rows, $f)))*
+        }
+    };
+}
+
+runner_columns! {
+    name: "text",
+    pool: "text",
+    pool_id: "text",
+    provider: "text",
+    forge: "text",
+    instance: "text",
+    job_forge: "text",
+    job_instance: "text",
+    job_id: "int8",
+    run_attempt: "int4",
+    claim_key: "text",
+    request_reason: "text",
+    flavor: "text",
+    memory_bytes: "int8",
+    cpus: "int4",
+    recommended_memory_limit_bytes: "int8",
+    allocator_unavailable: "bool",
+    workload_key: "text",
+    labels: "jsonb",
+    image: "text",
+    provider_id: "text",
+    forge_runner_id: "int8",
+    provider_status: "text",
+    created_attempt: "int4",
+    online_source: "text",
+    failed_reason: "text",
+    last_error: "text",
+    failed_attempt: "int4",
+    given_up: "bool",
+    deleted_reason: "text",
+    requested_at: "timestamptz",
+    created_at: "timestamptz",
+    online_at: "timestamptz",
+    assigned_at: "timestamptz",
+    failed_at: "timestamptz",
+    deleted_at: "timestamptz",
+    first_seen_at: "timestamptz",
+    last_event_at: "timestamptz",
+    ref_event: "text",
+    job_source: "int2",
+    requested_event: "text",
+    created_event: "text",
+    online_event: "text",
+    assigned_event: "text",
+    failed_event: "text",
+    deleted_event: "text",
+}
+
+/// Which event a `runners` column group comes from when the stored row and
+/// the incoming one both have one.
+enum Pick {
+    /// The earliest `(<g>_at, <g>_event)` of group `g`.
+    Earliest(&'static str),
+    /// `EXCLUDED`'s when this holds.
+    When(&'static str),
+}
+
+/// Column groups of `runners`: each comes whole from one event (`EXCLUDED`
+/// is the incoming merged row, `runners` the stored one). The same rules as
+/// [`crate::projection::merge_runners`]; text is compared byte-wise
+/// (`COLLATE "C"`), as Rust compares strings.
+const RUNNER_GROUPS: &[(&[&str], Pick)] = &[
+    (
+        &[
+            "pool",
+            "pool_id",
+            "provider",
+            "forge",
+            "instance",
+            "ref_event",
+        ],
+        Pick::When("EXCLUDED.ref_event COLLATE \"C\" < runners.ref_event COLLATE \"C\""),
+    ),
+    // The job: assigned over requested over failed, then the greatest key.
+    (
+        &["job_source", "job_forge", "job_instance", "job_id"],
+        Pick::When(
+            "EXCLUDED.job_source IS NOT NULL AND (runners.job_source IS NULL OR
+             (EXCLUDED.job_source, EXCLUDED.job_forge COLLATE \"C\",
+              EXCLUDED.job_instance COLLATE \"C\", EXCLUDED.job_id)
+             > (runners.job_source, runners.job_forge COLLATE \"C\",
+              runners.job_instance COLLATE \"C\", runners.job_id))",
+        ),
+    ),
+    (
+        &[
+            "requested_at",
+            "requested_event",
+            "run_attempt",
+            "claim_key",
+            "request_reason",
+            "flavor",
+            "memory_bytes",
+            "cpus",
+            "recommended_memory_limit_bytes",
+            "allocator_unavailable",
+            "workload_key",
+            "labels",
+            "image",
+        ],
+        Pick::Earliest("requested"),
+    ),
+    // The latest create attempt.
+    (
+        &[
+            "created_at",
+            "created_event",
+            "provider_id",
+            "forge_runner_id",
+            "provider_status",
+            "created_attempt",
+        ],
+        Pick::When(
+            "EXCLUDED.created_event IS NOT NULL AND (runners.created_event IS NULL OR
+             (EXCLUDED.created_attempt, EXCLUDED.created_at, EXCLUDED.created_event COLLATE \"C\")
+             > (runners.created_attempt, runners.created_at, runners.created_event COLLATE \"C\"))",
+        ),
+    ),
+    (
+        &["online_at", "online_event", "online_source"],
+        Pick::Earliest("online"),
+    ),
+    (
+        &["assigned_at", "assigned_event"],
+        Pick::Earliest("assigned"),
+    ),
+    // The latest failed attempt.
+    (
+        &[
+            "failed_at",
+            "failed_event",
+            "failed_reason",
+            "last_error",
+            "failed_attempt",
+            "given_up",
+        ],
+        Pick::When(
+            "EXCLUDED.failed_event IS NOT NULL AND (runners.failed_event IS NULL OR
+             (EXCLUDED.failed_attempt, EXCLUDED.failed_at, EXCLUDED.failed_event COLLATE \"C\")
+             > (runners.failed_attempt, runners.failed_at, runners.failed_event COLLATE \"C\"))",
+        ),
+    ),
+    (
+        &["deleted_at", "deleted_event", "deleted_reason"],
+        Pick::Earliest("deleted"),
+    ),
+];
+
+static UPSERT_RUNNERS: LazyLock<String> = LazyLock::new(|| {
+    let names: Vec<&str> = RUNNER_COLUMNS.iter().map(|(c, _)| *c).collect();
+    let arrays: Vec<String> = RUNNER_COLUMNS
+        .iter()
+        .enumerate()
+        .map(|(i, (_, ty))| format!("${}::{ty}[]", i + 1))
+        .collect();
+    let mut set = vec![
+        "first_seen_at = LEAST(runners.first_seen_at, EXCLUDED.first_seen_at)".to_owned(),
+        "last_event_at = GREATEST(runners.last_event_at, EXCLUDED.last_event_at)".to_owned(),
+    ];
+    for (cols, pick) in RUNNER_GROUPS {
+        let cond = match pick {
+            Pick::Earliest(g) => format!(
+                "EXCLUDED.{g}_event IS NOT NULL AND (runners.{g}_event IS NULL OR
+                 (EXCLUDED.{g}_at, EXCLUDED.{g}_event COLLATE \"C\")
+                 < (runners.{g}_at, runners.{g}_event COLLATE \"C\"))"
+            ),
+            Pick::When(cond) => (*cond).to_owned(),
+        };
+        set.extend(
+            cols.iter()
+                .map(|c| format!("{c} = CASE WHEN {cond} THEN EXCLUDED.{c} ELSE runners.{c} END")),
+        );
+    }
+    format!(
+        "INSERT INTO runners ({})
+         SELECT * FROM unnest({})
+         ON CONFLICT (name) DO UPDATE SET
+            {}",
+        names.join(", "),
+        arrays.join(", "),
+        set.join(",\n            "),
+    )
+});
+
+/// Runner events are rare: batches without any skip this entirely.
+async fn upsert_runners(
+    tx: &mut Transaction<'_, Postgres>,
+    delta: &Delta,
+) -> Result<(), sqlx::Error> {
+    if delta.runners.is_empty() {
+        return Ok(());
+    }
+    // Sorted by name so concurrent replicas lock rows in the same order.
+    let mut names: Vec<&String> = delta.runners.keys().collect();
+    names.sort();
+    let rows: Vec<&RunnerRow> = names
+        .into_iter()
+        .filter_map(|n| delta.runners.get(n))
+        .collect();
+    bind_runners(sqlx::query(&UPSERT_RUNNERS), &rows)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_written_runner_column_is_in_exactly_one_group_or_merged_by_time() {
+        let mut grouped: Vec<&str> = RUNNER_GROUPS
+            .iter()
+            .flat_map(|(cols, _)| cols.iter().copied())
+            .chain(["first_seen_at", "last_event_at"])
+            .collect();
+        grouped.sort_unstable();
+        let mut written: Vec<&str> = RUNNER_COLUMNS
+            .iter()
+            .map(|(c, _)| *c)
+            .filter(|c| *c != "name")
+            .collect();
+        written.sort_unstable();
+        assert_eq!(grouped, written);
+    }
 }

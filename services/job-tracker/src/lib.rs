@@ -12,7 +12,7 @@ mod tracker;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -20,7 +20,8 @@ use axum::extract::State as AxumState;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use runyard_bus::{Bus, StreamSettings};
+use runyard_bus::Bus;
+use runyard_bus::consumer::{Consumer, ConsumerStatus};
 use runyard_events::Namespace;
 use runyard_telemetry::Metrics;
 use serde_json::json;
@@ -35,14 +36,12 @@ pub use tracker::CONSUMER;
 /// Shared state of the consumer and the HTTP endpoints.
 #[derive(Debug)]
 pub struct Inner {
-    config: Config,
     bus: Bus,
     pool: PgPool,
     registry: Metrics,
     metrics: TrackerMetrics,
     db_ok: AtomicBool,
-    consumer_ready: AtomicBool,
-    last_acked: AtomicU64,
+    consumer: ConsumerStatus,
 }
 
 type State = Arc<Inner>;
@@ -52,6 +51,7 @@ type State = Arc<Inner>;
 pub struct App {
     state: State,
     listener: TcpListener,
+    consumer: Consumer,
 }
 
 impl App {
@@ -68,20 +68,25 @@ impl App {
             .await
             .with_context(|| format!("binding {}", config.tracker_http_listen))?;
         let registry = Metrics::new();
-        let metrics = TrackerMetrics::register(&registry);
+        let metrics = metrics::register(&registry);
+        // Binds once running (creating the stream if ingest has not yet).
+        let consumer = Consumer::new(
+            &bus,
+            tracker::consumer_config(&config, bus.namespace()),
+            Some(metrics.clone()),
+        );
         tracing::info!(addr = %listener.local_addr()?, namespace = %bus.namespace(), "job-tracker listening");
         Ok(Self {
             state: Arc::new(Inner {
-                config,
                 bus,
                 pool,
                 registry,
                 metrics,
                 db_ok: AtomicBool::new(true),
-                consumer_ready: AtomicBool::new(false),
-                last_acked: AtomicU64::new(0),
+                consumer: consumer.status(),
             }),
             listener,
+            consumer,
         })
     }
 
@@ -98,33 +103,10 @@ impl App {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
         let stop = runyard_telemetry::cancel_on(shutdown);
-        // The consumer needs the stream; create it if ingest has not yet.
-        let state = self.state.clone();
-        let setup = {
-            let stop = stop.clone();
-            async move {
-                while !stop.is_cancelled() {
-                    if state.bus.is_connected()
-                        && state
-                            .bus
-                            .create_streams_if_missing(&StreamSettings::default())
-                            .await
-                            .is_ok()
-                    {
-                        return;
-                    }
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
-            }
+        let projector = tracker::Projector {
+            state: self.state.clone(),
         };
-        let consumer = {
-            let state = self.state.clone();
-            let stop = stop.clone();
-            tokio::spawn(async move {
-                setup.await;
-                tracker::consume(state, stop).await;
-            })
-        };
+        let consumer = tokio::spawn(self.consumer.run(projector, stop.clone()));
         let watcher = tokio::spawn(watch(self.state.clone(), stop.clone()));
         let router = axum::Router::new()
             .route(
@@ -151,8 +133,8 @@ impl App {
     }
 }
 
-/// Keeps readiness and lag current: pings Postgres and reads the stream's
-/// last sequence every couple of seconds.
+/// Keeps readiness current: pings Postgres every couple of seconds (the
+/// consumer keeps the lag gauge).
 async fn watch(state: State, stop: CancellationToken) {
     loop {
         let ping = tokio::time::timeout(
@@ -163,22 +145,6 @@ async fn watch(state: State, stop: CancellationToken) {
         state
             .db_ok
             .store(matches!(ping, Ok(Ok(_))), Ordering::SeqCst);
-        if let Ok(mut stream) = state
-            .bus
-            .jetstream()
-            .get_stream(state.bus.namespace().events_stream())
-            .await
-            && let Ok(info) = stream.info().await
-        {
-            let lag = info
-                .state
-                .last_sequence
-                .saturating_sub(state.last_acked.load(Ordering::SeqCst));
-            state
-                .metrics
-                .consumer_lag
-                .set(i64::try_from(lag).unwrap_or(i64::MAX));
-        }
         tokio::select! {
             () = stop.cancelled() => return,
             () = tokio::time::sleep(Duration::from_secs(2)) => {}
@@ -189,7 +155,7 @@ async fn watch(state: State, stop: CancellationToken) {
 async fn readyz(AxumState(state): AxumState<State>) -> Response {
     let nats = state.bus.is_connected();
     let db = state.db_ok.load(Ordering::SeqCst);
-    let consumer = state.consumer_ready.load(Ordering::SeqCst);
+    let consumer = state.consumer.is_ready();
     let status = if nats && db && consumer {
         StatusCode::OK
     } else {

@@ -1,13 +1,14 @@
 //! The pure core of the projection: turning events into rows and merging two
-//! observations of the same job or pipeline, independent of arrival order.
-//! The SQL in [`crate::apply`] does the same merge against stored rows.
+//! observations of the same job, pipeline or runner, independent of arrival
+//! order. The SQL in [`crate::apply`] does the same merge against stored rows.
 
 use std::collections::HashMap;
 
 use runyard_events::{
-    Body, Conclusion, Event, Forge, JobObserved, JobStatus, PipelineObserved, UsageReported,
-    forge_token, from_timestamp,
+    Body, Conclusion, Event, Forge, JobKey, JobObserved, JobStatus, PipelineObserved,
+    UsageReported, forge_token, from_timestamp, runner_ref, valid_pool_name,
 };
+use runyard_store::entities::{job_source, runner_state as state};
 use runyard_store::workload;
 use time::OffsetDateTime;
 
@@ -21,6 +22,9 @@ pub type JobRow = runyard_store::entities::job::Model;
 pub type PipelineRow = runyard_store::entities::pipeline::Model;
 /// A usage sample row.
 pub type UsageRow = runyard_store::entities::usage_sample::Model;
+/// A runner row; `state`, `reason` and `attempts` are derived (Postgres
+/// generates them, [`derive_runner`] computes the same here).
+pub type RunnerRow = runyard_store::entities::runner::Model;
 
 /// The rank of a job row.
 pub fn job_rank(r: &JobRow) -> (i16, OffsetDateTime, &str) {
@@ -41,6 +45,8 @@ pub struct Delta {
     pub pipelines: HashMap<Key, PipelineRow>,
     /// Usage samples by `(key, attempt)`; the first one wins.
     pub usage: HashMap<(Key, i32), UsageRow>,
+    /// Merged runner rows by runner name.
+    pub runners: HashMap<String, RunnerRow>,
 }
 
 /// Why an event cannot be projected (it is dead-lettered).
@@ -82,6 +88,22 @@ impl Delta {
                 );
                 self.usage.entry(key).or_insert(row);
             }
+            Some(
+                body @ (Body::RunnerRequested(_)
+                | Body::RunnerCreated(_)
+                | Body::RunnerOnline(_)
+                | Body::RunnerAssigned(_)
+                | Body::RunnerFailed(_)
+                | Body::RunnerDeleted(_)),
+            ) => {
+                let row = runner_row(&event.id, body, occurred, received)?;
+                match self.runners.get_mut(&row.name) {
+                    Some(existing) => *existing = merge_runners(existing, &row),
+                    None => {
+                        self.runners.insert(row.name.clone(), row);
+                    }
+                }
+            }
             // Allocations are analysed from the log itself; event types this
             // version does not know are applied as no-ops so they never block
             // the log.
@@ -92,7 +114,7 @@ impl Delta {
 
     /// Number of rows touched.
     pub fn rows(&self) -> usize {
-        self.jobs.len() + self.pipelines.len() + self.usage.len()
+        self.jobs.len() + self.pipelines.len() + self.usage.len() + self.runners.len()
     }
 }
 
@@ -414,6 +436,350 @@ pub fn merge_pipelines(a: &PipelineRow, b: &PipelineRow) -> PipelineRow {
     }
 }
 
+/// Longest failure message kept (bytes); the rest is cut at a character
+/// boundary.
+pub const MAX_ERROR_LEN: usize = 4096;
+
+fn bounded(s: &str) -> Option<String> {
+    let mut end = s.len().min(MAX_ERROR_LEN);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    text(&s[..end])
+}
+
+fn i32_of(v: u32) -> i32 {
+    i32::try_from(v).unwrap_or(i32::MAX)
+}
+
+/// Sets the row's job from a key the event carries, as coming from
+/// `source`. A key without forge or job id names no job.
+fn set_job(row: &mut RunnerRow, job: Option<&JobKey>, source: i16) -> Result<(), Unprojectable> {
+    let Some(key) = job.filter(|k| k.job_id != 0 && k.forge() != Forge::Unspecified) else {
+        return Ok(());
+    };
+    row.job_forge = Some(forge_of(key.forge())?);
+    // Kept even when empty: the job's columns are compared as a tuple, in
+    // Rust and SQL alike, so none of them may be NULL.
+    row.job_instance = Some(key.instance.clone());
+    row.job_id = Some(id64(key.job_id, "job_id")?);
+    row.job_source = Some(source);
+    Ok(())
+}
+
+/// The contribution of one runner event to its runner's row: the runner
+/// ref, and the column group of the event's kind.
+fn runner_row(
+    id: &str,
+    body: &Body,
+    occurred: OffsetDateTime,
+    received: OffsetDateTime,
+) -> Result<RunnerRow, Unprojectable> {
+    let r =
+        runner_ref(body).ok_or_else(|| Unprojectable("runner event without runner ref".into()))?;
+    if r.name.is_empty() {
+        return Err(Unprojectable("runner event without runner name".into()));
+    }
+    if !valid_pool_name(&r.pool) {
+        return Err(Unprojectable(format!("invalid pool name {:?}", r.pool)));
+    }
+    let mut row = RunnerRow {
+        id: 0,
+        name: r.name.clone(),
+        pool: r.pool.clone(),
+        pool_id: text(&r.pool_id),
+        provider: text(&r.provider),
+        forge: (r.forge() != Forge::Unspecified).then(|| forge_token(r.forge()).to_owned()),
+        instance: text(&r.instance),
+        state: String::new(),
+        reason: None,
+        attempts: 0,
+        job_forge: None,
+        job_instance: None,
+        job_id: None,
+        run_attempt: None,
+        claim_key: None,
+        request_reason: None,
+        flavor: None,
+        memory_bytes: None,
+        cpus: None,
+        recommended_memory_limit_bytes: None,
+        allocator_unavailable: None,
+        workload_key: None,
+        labels: None,
+        image: None,
+        provider_id: None,
+        forge_runner_id: None,
+        provider_status: None,
+        created_attempt: None,
+        online_source: None,
+        failed_reason: None,
+        last_error: None,
+        failed_attempt: None,
+        given_up: None,
+        deleted_reason: None,
+        requested_at: None,
+        created_at: None,
+        online_at: None,
+        assigned_at: None,
+        failed_at: None,
+        deleted_at: None,
+        first_seen_at: received,
+        last_event_at: occurred,
+        ref_event: id.to_owned(),
+        job_source: None,
+        requested_event: None,
+        created_event: None,
+        online_event: None,
+        assigned_event: None,
+        failed_event: None,
+        deleted_event: None,
+    };
+    let event = Some(id.to_owned());
+    match body {
+        Body::RunnerRequested(q) => {
+            row.requested_at = Some(occurred);
+            row.requested_event = event;
+            set_job(&mut row, q.job.as_ref(), job_source::REQUESTED)?;
+            row.run_attempt = (q.run_attempt != 0).then(|| i32_of(q.run_attempt));
+            row.claim_key = text(&q.claim_key);
+            row.request_reason = text(&q.reason);
+            row.flavor = text(&q.flavor);
+            row.memory_bytes = (q.memory_bytes != 0)
+                .then(|| id64(q.memory_bytes, "memory_bytes"))
+                .transpose()?;
+            row.cpus = (q.cpus != 0).then(|| i32_of(q.cpus));
+            row.recommended_memory_limit_bytes = q
+                .recommended_memory_limit_bytes
+                .map(|v| id64(v, "recommended_memory_limit_bytes"))
+                .transpose()?;
+            row.allocator_unavailable = Some(q.allocator_unavailable);
+            row.workload_key = text(&q.workload_key);
+            row.labels = (!q.labels.is_empty()).then(|| serde_json::json!(q.labels));
+            row.image = text(&q.image);
+        }
+        Body::RunnerCreated(c) => {
+            row.created_at = Some(occurred);
+            row.created_event = event;
+            row.provider_id = text(&c.provider_id);
+            row.forge_runner_id = c
+                .forge_runner_id
+                .map(|v| id64(v, "forge_runner_id"))
+                .transpose()?;
+            row.provider_status = text(&c.status);
+            // Attempts are 1-based; an unset one is the first.
+            row.created_attempt = Some(i32_of(c.attempt.max(1)));
+        }
+        Body::RunnerOnline(o) => {
+            row.online_at = Some(occurred);
+            row.online_event = event;
+            row.online_source = text(&o.source);
+        }
+        Body::RunnerAssigned(a) => {
+            row.assigned_at = Some(occurred);
+            row.assigned_event = event;
+            set_job(&mut row, a.job.as_ref(), job_source::ASSIGNED)?;
+        }
+        Body::RunnerFailed(f) => {
+            row.failed_at = Some(occurred);
+            row.failed_event = event;
+            row.failed_reason = text(&f.reason);
+            row.last_error = bounded(&f.error);
+            row.failed_attempt = Some(i32_of(f.attempt.max(1)));
+            row.given_up = Some(f.given_up);
+            set_job(&mut row, f.job.as_ref(), job_source::FAILED)?;
+        }
+        Body::RunnerDeleted(d) => {
+            row.deleted_at = Some(occurred);
+            row.deleted_event = event;
+            row.deleted_reason = text(&d.reason);
+        }
+        Body::JobObserved(_)
+        | Body::PipelineObserved(_)
+        | Body::UsageReported(_)
+        | Body::AllocationIssued(_) => {
+            return Err(Unprojectable("not a runner event".into()));
+        }
+    }
+    derive_runner(&mut row);
+    Ok(row)
+}
+
+/// The state of a runner row, the same rule as the `runner_state` SQL
+/// function: `deleted` is final; a failure counts while no later create
+/// attempt succeeded; else the furthest of requested < created < online <
+/// assigned.
+pub fn runner_state(r: &RunnerRow) -> &'static str {
+    if r.deleted_at.is_some() {
+        state::DELETED
+    } else if r
+        .failed_attempt
+        .is_some_and(|f| f >= r.created_attempt.unwrap_or(0))
+    {
+        state::FAILED
+    } else if r.assigned_at.is_some() {
+        state::ASSIGNED
+    } else if r.online_at.is_some() {
+        state::ONLINE
+    } else if r.created_at.is_some() {
+        state::CREATED
+    } else {
+        state::REQUESTED
+    }
+}
+
+/// Fills the columns Postgres generates: `state`, `reason`, `attempts`.
+pub fn derive_runner(r: &mut RunnerRow) {
+    let st = runner_state(r);
+    r.reason = match st {
+        state::REQUESTED => r.request_reason.clone(),
+        state::ONLINE => r.online_source.clone(),
+        state::FAILED => r.failed_reason.clone(),
+        state::DELETED => r.deleted_reason.clone(),
+        _ => None,
+    };
+    r.state = st.to_owned();
+    r.attempts = r
+        .created_attempt
+        .into_iter()
+        .chain(r.failed_attempt)
+        .max()
+        .unwrap_or(0);
+}
+
+/// Whether a group with the (event, key) `new` replaces the group holding
+/// `old`: a group that is there beats one that is not, then `better`
+/// decides on the keys.
+fn replaces<K: Ord>(new: Option<K>, old: Option<K>, better: std::cmp::Ordering) -> bool {
+    match (new, old) {
+        (None, _) => false,
+        (Some(_), None) => true,
+        (Some(n), Some(o)) => n.cmp(&o) == better,
+    }
+}
+
+/// The key of a group kept by its earliest event: `(time, event id)`.
+fn earliest_key(
+    at: Option<OffsetDateTime>,
+    event: &Option<String>,
+) -> Option<(Option<OffsetDateTime>, &str)> {
+    event.as_deref().map(|e| (at, e))
+}
+
+/// The key of the create group, kept by its latest attempt:
+/// `(attempt, time, event id)`.
+fn latest_created(r: &RunnerRow) -> Option<(Option<i32>, Option<OffsetDateTime>, &str)> {
+    r.created_event
+        .as_deref()
+        .map(|e| (r.created_attempt, r.created_at, e))
+}
+
+/// The key of the failure group, kept by its latest attempt:
+/// `(attempt, time, event id)`.
+fn latest_failed(r: &RunnerRow) -> Option<(Option<i32>, Option<OffsetDateTime>, &str)> {
+    r.failed_event
+        .as_deref()
+        .map(|e| (r.failed_attempt, r.failed_at, e))
+}
+
+/// Merges two rows of one runner. Every column group comes whole from one
+/// event, chosen by a rule that does not depend on arrival order (see
+/// `migration/0002_runners.sql`); the SQL upsert in [`crate::apply`] is the
+/// same merge.
+pub fn merge_runners(a: &RunnerRow, b: &RunnerRow) -> RunnerRow {
+    use std::cmp::Ordering::{Greater, Less};
+    let mut out = a.clone();
+    if b.ref_event < a.ref_event {
+        out.pool.clone_from(&b.pool);
+        out.pool_id.clone_from(&b.pool_id);
+        out.provider.clone_from(&b.provider);
+        out.forge.clone_from(&b.forge);
+        out.instance.clone_from(&b.instance);
+        out.ref_event.clone_from(&b.ref_event);
+    }
+    let job = |r: &RunnerRow| {
+        r.job_source.map(|s| {
+            (
+                s,
+                r.job_forge.clone().unwrap_or_default(),
+                r.job_instance.clone().unwrap_or_default(),
+                r.job_id.unwrap_or_default(),
+            )
+        })
+    };
+    if replaces(job(b), job(a), Greater) {
+        out.job_source = b.job_source;
+        out.job_forge.clone_from(&b.job_forge);
+        out.job_instance.clone_from(&b.job_instance);
+        out.job_id = b.job_id;
+    }
+    if replaces(
+        earliest_key(b.requested_at, &b.requested_event),
+        earliest_key(a.requested_at, &a.requested_event),
+        Less,
+    ) {
+        out.requested_at = b.requested_at;
+        out.requested_event.clone_from(&b.requested_event);
+        out.run_attempt = b.run_attempt;
+        out.claim_key.clone_from(&b.claim_key);
+        out.request_reason.clone_from(&b.request_reason);
+        out.flavor.clone_from(&b.flavor);
+        out.memory_bytes = b.memory_bytes;
+        out.cpus = b.cpus;
+        out.recommended_memory_limit_bytes = b.recommended_memory_limit_bytes;
+        out.allocator_unavailable = b.allocator_unavailable;
+        out.workload_key.clone_from(&b.workload_key);
+        out.labels.clone_from(&b.labels);
+        out.image.clone_from(&b.image);
+    }
+    if replaces(latest_created(b), latest_created(a), Greater) {
+        out.created_at = b.created_at;
+        out.created_event.clone_from(&b.created_event);
+        out.provider_id.clone_from(&b.provider_id);
+        out.forge_runner_id = b.forge_runner_id;
+        out.provider_status.clone_from(&b.provider_status);
+        out.created_attempt = b.created_attempt;
+    }
+    if replaces(
+        earliest_key(b.online_at, &b.online_event),
+        earliest_key(a.online_at, &a.online_event),
+        Less,
+    ) {
+        out.online_at = b.online_at;
+        out.online_event.clone_from(&b.online_event);
+        out.online_source.clone_from(&b.online_source);
+    }
+    if replaces(
+        earliest_key(b.assigned_at, &b.assigned_event),
+        earliest_key(a.assigned_at, &a.assigned_event),
+        Less,
+    ) {
+        out.assigned_at = b.assigned_at;
+        out.assigned_event.clone_from(&b.assigned_event);
+    }
+    if replaces(latest_failed(b), latest_failed(a), Greater) {
+        out.failed_at = b.failed_at;
+        out.failed_event.clone_from(&b.failed_event);
+        out.failed_reason.clone_from(&b.failed_reason);
+        out.last_error.clone_from(&b.last_error);
+        out.failed_attempt = b.failed_attempt;
+        out.given_up = b.given_up;
+    }
+    if replaces(
+        earliest_key(b.deleted_at, &b.deleted_event),
+        earliest_key(a.deleted_at, &a.deleted_event),
+        Less,
+    ) {
+        out.deleted_at = b.deleted_at;
+        out.deleted_event.clone_from(&b.deleted_event);
+        out.deleted_reason.clone_from(&b.deleted_reason);
+    }
+    out.first_seen_at = a.first_seen_at.min(b.first_seen_at);
+    out.last_event_at = a.last_event_at.max(b.last_event_at);
+    derive_runner(&mut out);
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -459,6 +825,326 @@ mod tests {
     fn pipeline_status_comes_with_the_rank() {
         assert!(pipeline_status_rank("running") < pipeline_status_rank("failed"));
         assert!(pipeline_status_rank("created") < pipeline_status_rank("pending"));
+    }
+
+    mod runners {
+        use super::*;
+        use runyard_events::{
+            RunnerAssigned, RunnerCreated, RunnerDeleted, RunnerFailed, RunnerOnline, RunnerRef,
+            RunnerRequested, Source, runner_event_id_for, timestamp,
+        };
+
+        const NAME: &str = "ry-linux-x64-f41ae93a4d";
+
+        fn job(job_id: u64) -> Option<JobKey> {
+            Some(JobKey {
+                forge: Forge::Github as i32,
+                instance: "github.com".into(),
+                job_id,
+            })
+        }
+
+        fn runner(pool: &str) -> Option<RunnerRef> {
+            Some(RunnerRef {
+                pool: pool.into(),
+                name: NAME.into(),
+                pool_id: "0b9e0f0a-5c1d-5f43-9a57-1f3e2c4d5e6f".into(),
+                provider: "lxd".into(),
+                forge: Forge::Github as i32,
+                instance: "github.com".into(),
+            })
+        }
+
+        /// A runner event `secs` after the base time, with its contract id.
+        fn at(secs: i64, body: Body) -> Event {
+            let t = synth::base_time() + time::Duration::seconds(secs);
+            Event {
+                id: runner_event_id_for(&body).unwrap(),
+                occurred_at: Some(timestamp(t)),
+                received_at: Some(timestamp(t + time::Duration::milliseconds(5))),
+                source: Some(Source {
+                    forge: Forge::Github as i32,
+                    instance: "github.com".into(),
+                    producer: "scaler".into(),
+                    ..Source::default()
+                }),
+                body: Some(body),
+            }
+        }
+
+        fn requested(job_id: Option<u64>) -> Event {
+            at(
+                0,
+                Body::RunnerRequested(RunnerRequested {
+                    runner: runner("linux-x64"),
+                    job: job_id.and_then(job),
+                    run_attempt: 1,
+                    claim_key: "github.github_com.42.1".into(),
+                    reason: if job_id.is_some() {
+                        "queued_job"
+                    } else {
+                        "min_idle"
+                    }
+                    .into(),
+                    flavor: "small".into(),
+                    memory_bytes: 4 << 30,
+                    cpus: 2,
+                    labels: vec!["self-hosted".into(), "linux".into()],
+                    ..RunnerRequested::default()
+                }),
+            )
+        }
+
+        fn failed(secs: i64, attempt: u32, reason: &str, given_up: bool) -> Event {
+            at(
+                secs,
+                Body::RunnerFailed(RunnerFailed {
+                    runner: runner("linux-x64"),
+                    reason: reason.into(),
+                    error: format!("attempt {attempt} went wrong"),
+                    attempt,
+                    given_up,
+                    job: job(42),
+                }),
+            )
+        }
+
+        fn created(secs: i64, attempt: u32) -> Event {
+            at(
+                secs,
+                Body::RunnerCreated(RunnerCreated {
+                    runner: runner("linux-x64"),
+                    provider_id: format!("lxd-{attempt}"),
+                    forge_runner_id: Some(77),
+                    attempt,
+                    status: "running".into(),
+                }),
+            )
+        }
+
+        fn online(secs: i64) -> Event {
+            at(
+                secs,
+                Body::RunnerOnline(RunnerOnline {
+                    runner: runner("linux-x64"),
+                    source: "callback".into(),
+                }),
+            )
+        }
+
+        fn assigned(secs: i64, job_id: u64) -> Event {
+            at(
+                secs,
+                Body::RunnerAssigned(RunnerAssigned {
+                    runner: runner("linux-x64"),
+                    job: job(job_id),
+                }),
+            )
+        }
+
+        fn deleted(secs: i64) -> Event {
+            at(
+                secs,
+                Body::RunnerDeleted(RunnerDeleted {
+                    runner: runner("linux-x64"),
+                    reason: "job_completed".into(),
+                }),
+            )
+        }
+
+        /// A whole life: the first create fails, the second succeeds, the
+        /// runner takes its job and goes.
+        fn life() -> Vec<Event> {
+            vec![
+                requested(Some(42)),
+                failed(10, 1, "create_failed", false),
+                created(20, 2),
+                online(30),
+                assigned(40, 42),
+                deleted(100),
+            ]
+        }
+
+        fn row(events: &[Event]) -> RunnerRow {
+            let d = fold(events);
+            assert_eq!(d.runners.len(), 1);
+            d.runners[NAME].clone()
+        }
+
+        #[test]
+        fn a_whole_life_ends_deleted_with_every_step_recorded() {
+            let r = row(&life());
+            assert_eq!(r.state, "deleted");
+            assert_eq!(r.reason.as_deref(), Some("job_completed"));
+            assert_eq!(r.attempts, 2);
+            assert_eq!(r.created_attempt, Some(2));
+            assert_eq!(r.failed_attempt, Some(1));
+            assert_eq!(r.provider_id.as_deref(), Some("lxd-2"));
+            assert_eq!(r.last_error.as_deref(), Some("attempt 1 went wrong"));
+            assert_eq!(
+                (r.job_source, r.job_id),
+                (Some(job_source::ASSIGNED), Some(42))
+            );
+            assert_eq!(r.pool, "linux-x64");
+            assert_eq!(r.flavor.as_deref(), Some("small"));
+            for t in [
+                r.requested_at,
+                r.created_at,
+                r.online_at,
+                r.assigned_at,
+                r.failed_at,
+                r.deleted_at,
+            ] {
+                assert!(t.is_some());
+            }
+        }
+
+        #[test]
+        fn the_state_follows_the_furthest_step_reached() {
+            let steps = life();
+            let want = [
+                "requested",
+                "failed",
+                "created",
+                "online",
+                "assigned",
+                "deleted",
+            ];
+            for n in 1..=steps.len() {
+                assert_eq!(row(&steps[..n]).state, want[n - 1], "after {n} events");
+            }
+        }
+
+        #[test]
+        fn a_create_after_a_failed_earlier_attempt_is_created_in_either_order() {
+            for events in [
+                vec![failed(10, 1, "create_failed", false), created(20, 2)],
+                vec![created(20, 2), failed(10, 1, "create_failed", false)],
+            ] {
+                let r = row(&events);
+                assert_eq!(r.state, "created");
+                assert_eq!(r.reason, None);
+                assert_eq!(r.attempts, 2);
+            }
+            // A failure of the attempt that was created (never came online)
+            // or of a later one counts.
+            for events in [
+                vec![created(20, 1), failed(30, 1, "bootstrap_timeout", false)],
+                vec![failed(30, 2, "create_failed", true), created(20, 1)],
+            ] {
+                let r = row(&events);
+                assert_eq!(r.state, "failed");
+                assert!(r.reason.is_some());
+            }
+        }
+
+        #[test]
+        fn the_latest_failed_attempt_is_the_one_kept() {
+            let r = row(&[
+                failed(50, 2, "gave_up", true),
+                requested(Some(42)),
+                failed(10, 1, "create_failed", false),
+            ]);
+            assert_eq!(r.state, "failed");
+            assert_eq!(r.reason.as_deref(), Some("gave_up"));
+            assert_eq!(r.given_up, Some(true));
+            assert_eq!(r.failed_attempt, Some(2));
+            assert_eq!(r.last_error.as_deref(), Some("attempt 2 went wrong"));
+        }
+
+        #[test]
+        fn nothing_moves_a_deleted_runner_back() {
+            let r = row(&[
+                deleted(100),
+                online(30),
+                failed(120, 3, "forge_error", true),
+            ]);
+            assert_eq!(r.state, "deleted");
+            assert_eq!(r.reason.as_deref(), Some("job_completed"));
+            assert!(r.online_at.is_some(), "the late step is still recorded");
+        }
+
+        #[test]
+        fn the_job_it_took_beats_the_one_it_was_requested_for() {
+            let r = row(&[assigned(40, 43), requested(Some(42))]);
+            assert_eq!(r.job_id, Some(43));
+            let r = row(&[requested(None), failed(10, 1, "create_failed", false)]);
+            assert_eq!(
+                (r.job_source, r.job_id),
+                (Some(job_source::FAILED), Some(42))
+            );
+            let r = row(&[requested(None)]);
+            assert_eq!(
+                (r.job_source, r.job_id, r.reason.as_deref()),
+                (None, None, Some("min_idle"))
+            );
+        }
+
+        #[test]
+        fn runner_events_without_a_ref_or_with_a_bad_pool_are_unprojectable() {
+            let mut e = online(1);
+            if let Some(Body::RunnerOnline(o)) = e.body.as_mut() {
+                o.runner = None;
+            }
+            let err = Delta::default().add(&e).unwrap_err();
+            assert!(err.0.contains("runner ref"), "{err}");
+            let mut e = online(1);
+            if let Some(Body::RunnerOnline(o)) = e.body.as_mut() {
+                o.runner = runner("Bad.Pool");
+            }
+            let err = Delta::default().add(&e).unwrap_err();
+            assert!(err.0.contains("pool"), "{err}");
+        }
+
+        #[test]
+        fn long_errors_are_cut_at_a_character_boundary() {
+            let mut e = failed(1, 1, "provider_error", false);
+            if let Some(Body::RunnerFailed(f)) = e.body.as_mut() {
+                f.error = "é".repeat(MAX_ERROR_LEN);
+            }
+            let r = row(&[e]);
+            let kept = r.last_error.unwrap();
+            assert!(kept.len() <= MAX_ERROR_LEN && kept.len() >= MAX_ERROR_LEN - 1);
+        }
+
+        /// Events the id contract makes unlikely but the log may hold: a
+        /// second assignment at the same time, a second online under
+        /// another id, another failure of the same attempt.
+        fn rivals() -> Vec<Event> {
+            let mut again = online(30);
+            again.id.push_str(":again");
+            if let Some(Body::RunnerOnline(o)) = again.body.as_mut() {
+                o.source = "forge_list".into();
+            }
+            let mut other = failed(10, 1, "provider_error", false);
+            other.id.push_str(":other");
+            vec![assigned(40, 44), again, other]
+        }
+
+        proptest! {
+            #[test]
+            fn any_order_and_duplicates_give_the_same_row(
+                seed in any::<u64>(),
+                dups in 0usize..6,
+                with_rivals in any::<bool>(),
+            ) {
+                use rand::seq::SliceRandom;
+                use rand::SeedableRng;
+                let mut events = life();
+                if with_rivals {
+                    events.extend(rivals());
+                }
+                let in_order = row(&events);
+                let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+                events.extend(life().into_iter().take(dups));
+                events.shuffle(&mut rng);
+                prop_assert_eq!(&row(&events), &in_order);
+                // Merged in two halves, as two batches would be.
+                let (x, y) = events.split_at(events.len() / 2);
+                let merged = merge_runners(&row(x).clone(), &row(y));
+                prop_assert_eq!(&merged, &in_order);
+            }
+        }
     }
 
     proptest! {

@@ -552,3 +552,438 @@ async fn health_readiness_and_metrics() {
     p.close().await;
     db.drop_db().await;
 }
+
+// ---------------------------------------------------------------------------
+// Runners: the scaler's runner events projected into `runners`.
+
+mod runner_events {
+    use runyard_events::{
+        Body, Event, Forge, JobKey, RunnerAssigned, RunnerCreated, RunnerDeleted, RunnerFailed,
+        RunnerOnline, RunnerRef, RunnerRequested, Source, runner_event_id_for, timestamp,
+    };
+
+    pub const POOL: &str = "linux-x64";
+
+    /// The name of test runner `n`.
+    pub fn name(n: u64) -> String {
+        format!("ry-{POOL}-{n:010x}")
+    }
+
+    fn job(job_id: u64) -> Option<JobKey> {
+        Some(JobKey {
+            forge: Forge::Github as i32,
+            instance: "github.com".into(),
+            job_id,
+        })
+    }
+
+    /// An event about runner `n`, `secs` after the base time, with its
+    /// contract id.
+    pub fn at(n: u64, secs: i64, body: impl FnOnce(Option<RunnerRef>) -> Body) -> Event {
+        let body = body(Some(RunnerRef {
+            pool: POOL.into(),
+            name: name(n),
+            pool_id: "0b9e0f0a-5c1d-5f43-9a57-1f3e2c4d5e6f".into(),
+            provider: "lxd".into(),
+            forge: Forge::Github as i32,
+            instance: "github.com".into(),
+        }));
+        let t = runyard_testkit::synth::base_time() + time::Duration::seconds(secs);
+        Event {
+            id: runner_event_id_for(&body).unwrap(),
+            occurred_at: Some(timestamp(t)),
+            received_at: Some(timestamp(t + time::Duration::milliseconds(3))),
+            source: Some(Source {
+                forge: Forge::Github as i32,
+                instance: "github.com".into(),
+                producer: "scaler".into(),
+                ..Source::default()
+            }),
+            body: Some(body),
+        }
+    }
+
+    pub fn requested(n: u64, job_id: Option<u64>) -> Event {
+        at(n, 0, |runner| {
+            Body::RunnerRequested(RunnerRequested {
+                runner,
+                job: job_id.and_then(job),
+                run_attempt: 1,
+                claim_key: job_id
+                    .map(|j| format!("github.github_com.{j}.1"))
+                    .unwrap_or_default(),
+                reason: if job_id.is_some() {
+                    "queued_job"
+                } else {
+                    "min_idle"
+                }
+                .into(),
+                flavor: "small".into(),
+                memory_bytes: 4 << 30,
+                cpus: 2,
+                recommended_memory_limit_bytes: Some(3 << 30),
+                workload_key: "job=build;repo=acme/app;workflow=CI".into(),
+                labels: vec!["self-hosted".into(), "linux".into(), "x64".into()],
+                image: "ubuntu:24.04".into(),
+                ..RunnerRequested::default()
+            })
+        })
+    }
+
+    pub fn failed(n: u64, secs: i64, attempt: u32, reason: &str, given_up: bool) -> Event {
+        at(n, secs, |runner| {
+            Body::RunnerFailed(RunnerFailed {
+                runner,
+                reason: reason.into(),
+                error: format!("attempt {attempt}: provider said no"),
+                attempt,
+                given_up,
+                job: job(42),
+            })
+        })
+    }
+
+    pub fn created(n: u64, secs: i64, attempt: u32) -> Event {
+        at(n, secs, |runner| {
+            Body::RunnerCreated(RunnerCreated {
+                runner,
+                provider_id: format!("lxd-{attempt}"),
+                forge_runner_id: Some(77),
+                attempt,
+                status: "running".into(),
+            })
+        })
+    }
+
+    pub fn online(n: u64, secs: i64) -> Event {
+        at(n, secs, |runner| {
+            Body::RunnerOnline(RunnerOnline {
+                runner,
+                source: "callback".into(),
+            })
+        })
+    }
+
+    pub fn assigned(n: u64, secs: i64, job_id: u64) -> Event {
+        at(n, secs, |runner| {
+            Body::RunnerAssigned(RunnerAssigned {
+                runner,
+                job: job(job_id),
+            })
+        })
+    }
+
+    pub fn deleted(n: u64, secs: i64, reason: &str) -> Event {
+        at(n, secs, |runner| {
+            Body::RunnerDeleted(RunnerDeleted {
+                runner,
+                reason: reason.into(),
+            })
+        })
+    }
+
+    /// All six events of one runner's life: the first create fails, the
+    /// second succeeds, the runner takes job 42 and is deleted after it.
+    pub fn life(n: u64) -> Vec<Event> {
+        vec![
+            requested(n, Some(42)),
+            failed(n, 10, 1, "create_failed", false),
+            created(n, 20, 2),
+            online(n, 30),
+            assigned(n, 40, 42),
+            deleted(n, 100, "job_completed"),
+        ]
+    }
+
+    /// Events the id contract makes unlikely but a log may hold: a second
+    /// assignment at the same time, a second online under another id,
+    /// another failure of the same attempt.
+    pub fn rivals(n: u64) -> Vec<Event> {
+        let mut again = online(n, 30);
+        again.id.push_str(":again");
+        if let Some(Body::RunnerOnline(o)) = again.body.as_mut() {
+            o.source = "forge_list".into();
+        }
+        let mut other = failed(n, 10, 1, "provider_error", false);
+        other.id.push_str(":other");
+        vec![assigned(n, 40, 44), again, other]
+    }
+}
+
+/// Every runner row as it is stored.
+async fn runner_rows(p: &PgPool) -> Vec<runyard_store::entities::runner::Model> {
+    use runyard_store::entities::runner;
+    use sea_orm::{EntityTrait as _, QueryOrder as _};
+    let db = sea_orm::SqlxPostgresConnector::from_sqlx_postgres_pool(p.clone());
+    runner::Entity::find()
+        .order_by_asc(runner::Column::Name)
+        .all(&db)
+        .await
+        .unwrap()
+}
+
+async fn runner_state(p: &PgPool, name: &str) -> (String, Option<String>, i32) {
+    sqlx::query_as("SELECT state, reason, attempts FROM runners WHERE name = $1")
+        .bind(name)
+        .fetch_one(p)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn runner_events_in_any_order_and_duplicated_give_the_same_row() {
+    use runner_events::{life, name, rivals};
+    const RUNNERS: u64 = 30;
+    let nats = TestNats::get().await;
+    let ns = unique_namespace();
+    let bus = bus(&nats, &ns).await;
+    // Runners 0-5 get all six events of a life, each in its own order;
+    // 6-11 the first 1..=6 of them (every state); the rest a random part of
+    // a life and its rivals. The runners are interleaved.
+    let mut rng = rand::rngs::StdRng::seed_from_u64(17);
+    let mut lives = Vec::new();
+    for n in 0..RUNNERS {
+        let mut events = match n {
+            0..6 => life(n),
+            6..12 => life(n)[..(n - 5) as usize].to_vec(),
+            _ => {
+                let all: Vec<Event> = life(n).into_iter().chain(rivals(n)).collect();
+                let mut some: Vec<Event> = all
+                    .into_iter()
+                    .filter(|_| rand::Rng::random_bool(&mut rng, 0.6))
+                    .collect();
+                if some.is_empty() {
+                    some = rivals(n);
+                }
+                some
+            }
+        };
+        events.shuffle(&mut rng);
+        lives.push(events);
+    }
+    let mut events: Vec<Event> = lives.iter().flatten().cloned().collect();
+    let distinct = events.len() as i64;
+    events.shuffle(&mut rng);
+    publish(&bus, &events).await;
+    // Half again past the dedup window, some again within it.
+    for (n, e) in events.iter().enumerate().step_by(2) {
+        publish_again(&bus, e, n).await;
+    }
+    publish(&bus, &events[..10]).await;
+
+    let live = TestDb::new();
+    let t = start(config(&nats.url(), &ns, &live.url)).await;
+    let p = wait_applied(&live.url, distinct).await;
+    t.stop().await;
+
+    // Whatever the order, each runner's row is the row of its events folded
+    // in memory in the order they were made, and Postgres derives the same
+    // state, reason and attempts as Rust.
+    let rows = runner_rows(&p).await;
+    assert_eq!(rows.len(), RUNNERS as usize);
+    let mut made_in_order = lives.clone();
+    for l in &mut made_in_order {
+        l.sort_by_key(|e| e.occurred_at.map(|t| (t.seconds, t.nanos)));
+    }
+    for (events, row) in made_in_order.iter().zip(&rows) {
+        let mut delta = runyard_job_tracker::projection::Delta::default();
+        for e in events {
+            delta.add(e).unwrap();
+        }
+        let mut want = delta.runners.remove(&row.name).unwrap();
+        want.id = row.id;
+        assert_eq!(row, &want, "runner {}", row.name);
+    }
+    // The six shuffled whole lives are one row, and it is right.
+    for (n, row) in (0..6).zip(&rows) {
+        assert_eq!(row.name, name(n));
+        assert_eq!(
+            (row.state.as_str(), row.reason.as_deref(), row.attempts),
+            ("deleted", Some("job_completed"), 2)
+        );
+        assert_eq!((row.job_id, row.created_attempt), (Some(42), Some(2)));
+        let strip = |r: &runyard_store::entities::runner::Model| {
+            let mut r = r.clone();
+            r.id = 0;
+            let json = format!("{r:?}");
+            json.replace(&r.name, "NAME")
+        };
+        assert_eq!(strip(row), strip(&rows[0]));
+    }
+    let states: std::collections::BTreeSet<&str> = rows.iter().map(|r| r.state.as_str()).collect();
+    assert_eq!(states.len(), 6, "every state is covered: {states:?}");
+
+    // Applied one event per transaction (the SQL merge alone, in stream
+    // order) or a few at a time, the projection is the same.
+    let live_dump = runyard_store::canonical_dump(&p).await.unwrap();
+    assert!(
+        live_dump.contains(&format!("-- runners ({RUNNERS} rows)")),
+        "{live_dump}"
+    );
+    for batch in [1, 4] {
+        let other = TestDb::new();
+        runyard_store::migrate(&other.url).await.unwrap();
+        let po = pool(&other.url).await;
+        rebuild::replay(&bus, &po, 1, batch).await.unwrap();
+        assert_eq!(
+            runyard_store::canonical_dump(&po).await.unwrap(),
+            live_dump,
+            "batches of {batch}"
+        );
+        po.close().await;
+        other.drop_db().await;
+    }
+    p.close().await;
+    live.drop_db().await;
+}
+
+#[tokio::test]
+async fn a_deleted_runner_stays_deleted_when_a_late_online_arrives() {
+    use runner_events::{created, deleted, failed, name, online, requested};
+    let nats = TestNats::get().await;
+    let ns = unique_namespace();
+    let db = TestDb::new();
+    let bus = bus(&nats, &ns).await;
+    let t = start(config(&nats.url(), &ns, &db.url)).await;
+    publish(
+        &bus,
+        &[
+            requested(1, Some(42)),
+            created(1, 20, 1),
+            deleted(1, 60, "bootstrap_timeout"),
+        ],
+    )
+    .await;
+    let p = wait_applied(&db.url, 3).await;
+    let deleted_state = (
+        "deleted".to_owned(),
+        Some("bootstrap_timeout".to_owned()),
+        1,
+    );
+    assert_eq!(runner_state(&p, &name(1)).await, deleted_state);
+
+    p.close().await;
+    // Each in a batch of its own, so the stored row meets them in SQL.
+    publish(&bus, &[online(1, 30)]).await;
+    let p = wait_applied(&db.url, 4).await;
+    assert_eq!(runner_state(&p, &name(1)).await, deleted_state);
+    p.close().await;
+    publish(&bus, &[failed(1, 90, 1, "bootstrap_timeout", false)]).await;
+    let p = wait_applied(&db.url, 5).await;
+    assert_eq!(runner_state(&p, &name(1)).await, deleted_state);
+    let (online_at, failed_at): (Option<time::OffsetDateTime>, Option<time::OffsetDateTime>) =
+        sqlx::query_as("SELECT online_at, failed_at FROM runners WHERE name = $1")
+            .bind(name(1))
+            .fetch_one(&p)
+            .await
+            .unwrap();
+    assert!(
+        online_at.is_some() && failed_at.is_some(),
+        "late steps are recorded, just not as the state"
+    );
+
+    p.close().await;
+
+    // Another runner's failed first attempt is overtaken by its second,
+    // even when the failure arrives last ...
+    publish(&bus, &[created(2, 20, 2)]).await;
+    wait_applied(&db.url, 6).await.close().await;
+    publish(&bus, &[failed(2, 10, 1, "create_failed", false)]).await;
+    let p = wait_applied(&db.url, 7).await;
+    assert_eq!(
+        runner_state(&p, &name(2)).await,
+        ("created".to_owned(), None, 2)
+    );
+    p.close().await;
+    // ... while a failure of the attempt that was created counts.
+    publish(&bus, &[created(3, 20, 1)]).await;
+    wait_applied(&db.url, 8).await.close().await;
+    publish(&bus, &[failed(3, 50, 1, "bootstrap_timeout", false)]).await;
+    let p = wait_applied(&db.url, 9).await;
+    assert_eq!(
+        runner_state(&p, &name(3)).await,
+        ("failed".to_owned(), Some("bootstrap_timeout".to_owned()), 1)
+    );
+    t.stop().await;
+    p.close().await;
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn rebuild_command_reproduces_the_runners_table() {
+    use runner_events::{created, failed, life, online, requested};
+    let nats = TestNats::get().await;
+    let ns = unique_namespace();
+    let live = TestDb::new();
+    let bus = bus(&nats, &ns).await;
+    // Jobs and runners in one log: whole lives, a runner given up, a
+    // min-idle runner still online.
+    let mut events = shuffled_lifecycles(40, 21);
+    for n in 0..6 {
+        events.extend(life(n));
+    }
+    events.extend([
+        requested(6, Some(43)),
+        failed(6, 10, 1, "create_failed", false),
+        failed(6, 40, 2, "gave_up", true),
+        requested(7, None),
+        created(7, 5, 1),
+        online(7, 9),
+    ]);
+    events.shuffle(&mut rand::rngs::StdRng::seed_from_u64(5));
+    publish(&bus, &events).await;
+    for (n, e) in events.iter().step_by(7).enumerate() {
+        publish_again(&bus, e, n).await;
+    }
+    let t = start(config(&nats.url(), &ns, &live.url)).await;
+    let p = wait_applied(&live.url, events.len() as i64).await;
+    t.stop().await;
+    let live_dump = runyard_store::canonical_dump(&p).await.unwrap();
+    assert!(live_dump.contains("-- runners (8 rows)"), "{live_dump}");
+    let states: Vec<(String, String)> =
+        sqlx::query_as("SELECT name, state FROM runners WHERE name IN ($1, $2)")
+            .bind(runner_events::name(6))
+            .bind(runner_events::name(7))
+            .fetch_all(&p)
+            .await
+            .unwrap();
+    assert_eq!(states.len(), 2);
+    for (name, state) in states {
+        let want = if name == runner_events::name(6) {
+            "failed"
+        } else {
+            "online"
+        };
+        assert_eq!(state, want, "{name}");
+    }
+    p.close().await;
+
+    // The command itself, in small batches so runner rows meet in SQL too.
+    let target = format!("{}_rb", live.name);
+    let status = tokio::process::Command::new(env!("CARGO_BIN_EXE_runyard-job-tracker"))
+        .args(["rebuild", "--into", &target, "--batch-size", "7"])
+        .env("RUNYARD_NATS_URL", nats.url())
+        .env("RUNYARD_NAMESPACE", ns.as_str())
+        .env("RUNYARD_DATABASE_URL", &live.url)
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .status()
+        .await
+        .unwrap();
+    assert!(status.success(), "rebuild exited with {status}");
+    let rebuilt = pool(&live.sibling(&target)).await;
+    assert_eq!(
+        runyard_store::canonical_dump(&rebuilt).await.unwrap(),
+        live_dump
+    );
+    rebuilt.close().await;
+    let admin = pool(&live.sibling("postgres")).await;
+    let _ = sqlx::query(&format!(
+        "DROP DATABASE IF EXISTS \"{target}\" WITH (FORCE)"
+    ))
+    .execute(&admin)
+    .await;
+    admin.close().await;
+    live.drop_db().await;
+}

@@ -55,6 +55,13 @@ async fn main() -> anyhow::Result<()> {
     if last == 0 && !args.follow {
         return Ok(());
     }
+    // An ordered consumer, not `runyard_bus::consumer`: tail only reads.
+    // The bus consumer acks (moving a durable's position or holding an
+    // ephemeral's acks), sends undecodable messages back and finally
+    // dead-letters them — a publish into the very log being inspected —
+    // and only decodes events, while tail prints undecodable messages as
+    // they are and also reads the raw-delivery stream. An ordered consumer
+    // has no acks and leaves nothing behind on the server.
     let consumer = stream
         .create_consumer(consumer::pull::OrderedConfig {
             deliver_policy: consumer::DeliverPolicy::All,
@@ -125,6 +132,38 @@ fn describe(event: &Event) -> String {
             a.retry_count,
             a.statistic
         ),
+        Some(
+            b @ (Body::RunnerRequested(_)
+            | Body::RunnerCreated(_)
+            | Body::RunnerOnline(_)
+            | Body::RunnerAssigned(_)
+            | Body::RunnerFailed(_)
+            | Body::RunnerDeleted(_)),
+        ) => {
+            let name = runyard_events::runner_ref(b).map_or("?", |r| r.name.as_str());
+            let state = runyard_events::runner_state(b).unwrap_or("?");
+            let detail = match b {
+                Body::RunnerRequested(q) => format!(
+                    " reason={} flavor={} job={}",
+                    q.reason,
+                    q.flavor,
+                    q.job.as_ref().map(|k| k.job_id).unwrap_or_default()
+                ),
+                Body::RunnerCreated(c) => format!(" attempt={} status={}", c.attempt, c.status),
+                Body::RunnerOnline(o) => format!(" source={}", o.source),
+                Body::RunnerAssigned(a) => format!(
+                    " job={}",
+                    a.job.as_ref().map(|k| k.job_id).unwrap_or_default()
+                ),
+                Body::RunnerFailed(f) => format!(
+                    " reason={} attempt={} given_up={} error={:?}",
+                    f.reason, f.attempt, f.given_up, f.error
+                ),
+                Body::RunnerDeleted(d) => format!(" reason={}", d.reason),
+                _ => String::new(),
+            };
+            format!("runner {name} {state}{detail}")
+        }
         None => "empty".into(),
     };
     format!("{} {body}", event.id)

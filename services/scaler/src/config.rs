@@ -1,0 +1,823 @@
+//! Typed, layered configuration: the service settings (defaults → TOML →
+//! `RUNYARD_*` environment) and the pools-and-providers file named by
+//! `RUNYARD_SCALER_CONFIG`, validated before anything starts.
+
+use std::collections::{BTreeMap, HashSet};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use bytesize::ByteSize;
+use secrecy::SecretString;
+use serde::{Deserialize, Serialize};
+
+/// Everything `runyard-scaler` reads from the environment (or `--config`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// `RUNYARD_NATS_URL`.
+    pub nats_url: String,
+    /// `RUNYARD_NAMESPACE`.
+    pub namespace: String,
+    /// `RUNYARD_DATABASE_URL` (the projection: a job already started gets no runner).
+    pub database_url: String,
+    /// `RUNYARD_SCALER_HTTP_LISTEN` (`/healthz`, `/readyz`, `/metrics`, `/v1/pools`).
+    pub scaler_http_listen: SocketAddr,
+    /// `RUNYARD_SCALER_CONFIG`: the pools-and-providers TOML file.
+    pub scaler_config: Option<PathBuf>,
+    /// `RUNYARD_ALLOCATOR_URL`.
+    pub allocator_url: String,
+    /// `RUNYARD_ALLOCATOR_CLIENT_TOKEN` (or `_FILE`).
+    #[serde(skip_serializing)]
+    pub allocator_client_token: Option<SecretString>,
+    /// `RUNYARD_GITHUB_API_URL`.
+    pub github_api_url: String,
+    /// `RUNYARD_GITHUB_TOKEN` (or `_FILE`): a PAT, when no App is configured.
+    #[serde(skip_serializing)]
+    pub github_token: Option<SecretString>,
+    /// `RUNYARD_GITHUB_APP_ID`.
+    pub github_app_id: Option<u64>,
+    /// `RUNYARD_GITHUB_APP_PRIVATE_KEY_FILE`.
+    pub github_app_private_key_file: Option<PathBuf>,
+    /// `RUNYARD_GITHUB_APP_INSTALLATION_ID`.
+    pub github_app_installation_id: Option<u64>,
+    /// `RUNYARD_GITLAB_API_URL` (without `/api/v4`).
+    pub gitlab_api_url: Option<String>,
+    /// `RUNYARD_GITLAB_TOKEN` (or `_FILE`).
+    #[serde(skip_serializing)]
+    pub gitlab_token: Option<SecretString>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            nats_url: "nats://127.0.0.1:4222".into(),
+            namespace: "runyard".into(),
+            database_url: "postgres://postgres@127.0.0.1:5432/runyard".into(),
+            scaler_http_listen: SocketAddr::from(([0, 0, 0, 0], 8083)),
+            scaler_config: None,
+            allocator_url: "http://127.0.0.1:50051".into(),
+            allocator_client_token: None,
+            github_api_url: "https://api.github.com".into(),
+            github_token: None,
+            github_app_id: None,
+            github_app_private_key_file: None,
+            github_app_installation_id: None,
+            gitlab_api_url: None,
+            gitlab_token: None,
+        }
+    }
+}
+
+const ENV_KEYS: &[&str] = &[
+    "nats_url",
+    "namespace",
+    "database_url",
+    "scaler_http_listen",
+    "scaler_config",
+    "allocator_url",
+    "allocator_client_token",
+    "github_api_url",
+    "github_token",
+    "github_app_id",
+    "github_app_private_key_file",
+    "github_app_installation_id",
+    "gitlab_api_url",
+    "gitlab_token",
+];
+
+/// Secrets that may come from `RUNYARD_<NAME>_FILE`.
+const SECRET_FILES: &[&str] = &["allocator_client_token", "github_token", "gitlab_token"];
+
+impl Config {
+    /// Loads defaults, then `file` (TOML) if given, then the environment;
+    /// `*_FILE` variables fill secrets not given directly.
+    pub fn load(file: Option<&Path>) -> anyhow::Result<Self> {
+        let mut config: Self =
+            runyard_telemetry::load_config(file, ENV_KEYS).map_err(|e| anyhow::anyhow!(e))?;
+        for name in SECRET_FILES {
+            let var = format!("RUNYARD_{}_FILE", name.to_ascii_uppercase());
+            let Ok(path) = std::env::var(&var) else {
+                continue;
+            };
+            let slot = match *name {
+                "allocator_client_token" => &mut config.allocator_client_token,
+                "github_token" => &mut config.github_token,
+                _ => &mut config.gitlab_token,
+            };
+            if slot.is_none() {
+                let value = std::fs::read_to_string(&path)
+                    .map_err(|e| anyhow::anyhow!("reading {var} ({path}): {e}"))?;
+                *slot = Some(SecretString::from(value.trim().to_owned()));
+            }
+        }
+        Ok(config)
+    }
+}
+
+/// The pools-and-providers file (`RUNYARD_SCALER_CONFIG`).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScalerFile {
+    /// Providers by name.
+    #[serde(default)]
+    pub providers: BTreeMap<String, ProviderConfig>,
+    /// Pools.
+    #[serde(default)]
+    pub pools: Vec<PoolConfig>,
+    /// GitHub App credentials.
+    #[serde(default)]
+    pub github: Option<GitHubSection>,
+    /// GitLab credentials.
+    #[serde(default)]
+    pub gitlab: Option<GitLabSection>,
+    /// Missed-event reconciliation.
+    #[serde(default)]
+    pub reconciler: Option<ReconcilerSection>,
+    /// OOM retries.
+    #[serde(default)]
+    pub retry: Option<RetrySection>,
+    /// The scaler's own timers.
+    #[serde(default)]
+    pub scaler: Timers,
+}
+
+/// `[github]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GitHubSection {
+    /// GitHub App id.
+    pub app_id: Option<u64>,
+    /// The App's private key (PEM).
+    pub private_key_file: Option<PathBuf>,
+    /// Installation id; found from each pool's scope when absent.
+    pub installation_id: Option<u64>,
+}
+
+/// `[gitlab]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GitLabSection {
+    /// A file holding the API token.
+    pub token_file: Option<PathBuf>,
+    /// Base URL (without `/api/v4`).
+    pub api_url: Option<String>,
+}
+
+/// `[reconciler]`: what is polled and redelivered when webhooks get lost.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReconcilerSection {
+    /// How often.
+    #[serde(with = "humantime_serde", default = "default_reconcile")]
+    pub interval: Duration,
+    /// Repositories (`owner/name`) polled for queued and running jobs.
+    #[serde(default)]
+    pub github_repos: Vec<String>,
+    /// Hooks whose failed deliveries are redelivered.
+    #[serde(default)]
+    pub github_hooks: Vec<GitHubHook>,
+    /// GitLab projects polled for pending jobs.
+    #[serde(default)]
+    pub gitlab_projects: Vec<u64>,
+    /// Forge API calls the reconciler may spend per hour.
+    #[serde(default = "default_budget")]
+    pub api_budget_per_hour: u32,
+}
+
+fn default_reconcile() -> Duration {
+    Duration::from_secs(60)
+}
+
+fn default_budget() -> u32 {
+    600
+}
+
+/// The lease key the reconciling replica holds in `<NS>_LEASES` (no pool
+/// may take this name while `[reconciler]` is configured).
+pub const RECONCILER_LEASE: &str = "reconciler";
+
+/// One `github_hooks` entry: `{ org = "acme", hook_id = 42 }`,
+/// `{ repo = "acme/app", hook_id = 7 }` or `{ app = true }` (the GitHub
+/// App's own webhook, read with the App's JWT).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "HookEntry")]
+pub enum GitHubHook {
+    /// An organization webhook.
+    Org {
+        /// Organization login.
+        org: String,
+        /// Hook id.
+        hook_id: u64,
+    },
+    /// A repository webhook.
+    Repo {
+        /// Owner login.
+        owner: String,
+        /// Repository name.
+        repo: String,
+        /// Hook id.
+        hook_id: u64,
+    },
+    /// The GitHub App's own webhook.
+    App,
+}
+
+/// A `github_hooks` entry as written, before it is checked.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HookEntry {
+    org: Option<String>,
+    repo: Option<String>,
+    app: Option<bool>,
+    hook_id: Option<u64>,
+}
+
+impl TryFrom<HookEntry> for GitHubHook {
+    type Error = String;
+
+    fn try_from(e: HookEntry) -> Result<Self, Self::Error> {
+        const SHAPES: &str = "a hook is { org = \"...\", hook_id = N }, { repo = \"owner/name\", hook_id = N } or { app = true }";
+        match (e.org, e.repo, e.app, e.hook_id) {
+            (Some(org), None, None, Some(hook_id)) if !org.trim().is_empty() => {
+                Ok(Self::Org { org, hook_id })
+            }
+            (None, Some(repo), None, Some(hook_id)) => match split_repo(&repo) {
+                Some((owner, name)) => Ok(Self::Repo {
+                    owner: owner.to_owned(),
+                    repo: name.to_owned(),
+                    hook_id,
+                }),
+                None => Err(format!("repo {repo:?} must be owner/name")),
+            },
+            (None, None, Some(true), None) => Ok(Self::App),
+            _ => Err(SHAPES.to_owned()),
+        }
+    }
+}
+
+/// `owner/name` split in two, both non-empty.
+pub fn split_repo(repo: &str) -> Option<(&str, &str)> {
+    let (owner, name) = repo.split_once('/')?;
+    (!owner.is_empty() && !name.is_empty() && !name.contains('/')).then_some((owner, name))
+}
+
+/// `[retry]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetrySection {
+    /// How long a failed job waits for its usage report.
+    #[serde(with = "humantime_serde", default)]
+    pub wait_for_report: Option<Duration>,
+    /// `pipeline` or `job`.
+    #[serde(default)]
+    pub gitlab_strategy: Option<String>,
+    /// Most retries in a row.
+    #[serde(default)]
+    pub max_retries: Option<u32>,
+    /// Per-project overrides.
+    #[serde(default)]
+    pub projects: BTreeMap<String, toml::Value>,
+}
+
+/// `[scaler]`: timers and limits of the scaling loop. Every one is
+/// configurable so tests can run them short.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Timers {
+    /// How long a queued job that an idle runner could take waits for it
+    /// before a new runner is created anyway.
+    #[serde(with = "humantime_serde")]
+    pub idle_backoff: Duration,
+    /// How long an idle runner must stay idle on the forge, read twice at
+    /// least this far apart, before it is deleted (the forge's busy flag lags).
+    #[serde(with = "humantime_serde")]
+    pub busy_confirmation: Duration,
+    /// Pool lease TTL (the `<NS>_LEASES` bucket's max age).
+    #[serde(with = "humantime_serde")]
+    pub lease_ttl: Duration,
+    /// Create attempts per runner before the job is given up.
+    pub create_attempts: u32,
+    /// First back-off after a failed create (doubles, with jitter).
+    #[serde(with = "humantime_serde")]
+    pub create_backoff: Duration,
+    /// Longest back-off between create attempts.
+    #[serde(with = "humantime_serde")]
+    pub create_backoff_max: Duration,
+    /// Policy evaluation period when nothing happens (events also wake it).
+    #[serde(with = "humantime_serde")]
+    pub tick: Duration,
+    /// Provider and forge listing period (orphans, online detection).
+    #[serde(with = "humantime_serde")]
+    pub sync_interval: Duration,
+    /// How far back the log is read at start.
+    #[serde(with = "humantime_serde")]
+    pub lookback: Duration,
+    /// Timeout of one allocator call.
+    #[serde(with = "humantime_serde")]
+    pub allocator_timeout: Duration,
+    /// Timeout of one forge API call.
+    #[serde(with = "humantime_serde")]
+    pub forge_timeout: Duration,
+    /// Where the `process` provider keeps its pid files and logs.
+    pub state_dir: Option<PathBuf>,
+}
+
+impl Default for Timers {
+    fn default() -> Self {
+        Self {
+            idle_backoff: Duration::from_secs(10),
+            busy_confirmation: Duration::from_secs(30),
+            lease_ttl: Duration::from_secs(10),
+            create_attempts: 5,
+            create_backoff: Duration::from_secs(2),
+            create_backoff_max: Duration::from_secs(60),
+            tick: Duration::from_millis(500),
+            sync_interval: Duration::from_secs(30),
+            lookback: Duration::from_secs(24 * 3600),
+            allocator_timeout: Duration::from_millis(500),
+            forge_timeout: Duration::from_secs(10),
+            state_dir: None,
+        }
+    }
+}
+
+/// One provider.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(tag = "kind", deny_unknown_fields)]
+pub enum ProviderConfig {
+    /// garm's external-provider executable protocol.
+    #[serde(rename = "external")]
+    External {
+        /// The provider executable.
+        executable: PathBuf,
+        /// Its configuration file (`GARM_PROVIDER_CONFIG_FILE`).
+        config_file: PathBuf,
+        /// `v0.1.0` (default) or `v0.1.1`.
+        #[serde(default = "default_interface")]
+        interface_version: String,
+        /// Host variable name prefixes passed on.
+        #[serde(default)]
+        environment_variables: Vec<String>,
+        /// Per call, except create (bounded by the pool's bootstrap timeout).
+        #[serde(with = "humantime_serde", default = "default_exec_timeout")]
+        exec_timeout: Duration,
+    },
+    /// A local command per runner (development and tests).
+    #[serde(rename = "process")]
+    Process {
+        /// argv with placeholders `{jit_config}`, `{name}`, `{pool}`,
+        /// `{flavor}`, `{memory_bytes}`, `{cpus}`.
+        command: Vec<String>,
+    },
+}
+
+fn default_interface() -> String {
+    "v0.1.0".into()
+}
+
+fn default_exec_timeout() -> Duration {
+    Duration::from_secs(120)
+}
+
+/// A runner size.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Flavor {
+    /// Name handed to the provider.
+    pub name: String,
+    /// Memory.
+    pub memory: ByteSize,
+    /// CPUs.
+    pub cpus: u32,
+}
+
+/// Where a pool's runners register.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Scope {
+    /// GitHub organization.
+    pub org: Option<String>,
+    /// GitHub repository `owner/name`.
+    pub repo: Option<String>,
+    /// GitHub enterprise slug.
+    pub enterprise: Option<String>,
+    /// GitLab group.
+    pub group_id: Option<u64>,
+    /// GitLab project.
+    pub project_id: Option<u64>,
+    /// GitLab instance-wide runners.
+    pub instance: Option<bool>,
+}
+
+/// One `[[pools]]` entry.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolConfig {
+    /// `[a-z0-9_-]+`.
+    pub name: String,
+    /// `github` or `gitlab`.
+    pub forge: String,
+    /// Where runners register.
+    pub scope: Scope,
+    /// GitHub runner group for JIT configs.
+    #[serde(default = "default_group")]
+    pub runner_group_id: u64,
+    /// The pool's labels (GitHub) or tags (GitLab).
+    pub labels: Vec<String>,
+    /// Provider name.
+    pub provider: String,
+    /// Image handed to the provider.
+    #[serde(default)]
+    pub image: String,
+    /// Sizes, smallest memory first.
+    pub flavors: Vec<Flavor>,
+    /// Idle runners kept warm.
+    #[serde(default)]
+    pub min_idle: u32,
+    /// Most runners alive at once.
+    pub max_runners: u32,
+    /// Idle runners above `min_idle` go after this long.
+    #[serde(with = "humantime_serde", default = "default_idle_timeout")]
+    pub idle_timeout: Duration,
+    /// Runners not online after this long are reaped.
+    #[serde(with = "humantime_serde", default = "default_bootstrap_timeout")]
+    pub bootstrap_timeout: Duration,
+    /// Higher wins among matching pools.
+    #[serde(default)]
+    pub priority: i32,
+    /// Forge host (default `github.com`, or the GitLab URL's host).
+    #[serde(default)]
+    pub instance: Option<String>,
+    /// Extra specs handed to the provider as is.
+    #[serde(default)]
+    pub extra_specs: Option<toml::Value>,
+}
+
+fn default_group() -> u64 {
+    1
+}
+
+fn default_idle_timeout() -> Duration {
+    Duration::from_secs(300)
+}
+
+fn default_bootstrap_timeout() -> Duration {
+    Duration::from_secs(20 * 60)
+}
+
+/// A configuration the scaler refuses to start with.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("{field}: {message}")]
+pub struct ConfigError {
+    /// The offending field, e.g. `pools[1].min_idle`.
+    pub field: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+fn err(field: impl Into<String>, message: impl Into<String>) -> ConfigError {
+    ConfigError {
+        field: field.into(),
+        message: message.into(),
+    }
+}
+
+/// `[a-z0-9_-]{1,63}`.
+pub fn valid_pool_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 63
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
+}
+
+impl ScalerFile {
+    /// Parses and validates a file's text.
+    pub fn parse(text: &str) -> Result<Self, ConfigError> {
+        let file: Self = toml::from_str(text).map_err(|e| {
+            // toml names the key in its message; keep the first line.
+            let message = e.message().to_owned();
+            let field = e
+                .span()
+                .map(|s| {
+                    let line = text[..s.start].lines().count().max(1);
+                    format!("line {line}")
+                })
+                .unwrap_or_else(|| "file".into());
+            err(field, message)
+        })?;
+        file.validate()?;
+        Ok(file)
+    }
+
+    /// Reads and validates a file.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| err(path.display().to_string(), e.to_string()))?;
+        Self::parse(&text)
+    }
+
+    /// Every rule a file must follow.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        for (name, provider) in &self.providers {
+            let field = format!("providers.{name}");
+            match provider {
+                ProviderConfig::External {
+                    interface_version, ..
+                } if !matches!(interface_version.as_str(), "v0.1.0" | "v0.1.1") => {
+                    return Err(err(
+                        format!("{field}.interface_version"),
+                        format!("{interface_version:?} is not v0.1.0 or v0.1.1"),
+                    ));
+                }
+                ProviderConfig::Process { command } if command.is_empty() => {
+                    return Err(err(format!("{field}.command"), "is empty"));
+                }
+                _ => {}
+            }
+        }
+        let mut names = HashSet::new();
+        for (i, pool) in self.pools.iter().enumerate() {
+            let field = |f: &str| format!("pools[{i}].{f}");
+            if !valid_pool_name(&pool.name) {
+                return Err(err(
+                    field("name"),
+                    format!("{:?} must match [a-z0-9_-]{{1,63}}", pool.name),
+                ));
+            }
+            if !names.insert(pool.name.as_str()) {
+                return Err(err(
+                    field("name"),
+                    format!("duplicate pool name {:?}", pool.name),
+                ));
+            }
+            if !self.providers.contains_key(&pool.provider) {
+                return Err(err(
+                    field("provider"),
+                    format!("no provider named {:?}", pool.provider),
+                ));
+            }
+            let s = &pool.scope;
+            let github = [&s.org, &s.repo, &s.enterprise]
+                .iter()
+                .filter(|v| v.is_some())
+                .count();
+            let gitlab = usize::from(s.group_id.is_some())
+                + usize::from(s.project_id.is_some())
+                + usize::from(s.instance == Some(true));
+            match pool.forge.as_str() {
+                "github" if github == 1 && gitlab == 0 => {}
+                "github" => {
+                    return Err(err(
+                        field("scope"),
+                        "a GitHub pool needs exactly one of org, repo, enterprise",
+                    ));
+                }
+                "gitlab" if gitlab == 1 && github == 0 => {}
+                "gitlab" => {
+                    return Err(err(
+                        field("scope"),
+                        "a GitLab pool needs exactly one of group_id, project_id, instance = true",
+                    ));
+                }
+                other => {
+                    return Err(err(
+                        field("forge"),
+                        format!("{other:?} is not github or gitlab"),
+                    ));
+                }
+            }
+            if let Some(repo) = &s.repo
+                && repo.split('/').filter(|p| !p.is_empty()).count() != 2
+            {
+                return Err(err(field("scope.repo"), "must be owner/name"));
+            }
+            if pool.labels.is_empty() {
+                return Err(err(field("labels"), "is empty"));
+            }
+            if pool.flavors.is_empty() {
+                return Err(err(field("flavors"), "is empty"));
+            }
+            if pool
+                .flavors
+                .windows(2)
+                .any(|w| w[0].memory.as_u64() >= w[1].memory.as_u64())
+            {
+                return Err(err(
+                    field("flavors"),
+                    "must be sorted by memory, smallest first, without repeats",
+                ));
+            }
+            if pool.max_runners == 0 {
+                return Err(err(field("max_runners"), "must be at least 1"));
+            }
+            if pool.min_idle > pool.max_runners {
+                return Err(err(
+                    field("min_idle"),
+                    format!(
+                        "{} is more than max_runners ({})",
+                        pool.min_idle, pool.max_runners
+                    ),
+                ));
+            }
+        }
+        if let Some(r) = &self.reconciler {
+            r.validate(&self.pools)?;
+        }
+        Ok(())
+    }
+}
+
+impl ReconcilerSection {
+    /// The section's own rules (the lease key must not be a pool's name).
+    pub fn validate(&self, pools: &[PoolConfig]) -> Result<(), ConfigError> {
+        if self.interval < Duration::from_secs(1) {
+            return Err(err("reconciler.interval", "must be at least 1s"));
+        }
+        if self.api_budget_per_hour == 0 {
+            return Err(err("reconciler.api_budget_per_hour", "must be at least 1"));
+        }
+        for (i, repo) in self.github_repos.iter().enumerate() {
+            if split_repo(repo).is_none() {
+                return Err(err(
+                    format!("reconciler.github_repos[{i}]"),
+                    format!("{repo:?} must be owner/name"),
+                ));
+            }
+        }
+        if let Some(i) = pools.iter().position(|p| p.name == RECONCILER_LEASE) {
+            return Err(err(
+                format!("pools[{i}].name"),
+                format!("{RECONCILER_LEASE:?} is the reconciler's lease key; rename the pool"),
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+[providers.local]
+kind = "process"
+command = ["/bin/sleep", "600"]
+
+[providers.lxd]
+kind = "external"
+executable = "/usr/local/bin/garm-provider-lxd"
+config_file = "/etc/runyard/lxd.toml"
+interface_version = "v0.1.1"
+environment_variables = ["LXD_"]
+exec_timeout = "2m"
+
+[[pools]]
+name = "linux-x64"
+forge = "github"
+scope = { org = "acme" }
+runner_group_id = 1
+labels = ["self-hosted", "linux", "x64"]
+provider = "lxd"
+image = "ubuntu:24.04"
+flavors = [{ name = "small", memory = "4GiB", cpus = 2 }, { name = "large", memory = "16GiB", cpus = 8 }]
+min_idle = 1
+max_runners = 20
+idle_timeout = "5m"
+bootstrap_timeout = "20m"
+priority = 10
+
+[scaler]
+lease_ttl = "2s"
+"#;
+
+    #[test]
+    fn the_documented_example_parses() {
+        let f = ScalerFile::parse(GOOD).expect("valid");
+        assert_eq!(f.pools[0].flavors[1].memory, ByteSize::gib(16));
+        assert_eq!(f.scaler.lease_ttl, Duration::from_secs(2));
+        assert_eq!(f.scaler.idle_backoff, Duration::from_secs(10));
+        assert!(matches!(
+            f.providers["lxd"],
+            ProviderConfig::External { ref interface_version, .. } if interface_version == "v0.1.1"
+        ));
+    }
+
+    fn refused(text: &str) -> ConfigError {
+        ScalerFile::parse(text).expect_err("must be refused")
+    }
+
+    #[test]
+    fn bad_files_are_refused_naming_the_field() {
+        let e = refused(&GOOD.replace("priority = 10", "priority = 10\ncolour = 1"));
+        assert!(e.message.contains("colour"), "{e}");
+        let e = refused(&GOOD.replace("provider = \"lxd\"", "provider = \"nope\""));
+        assert_eq!(e.field, "pools[0].provider");
+        let e = refused(&GOOD.replace("min_idle = 1", "min_idle = 21"));
+        assert_eq!(e.field, "pools[0].min_idle");
+        let e = refused(&GOOD.replace(
+            "{ name = \"small\", memory = \"4GiB\", cpus = 2 }, { name = \"large\", memory = \"16GiB\", cpus = 8 }",
+            "{ name = \"large\", memory = \"16GiB\", cpus = 8 }, { name = \"small\", memory = \"4GiB\", cpus = 2 }",
+        ));
+        assert_eq!(e.field, "pools[0].flavors");
+        let dup = format!(
+            "{GOOD}\n{}",
+            &GOOD[GOOD.find("[[pools]]").unwrap_or(0)..GOOD.find("[scaler]").unwrap_or(0)]
+        );
+        let e = refused(&dup);
+        assert!(e.message.contains("duplicate pool name"), "{e}");
+        let e = refused(&GOOD.replace("name = \"linux-x64\"", "name = \"Linux X64\""));
+        assert_eq!(e.field, "pools[0].name");
+        let e = refused(&GOOD.replace("scope = { org = \"acme\" }", "scope = { group_id = 3 }"));
+        assert_eq!(e.field, "pools[0].scope");
+        let e = refused(&GOOD.replace("v0.1.1", "v9"));
+        assert_eq!(e.field, "providers.lxd.interface_version");
+        let e = refused(&GOOD.replace("kind = \"process\"", "kind = \"teleport\""));
+        assert!(e.message.contains("teleport"), "{e}");
+    }
+
+    const RECONCILER: &str = r#"
+[reconciler]
+interval = "60s"
+github_repos = ["acme/app"]
+github_hooks = [{ org = "acme", hook_id = 42 }, { repo = "acme/app", hook_id = 7 }, { app = true }]
+gitlab_projects = [123]
+api_budget_per_hour = 600
+"#;
+
+    #[test]
+    fn the_documented_reconciler_parses_into_typed_hooks() {
+        let f = ScalerFile::parse(&format!("{GOOD}{RECONCILER}")).expect("valid");
+        let r = f.reconciler.expect("section");
+        assert_eq!(r.interval, Duration::from_secs(60));
+        assert_eq!(r.github_repos, ["acme/app"]);
+        assert_eq!(
+            r.github_hooks,
+            [
+                GitHubHook::Org {
+                    org: "acme".into(),
+                    hook_id: 42
+                },
+                GitHubHook::Repo {
+                    owner: "acme".into(),
+                    repo: "app".into(),
+                    hook_id: 7
+                },
+                GitHubHook::App,
+            ]
+        );
+        assert_eq!((r.gitlab_projects, r.api_budget_per_hour), (vec![123], 600));
+        let minimal = ScalerFile::parse(&format!("{GOOD}\n[reconciler]\n")).expect("valid");
+        let r = minimal.reconciler.expect("section");
+        assert_eq!(
+            (r.interval, r.api_budget_per_hour, r.github_hooks.len()),
+            (Duration::from_secs(60), 600, 0)
+        );
+    }
+
+    #[test]
+    fn bad_reconciler_sections_are_refused() {
+        let with =
+            |from: &str, to: &str| refused(&format!("{GOOD}{}", RECONCILER.replace(from, to)));
+        for (from, to, says) in [
+            ("hook_id = 42 }", "hook_id = 42, colour = 1 }", "colour"),
+            (
+                "{ org = \"acme\", hook_id = 42 }",
+                "{ org = \"acme\" }",
+                "a hook is",
+            ),
+            ("{ app = true }", "{ app = true, hook_id = 3 }", "a hook is"),
+            ("{ app = true }", "{ app = false }", "a hook is"),
+            (
+                "{ repo = \"acme/app\", hook_id = 7 }",
+                "{ repo = \"app\", hook_id = 7 }",
+                "owner/name",
+            ),
+            (
+                "{ org = \"acme\", hook_id = 42 }",
+                "{ org = \"acme\", repo = \"acme/app\", hook_id = 42 }",
+                "a hook is",
+            ),
+            (
+                "api_budget_per_hour = 600",
+                "api_budget = 600",
+                "api_budget",
+            ),
+        ] {
+            let e = with(from, to);
+            assert!(e.message.contains(says), "{to}: {e}");
+        }
+        let e = with("github_repos = [\"acme/app\"]", "github_repos = [\"acme\"]");
+        assert_eq!(e.field, "reconciler.github_repos[0]");
+        let e = with("interval = \"60s\"", "interval = \"0s\"");
+        assert_eq!(e.field, "reconciler.interval");
+        let e = with("api_budget_per_hour = 600", "api_budget_per_hour = 0");
+        assert_eq!(e.field, "reconciler.api_budget_per_hour");
+        let e = refused(&format!(
+            "{}{RECONCILER}",
+            GOOD.replace("name = \"linux-x64\"", "name = \"reconciler\"")
+        ));
+        assert_eq!(e.field, "pools[0].name");
+    }
+}

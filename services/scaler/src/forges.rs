@@ -1,0 +1,245 @@
+//! The forge side of a runner: registering it just in time (GitHub JIT
+//! config, GitLab runner token), asking whether it is busy, listing and
+//! deleting it. One place that knows the pool's forge and scope.
+
+use runyard_forge::api::ApiError;
+use runyard_forge::api::github::{DeleteRunner, GitHubClient, GitHubScope};
+use runyard_forge::api::gitlab::{GitLabClient, RunnerType};
+use secrecy::SecretString;
+
+use crate::config::{PoolConfig, Scope};
+
+/// A registered runner.
+#[derive(Debug)]
+pub struct Registration {
+    /// What the instance is started with (`{jit_config}`).
+    pub jit_config: SecretString,
+    /// The forge's runner id.
+    pub runner_id: u64,
+}
+
+/// A runner as the forge lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ForgeRunner {
+    /// Forge id.
+    pub id: u64,
+    /// Name (the instance name).
+    pub name: String,
+    /// Connected.
+    pub online: bool,
+    /// Running a job (lags on GitHub).
+    pub busy: bool,
+}
+
+/// What a delete on the forge did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unregistered {
+    /// Gone (or was never there).
+    Gone,
+    /// The runner is running a job: it stays.
+    Busy,
+}
+
+/// The forge clients.
+#[derive(Debug, Clone, Default)]
+pub struct Forges {
+    /// GitHub, when credentials are configured.
+    pub github: Option<GitHubClient>,
+    /// GitLab, when configured.
+    pub gitlab: Option<GitLabClient>,
+}
+
+/// A forge call that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ForgeError {
+    /// No client for the pool's forge.
+    #[error("no {0} credentials configured")]
+    NotConfigured(&'static str),
+    /// The API failed.
+    #[error(transparent)]
+    Api(#[from] ApiError),
+}
+
+fn github_scope(scope: &Scope) -> GitHubScope {
+    if let Some(repo) = &scope.repo {
+        let (owner, name) = repo.split_once('/').unwrap_or((repo, ""));
+        GitHubScope::Repo {
+            owner: owner.to_owned(),
+            repo: name.to_owned(),
+        }
+    } else if let Some(org) = &scope.org {
+        GitHubScope::Org(org.clone())
+    } else {
+        GitHubScope::Enterprise(scope.enterprise.clone().unwrap_or_default())
+    }
+}
+
+fn gitlab_type(scope: &Scope) -> RunnerType {
+    match (scope.group_id, scope.project_id) {
+        (Some(g), _) => RunnerType::Group(g),
+        (_, Some(p)) => RunnerType::Project(p),
+        _ => RunnerType::Instance,
+    }
+}
+
+/// The label every runyard runner carries on GitHub.
+pub fn pool_label(pool: &str) -> String {
+    format!("runyard-pool={pool}")
+}
+
+/// Rate-limited calls wait and go again this many times before the error
+/// counts (a rate limit is the forge asking for patience, not a failure).
+const RATE_LIMIT_PATIENCE: u32 = 8;
+
+/// Runs `call`, waiting out rate limits (at most a minute each).
+async fn patiently<T, F, Fut>(mut call: F) -> Result<T, ApiError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, ApiError>>,
+{
+    let mut waited = 0;
+    loop {
+        match call().await {
+            Err(ApiError::RateLimited { retry_after }) if waited < RATE_LIMIT_PATIENCE => {
+                waited += 1;
+                let jitter = retry_after.mul_f64(rand::random::<f64>() * 0.2);
+                tracing::warn!(
+                    wait_ms = (retry_after + jitter).as_millis() as u64,
+                    "forge rate limit; waiting"
+                );
+                tokio::time::sleep((retry_after + jitter).min(std::time::Duration::from_secs(60)))
+                    .await;
+            }
+            other => return other,
+        }
+    }
+}
+
+impl Forges {
+    fn github(&self) -> Result<&GitHubClient, ForgeError> {
+        self.github
+            .as_ref()
+            .ok_or(ForgeError::NotConfigured("GitHub"))
+    }
+
+    fn gitlab(&self) -> Result<&GitLabClient, ForgeError> {
+        self.gitlab
+            .as_ref()
+            .ok_or(ForgeError::NotConfigured("GitLab"))
+    }
+
+    /// Registers runner `name` for `pool`. On GitHub a runner of that name
+    /// left by an earlier attempt is removed first (JIT names are unique).
+    pub async fn register(
+        &self,
+        pool: &PoolConfig,
+        name: &str,
+    ) -> Result<Registration, ForgeError> {
+        let mut labels = pool.labels.clone();
+        if pool.forge == "gitlab" {
+            let gl = self.gitlab()?;
+            let kind = gitlab_type(&pool.scope);
+            let runner = patiently(|| gl.create_runner(kind, &labels, false, name)).await?;
+            return Ok(Registration {
+                jit_config: runner.token,
+                runner_id: runner.id,
+            });
+        }
+        labels.push(pool_label(&pool.name));
+        let gh = self.github()?;
+        let scope = github_scope(&pool.scope);
+        let jit = || gh.generate_jitconfig(&scope, name, pool.runner_group_id, &labels, None);
+        let first = patiently(jit).await;
+        let jit = match first {
+            Err(ApiError::Status { status: 409, .. }) => {
+                // Left over from a failed attempt: it never ran a job.
+                if let Some(old) = patiently(|| gh.list_runners(&scope))
+                    .await?
+                    .into_iter()
+                    .find(|r| r.name == name)
+                {
+                    patiently(|| gh.delete_runner(&scope, old.id)).await?;
+                }
+                patiently(jit).await?
+            }
+            other => other?,
+        };
+        Ok(Registration {
+            jit_config: jit.encoded_jit_config,
+            runner_id: jit.runner_id,
+        })
+    }
+
+    /// Removes a runner from the forge; `Busy` when it runs a job.
+    pub async fn unregister(
+        &self,
+        pool: &PoolConfig,
+        runner_id: u64,
+    ) -> Result<Unregistered, ForgeError> {
+        if pool.forge == "gitlab" {
+            let gl = self.gitlab()?;
+            patiently(|| gl.delete_runner(runner_id)).await?;
+            return Ok(Unregistered::Gone);
+        }
+        let scope = github_scope(&pool.scope);
+        let gh = self.github()?;
+        Ok(
+            match patiently(|| gh.delete_runner(&scope, runner_id)).await? {
+                DeleteRunner::Busy => Unregistered::Busy,
+                DeleteRunner::Deleted | DeleteRunner::NotFound => Unregistered::Gone,
+            },
+        )
+    }
+
+    /// One runner's state; `None` when the forge no longer has it.
+    pub async fn runner(
+        &self,
+        pool: &PoolConfig,
+        runner_id: u64,
+    ) -> Result<Option<ForgeRunner>, ForgeError> {
+        if pool.forge == "gitlab" {
+            // GitLab's ephemeral runners take one job and go: never "idle but
+            // busy"; the delete itself is the confirmation.
+            return Ok(Some(ForgeRunner {
+                id: runner_id,
+                name: String::new(),
+                online: true,
+                busy: false,
+            }));
+        }
+        let scope = github_scope(&pool.scope);
+        Ok(self
+            .github()?
+            .get_runner(&scope, runner_id)
+            .await?
+            .map(|r| ForgeRunner {
+                id: r.id,
+                name: r.name,
+                online: r.status == "online",
+                busy: r.busy,
+            }))
+    }
+
+    /// The pool's runners on the forge (GitHub: those carrying the pool's
+    /// label; GitLab is not listed).
+    pub async fn list(&self, pool: &PoolConfig) -> Result<Vec<ForgeRunner>, ForgeError> {
+        if pool.forge == "gitlab" {
+            return Ok(Vec::new());
+        }
+        let label = pool_label(&pool.name);
+        let scope = github_scope(&pool.scope);
+        Ok(self
+            .github()?
+            .list_runners(&scope)
+            .await?
+            .into_iter()
+            .filter(|r| r.labels.contains(&label))
+            .map(|r| ForgeRunner {
+                id: r.id,
+                name: r.name,
+                online: r.status == "online",
+                busy: r.busy,
+            })
+            .collect())
+    }
+}

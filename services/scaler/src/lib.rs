@@ -1,0 +1,468 @@
+//! runyard scaler: keeps pools of CI runners at the size the queue needs.
+//! It folds job and runner events from the log into its view of the world,
+//! holds a lease per pool so exactly one replica acts on it, creates a
+//! right-sized runner per queued job (claimed once, named deterministically)
+//! and removes runners that are done, idle past their time or never came up.
+
+pub mod config;
+pub mod engine;
+pub mod forges;
+pub mod kv;
+mod metrics;
+pub mod policy;
+pub mod provider;
+pub mod sizing;
+pub mod world;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use axum::extract::State as AxumState;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use runyard_bus::consumer::{Consumer, ConsumerConfig, Deliver, Delivery, Handler, HandlerError};
+use runyard_bus::{Bus, StreamSettings};
+use runyard_events::{Event, Forge, Namespace};
+use runyard_forge::api::github::{GitHubAuth, GitHubClient};
+use runyard_forge::api::gitlab::GitLabClient;
+use runyard_telemetry::Metrics;
+use secrecy::SecretString;
+use serde_json::json;
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, watch};
+use uuid::Uuid;
+
+pub use config::{Config, ScalerFile};
+use engine::{Engine, Pool, Shared};
+use forges::Forges;
+use kv::Coordination;
+use metrics::ScalerMetrics;
+use policy::PoolSpec;
+use provider::Provider;
+use sizing::Allocator;
+
+/// The controller id: UUIDv5 of the namespace (in the OID namespace), the
+/// same on every replica of one stack.
+pub fn controller_id(ns: &Namespace) -> Uuid {
+    Uuid::new_v5(&Uuid::NAMESPACE_OID, ns.as_str().as_bytes())
+}
+
+/// A pool's id: UUIDv5(controller id, pool name), stable across restarts,
+/// replicas and edits that keep the name.
+pub fn pool_id(controller: &Uuid, pool: &str) -> Uuid {
+    Uuid::new_v5(controller, pool.as_bytes())
+}
+
+/// A built scaler: configuration checked, connected, listening.
+#[derive(Debug)]
+pub struct App {
+    shared: Arc<Shared>,
+    registry: Metrics,
+    listener: TcpListener,
+}
+
+fn forge_host(pool: &config::PoolConfig, config: &Config) -> String {
+    if let Some(i) = &pool.instance {
+        return i.clone();
+    }
+    if pool.forge == "gitlab" {
+        return config
+            .gitlab_api_url
+            .as_deref()
+            .and_then(|u| u.split("://").nth(1))
+            .map(|rest| rest.split(['/', ':']).next().unwrap_or(rest).to_owned())
+            .unwrap_or_else(|| "gitlab.com".into());
+    }
+    let api = config.github_api_url.as_str();
+    if api.contains("api.github.com") {
+        return "github.com".into();
+    }
+    "github.com".into()
+}
+
+fn read_secret(path: &std::path::Path) -> anyhow::Result<SecretString> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    Ok(SecretString::from(text.trim().to_owned()))
+}
+
+fn forges(config: &Config, file: &ScalerFile) -> anyhow::Result<Forges> {
+    let timeout = file.scaler.forge_timeout;
+    let gh = file.github.clone().unwrap_or_default();
+    let app_id = config.github_app_id.or(gh.app_id);
+    let key_file = config
+        .github_app_private_key_file
+        .clone()
+        .or(gh.private_key_file);
+    let github_auth = match (app_id, key_file, &config.github_token) {
+        (Some(app_id), Some(key), _) => Some(GitHubAuth::App {
+            app_id,
+            private_key_pem: read_secret(&key)?,
+            installation_id: config.github_app_installation_id.or(gh.installation_id),
+        }),
+        (_, _, Some(token)) => Some(GitHubAuth::Token(token.clone())),
+        _ => None,
+    };
+    let github = github_auth
+        .map(|auth| GitHubClient::new(&config.github_api_url, auth, timeout))
+        .transpose()
+        .context("GitHub client")?;
+    let gl = file.gitlab.clone().unwrap_or_default();
+    let gitlab_url = config.gitlab_api_url.clone().or(gl.api_url);
+    let gitlab_token = match (&config.gitlab_token, gl.token_file) {
+        (Some(t), _) => Some(t.clone()),
+        (None, Some(f)) => Some(read_secret(&f)?),
+        _ => None,
+    };
+    let gitlab = match (gitlab_url, gitlab_token) {
+        (Some(url), Some(token)) => {
+            Some(GitLabClient::new(&url, token, timeout).context("GitLab client")?)
+        }
+        _ => None,
+    };
+    Ok(Forges { github, gitlab })
+}
+
+impl App {
+    /// Checks the configuration, connects to NATS and binds the listener.
+    /// `file` overrides `RUNYARD_SCALER_CONFIG` (tests pass it in).
+    pub async fn build(config: Config, file: Option<ScalerFile>) -> anyhow::Result<Self> {
+        let file = match (file, &config.scaler_config) {
+            (Some(f), _) => f,
+            (None, Some(path)) => ScalerFile::load(path)
+                .with_context(|| format!("scaler configuration {}", path.display()))?,
+            (None, None) => {
+                tracing::warn!("RUNYARD_SCALER_CONFIG is not set: no pools to scale");
+                ScalerFile::default()
+            }
+        };
+        file.validate().context("scaler configuration")?;
+        let ns = Namespace::new(config.namespace.clone())?;
+        let controller = controller_id(&ns);
+        let state_dir: PathBuf = file.scaler.state_dir.clone().unwrap_or_else(|| {
+            std::env::temp_dir().join(format!("runyard-scaler-{}", ns.as_str()))
+        });
+        let mut pools = HashMap::new();
+        let mut specs = Vec::new();
+        for p in &file.pools {
+            let provider_config = &file.providers[&p.provider];
+            let spec = PoolSpec {
+                name: p.name.clone(),
+                forge: if p.forge == "gitlab" {
+                    Forge::Gitlab
+                } else {
+                    Forge::Github
+                },
+                instance: forge_host(p, &config),
+                labels: p.labels.iter().map(|l| l.to_ascii_lowercase()).collect(),
+                min_idle: p.min_idle,
+                max_runners: p.max_runners,
+                idle_timeout: p.idle_timeout,
+                bootstrap_timeout: p.bootstrap_timeout,
+                priority: p.priority,
+            };
+            specs.push(spec.clone());
+            pools.insert(
+                p.name.clone(),
+                Arc::new(Pool {
+                    config: p.clone(),
+                    spec,
+                    id: pool_id(&controller, &p.name).to_string(),
+                    provider: Provider::from_config(
+                        &p.provider,
+                        provider_config,
+                        &controller.to_string(),
+                        &state_dir,
+                    ),
+                    provider_name: p.provider.clone(),
+                }),
+            );
+        }
+        let forges = forges(&config, &file)?;
+        let bus = Bus::connect(&config.nats_url, ns, "runyard-scaler", true).await?;
+        let replica = format!(
+            "{}-{}",
+            std::process::id(),
+            &Uuid::new_v4().simple().to_string()[..8]
+        );
+        let coord = wait_for(|| Coordination::open(&bus, file.scaler.lease_ttl, replica.clone()))
+            .await
+            .context("opening the lease and claim buckets")?;
+        let db = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(2)
+            .acquire_timeout(Duration::from_secs(1))
+            .connect_lazy(&config.database_url)
+            .ok();
+        let registry = Metrics::new();
+        let metrics = ScalerMetrics::register(&registry);
+        let provider_names: Vec<&str> = file.providers.keys().map(String::as_str).collect();
+        let pool_names: Vec<&str> = file.pools.iter().map(|p| p.name.as_str()).collect();
+        metrics.init(&provider_names, &pool_names);
+        let listener = TcpListener::bind(config.scaler_http_listen)
+            .await
+            .with_context(|| format!("binding {}", config.scaler_http_listen))?;
+        tracing::info!(addr = %listener.local_addr()?, namespace = %bus.namespace(), %replica, pools = specs.len(), "scaler listening");
+        let shared = Arc::new(Shared {
+            pools,
+            specs,
+            bus,
+            coord,
+            forges,
+            allocator: Allocator::new(
+                &config.allocator_url,
+                config.allocator_client_token.clone(),
+                file.scaler.allocator_timeout,
+            ),
+            db,
+            timers: file.scaler.clone(),
+            metrics,
+            status: RwLock::new(Vec::new()),
+        });
+        Ok(Self {
+            shared,
+            registry,
+            listener,
+        })
+    }
+
+    /// The HTTP listener's address.
+    pub fn local_addr(&self) -> SocketAddr {
+        #[allow(clippy::expect_used)]
+        self.listener.local_addr().expect("bound listener")
+    }
+
+    /// Runs until `shutdown` resolves: operations under way finish, leases
+    /// are released so another replica takes over at once.
+    pub async fn run(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> anyhow::Result<()> {
+        let stop = runyard_telemetry::cancel_on(shutdown);
+        let (events_tx, events_rx) = mpsc::channel(8192);
+        let (caught_up_tx, caught_up) = watch::channel(false);
+        let caught_up_tx = Arc::new(caught_up_tx);
+        let consumer = {
+            let shared = self.shared.clone();
+            let stop = stop.clone();
+            let caught_up_tx = caught_up_tx.clone();
+            tokio::spawn(async move {
+                follow(shared, events_tx, caught_up_tx, stop).await;
+            })
+        };
+        let claims = {
+            let shared = self.shared.clone();
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                loop {
+                    if let Ok(n) = shared.coord.claims_held().await {
+                        shared
+                            .metrics
+                            .claims_held
+                            .set(i64::try_from(n).unwrap_or(i64::MAX));
+                    }
+                    if let Some(gh) = &shared.forges.github
+                        && let Some(left) = gh.rate_limit_remaining()
+                    {
+                        shared
+                            .metrics
+                            .github_rate_limit_remaining
+                            .set(i64::try_from(left).unwrap_or(i64::MAX));
+                    }
+                    tokio::select! {
+                        () = stop.cancelled() => return,
+                        () = tokio::time::sleep(Duration::from_secs(5)) => {}
+                    }
+                }
+            })
+        };
+        let engine = {
+            let engine = Engine::new(self.shared.clone());
+            let stop = stop.clone();
+            let caught_up = caught_up.clone();
+            tokio::spawn(async move { engine.run(events_rx, caught_up, stop).await })
+        };
+        let http_state = HttpState {
+            shared: self.shared.clone(),
+            registry: self.registry.clone(),
+            caught_up,
+        };
+        let router = axum::Router::new()
+            .route(
+                "/healthz",
+                get(|| async { axum::Json(json!({"status": "ok"})) }),
+            )
+            .route("/readyz", get(readyz))
+            .route("/metrics", get(metrics_text))
+            .route("/v1/pools", get(pools))
+            .with_state(http_state);
+        let http_stop = stop.clone();
+        let http = tokio::spawn(async move {
+            axum::serve(self.listener, router)
+                .with_graceful_shutdown(async move { http_stop.cancelled().await })
+                .await
+        });
+        stop.cancelled().await;
+        let _ = engine.await;
+        let _ = consumer.await;
+        let _ = claims.await;
+        let _ = http.await;
+        let _ =
+            tokio::time::timeout(Duration::from_secs(5), self.shared.bus.client().flush()).await;
+        tracing::info!("scaler stopped");
+        Ok(())
+    }
+}
+
+async fn wait_for<T, E: std::fmt::Display, F: Future<Output = Result<T, E>>>(
+    mut f: impl FnMut() -> F,
+) -> Result<T, E> {
+    let mut last = None;
+    for _ in 0..50 {
+        match f().await {
+            Ok(v) => return Ok(v),
+            Err(e) => {
+                tracing::warn!(error = %e, "not ready yet; retrying");
+                last = Some(e);
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+    #[allow(clippy::expect_used)]
+    Err(last.expect("at least one attempt"))
+}
+
+/// Hands the log's job and runner events to the engine; says when the
+/// history that existed at start has been read.
+#[derive(Debug)]
+struct Forward {
+    tx: mpsc::Sender<Event>,
+    target: u64,
+    caught_up: Arc<watch::Sender<bool>>,
+    seen: AtomicU64,
+}
+
+impl Handler for Forward {
+    async fn handle(&self, batch: &[Delivery]) -> Result<Vec<(u64, String)>, HandlerError> {
+        for d in batch {
+            if self.tx.send(d.event.clone()).await.is_err() {
+                return Err(HandlerError::Transient("the engine stopped".into()));
+            }
+            self.seen.fetch_max(d.seq, Ordering::SeqCst);
+        }
+        if self.seen.load(Ordering::SeqCst) >= self.target {
+            self.caught_up
+                .send_if_modified(|v| !std::mem::replace(v, true));
+        }
+        Ok(Vec::new())
+    }
+}
+
+async fn follow(
+    shared: Arc<Shared>,
+    tx: mpsc::Sender<Event>,
+    caught_up: Arc<watch::Sender<bool>>,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    let bus = &shared.bus;
+    let ns = bus.namespace().clone();
+    loop {
+        if stop.is_cancelled() {
+            return;
+        }
+        let ready = bus.is_connected()
+            && bus
+                .create_streams_if_missing(&StreamSettings::default())
+                .await
+                .is_ok();
+        let target = match bus.jetstream().get_stream(ns.events_stream()).await {
+            Ok(mut s) if ready => s.info().await.map(|i| i.state.last_sequence).ok(),
+            _ => None,
+        };
+        let Some(target) = target else {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            continue;
+        };
+        let start = time::OffsetDateTime::now_utc() - shared.timers.lookback;
+        let config = ConsumerConfig {
+            durable: None,
+            description: "runyard scaler".into(),
+            filter_subjects: vec![
+                format!("{}.v1.job.>", ns.as_str()),
+                format!("{}.v1.runner.>", ns.as_str()),
+            ],
+            deliver: Deliver::ByStartTime(start),
+            batch_size: 500,
+            batch_wait: Duration::from_millis(2),
+            ..ConsumerConfig::default()
+        };
+        match Consumer::bind(bus, config, None).await {
+            Ok(consumer) => {
+                if target == 0 {
+                    caught_up.send_if_modified(|v| !std::mem::replace(v, true));
+                }
+                let handler = Forward {
+                    tx: tx.clone(),
+                    target,
+                    caught_up: caught_up.clone(),
+                    seen: AtomicU64::new(0),
+                };
+                consumer.run(handler, stop.clone()).await;
+                return;
+            }
+            Err(error) => {
+                tracing::warn!(%error, "cannot follow the log yet; retrying");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+    }
+}
+
+#[derive(Clone)]
+struct HttpState {
+    shared: Arc<Shared>,
+    registry: Metrics,
+    caught_up: watch::Receiver<bool>,
+}
+
+async fn readyz(AxumState(s): AxumState<HttpState>) -> Response {
+    let nats = s.shared.bus.is_connected();
+    let caught_up = *s.caught_up.borrow();
+    let status = if nats && caught_up {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (
+        status,
+        axum::Json(json!({"nats_connected": nats, "caught_up": caught_up})),
+    )
+        .into_response()
+}
+
+async fn metrics_text(AxumState(s): AxumState<HttpState>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            runyard_telemetry::METRICS_CONTENT_TYPE,
+        )],
+        s.registry.encode(),
+    )
+        .into_response()
+}
+
+async fn pools(AxumState(s): AxumState<HttpState>) -> Response {
+    let pools = s
+        .shared
+        .status
+        .read()
+        .map(|p| p.clone())
+        .unwrap_or_default();
+    axum::Json(json!({ "pools": pools })).into_response()
+}

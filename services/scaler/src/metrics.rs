@@ -1,0 +1,266 @@
+//! The scaler's Prometheus metrics (`runyard_scaler_*`).
+
+use std::time::Instant;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use runyard_telemetry::Metrics;
+
+use crate::policy::PoolStatus;
+
+/// A pool.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolLabel {
+    /// Pool name.
+    pub pool: String,
+}
+
+/// A decision kind.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DecisionLabel {
+    /// `create`, `create_idle`, `replace`, `retry`, `give_up`, `reap`, `delete`, `confirm_idle`.
+    pub decision: &'static str,
+}
+
+/// A provider call.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ProviderLabel {
+    /// Provider name.
+    pub provider: String,
+    /// `create`, `delete`, `list`.
+    pub op: &'static str,
+}
+
+/// What the reconciler found missing from the log.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FoundLabel {
+    /// `github_job`, `gitlab_job` (a job status published from a poll) or
+    /// `redelivery` (a failed webhook delivery sent again).
+    pub kind: &'static str,
+}
+
+/// A forge.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ForgeLabel {
+    /// `github` or `gitlab`.
+    pub forge: &'static str,
+}
+
+/// How a reconciler cycle ended.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CycleLabel {
+    /// `complete`, `errors` (some calls failed), `budget_exhausted` (the
+    /// hourly API budget ran out, the rest was skipped) or `lease_lost`.
+    pub outcome: &'static str,
+}
+
+/// Handles to the metrics the scaler updates.
+#[derive(Clone, Debug)]
+pub struct ScalerMetrics {
+    /// Runners each pool should have.
+    pub desired: Family<PoolLabel, Gauge>,
+    /// Runners alive per pool.
+    pub actual: Family<PoolLabel, Gauge>,
+    /// Idle runners per pool.
+    pub idle: Family<PoolLabel, Gauge>,
+    /// Runners being created or booting per pool.
+    pub creating: Family<PoolLabel, Gauge>,
+    /// Jobs waiting per pool.
+    pub queued: Family<PoolLabel, Gauge>,
+    /// 1 for each pool whose lease this replica holds.
+    pub leases_held: Family<PoolLabel, Gauge>,
+    /// Decisions made.
+    pub decisions: Family<DecisionLabel, Counter>,
+    /// Provider call latency.
+    pub provider_latency: Family<ProviderLabel, Histogram>,
+    /// Failed provider calls.
+    pub provider_errors: Family<ProviderLabel, Counter>,
+    /// Queued → started wait of jobs (seconds, from the forge's timestamps).
+    pub queue_wait: Histogram,
+    /// Claims in `<NS>_CLAIMS`.
+    pub claims_held: Gauge,
+    /// The GitHub API's `x-ratelimit-remaining`.
+    pub github_rate_limit_remaining: Gauge,
+    /// Lost events the reconciler made up for.
+    pub reconciler_found: Family<FoundLabel, Counter>,
+    /// Forge API requests the reconciler sent.
+    pub reconciler_api_calls: Family<ForgeLabel, Counter>,
+    /// Reconciler cycles by outcome.
+    pub reconciler_cycles: Family<CycleLabel, Counter>,
+}
+
+impl ScalerMetrics {
+    /// Creates and registers the metrics.
+    pub fn register(registry: &Metrics) -> Self {
+        let m = Self {
+            desired: Family::default(),
+            actual: Family::default(),
+            idle: Family::default(),
+            creating: Family::default(),
+            queued: Family::default(),
+            leases_held: Family::default(),
+            decisions: Family::default(),
+            provider_latency: Family::new_with_constructor(|| {
+                Histogram::new(exponential_buckets(0.001, 2.0, 18))
+            }),
+            provider_errors: Family::default(),
+            queue_wait: Histogram::new(exponential_buckets(0.1, 2.0, 16)),
+            claims_held: Gauge::default(),
+            github_rate_limit_remaining: Gauge::default(),
+            reconciler_found: Family::default(),
+            reconciler_api_calls: Family::default(),
+            reconciler_cycles: Family::default(),
+        };
+        registry.register(|r| {
+            let r = r.sub_registry_with_prefix("scaler");
+            r.register(
+                "pool_desired_runners",
+                "Runners each pool should have",
+                m.desired.clone(),
+            );
+            r.register(
+                "pool_actual_runners",
+                "Runners alive per pool",
+                m.actual.clone(),
+            );
+            r.register("pool_idle_runners", "Idle runners per pool", m.idle.clone());
+            r.register(
+                "pool_creating_runners",
+                "Runners being created or booting per pool",
+                m.creating.clone(),
+            );
+            r.register(
+                "pool_queued_jobs",
+                "Jobs waiting for a runner per pool",
+                m.queued.clone(),
+            );
+            r.register(
+                "pool_lease_held",
+                "1 for each pool whose lease this replica holds",
+                m.leases_held.clone(),
+            );
+            r.register(
+                "decisions",
+                "Scaling decisions, by kind",
+                m.decisions.clone(),
+            );
+            r.register(
+                "provider_call_seconds",
+                "Provider call latency",
+                m.provider_latency.clone(),
+            );
+            r.register(
+                "provider_errors",
+                "Failed provider calls",
+                m.provider_errors.clone(),
+            );
+            r.register(
+                "queue_wait_seconds",
+                "Queued to started wait of jobs",
+                m.queue_wait.clone(),
+            );
+            r.register(
+                "claims_held",
+                "Job claims in the claims bucket",
+                m.claims_held.clone(),
+            );
+            r.register(
+                "github_rate_limit_remaining",
+                "The GitHub API's remaining request budget",
+                m.github_rate_limit_remaining.clone(),
+            );
+            r.register(
+                "reconciler_found",
+                "Lost webhook events the reconciler made up for, by kind",
+                m.reconciler_found.clone(),
+            );
+            r.register(
+                "reconciler_api_calls",
+                "Forge API requests the reconciler sent, by forge",
+                m.reconciler_api_calls.clone(),
+            );
+            r.register(
+                "reconciler_cycles",
+                "Reconciler cycles, by outcome",
+                m.reconciler_cycles.clone(),
+            );
+        });
+        m
+    }
+
+    /// Makes every labelled series exist at zero, so dashboards and alerts
+    /// see a provider or decision kind before its first event.
+    pub fn init(&self, providers: &[&str], pools: &[&str]) {
+        for provider in providers {
+            for op in ["create", "delete", "list"] {
+                let label = ProviderLabel {
+                    provider: (*provider).to_owned(),
+                    op,
+                };
+                let _ = self.provider_errors.get_or_create(&label);
+                let _ = self.provider_latency.get_or_create(&label);
+            }
+        }
+        for decision in [
+            "create",
+            "create_idle",
+            "replace",
+            "retry",
+            "give_up",
+            "reap",
+            "delete",
+            "confirm_idle",
+        ] {
+            let _ = self.decisions.get_or_create(&DecisionLabel { decision });
+        }
+        for pool in pools {
+            let _ = self.leases_held.get_or_create(&PoolLabel {
+                pool: (*pool).to_owned(),
+            });
+        }
+        for kind in ["github_job", "gitlab_job", "redelivery"] {
+            let _ = self.reconciler_found.get_or_create(&FoundLabel { kind });
+        }
+        for forge in ["github", "gitlab"] {
+            let _ = self
+                .reconciler_api_calls
+                .get_or_create(&ForgeLabel { forge });
+        }
+        for outcome in ["complete", "errors", "budget_exhausted", "lease_lost"] {
+            let _ = self
+                .reconciler_cycles
+                .get_or_create(&CycleLabel { outcome });
+        }
+    }
+
+    /// Records one provider call.
+    pub fn provider_call(&self, provider: &str, op: &'static str, started: Instant, ok: bool) {
+        let label = ProviderLabel {
+            provider: provider.to_owned(),
+            op,
+        };
+        self.provider_latency
+            .get_or_create(&label)
+            .observe(started.elapsed().as_secs_f64());
+        if !ok {
+            self.provider_errors.get_or_create(&label).inc();
+        }
+    }
+
+    /// Sets the pool gauges.
+    pub fn record_pools(&self, pools: &[PoolStatus]) {
+        for s in pools {
+            let l = PoolLabel {
+                pool: s.name.clone(),
+            };
+            self.desired.get_or_create(&l).set(i64::from(s.desired));
+            self.actual.get_or_create(&l).set(i64::from(s.actual));
+            self.idle.get_or_create(&l).set(i64::from(s.idle));
+            self.creating.get_or_create(&l).set(i64::from(s.creating));
+            self.queued.get_or_create(&l).set(i64::from(s.queued));
+        }
+    }
+}

@@ -1,0 +1,385 @@
+//! The scaling policy: plain functions from what is known (pools, jobs,
+//! runners, the clock) to decisions. No IO here; the engine carries the
+//! decisions out and the simulator runs the same code in virtual time.
+
+use std::time::Duration;
+
+use runyard_events::{Forge, JobStatus};
+use serde::Serialize;
+
+use crate::world::{Clock, Job, JobId, Phase, Runner, World};
+
+/// A pool as the policy needs it.
+#[derive(Debug, Clone)]
+pub struct PoolSpec {
+    /// Name.
+    pub name: String,
+    /// Forge.
+    pub forge: Forge,
+    /// Forge host.
+    pub instance: String,
+    /// Labels, lower-cased.
+    pub labels: Vec<String>,
+    /// Idle runners kept warm.
+    pub min_idle: u32,
+    /// Most runners alive at once.
+    pub max_runners: u32,
+    /// Idle runners above `min_idle` go after this long.
+    pub idle_timeout: Duration,
+    /// Runners not online after this long are reaped.
+    pub bootstrap_timeout: Duration,
+    /// Higher wins among matching pools.
+    pub priority: i32,
+}
+
+/// Policy knobs shared by every pool.
+#[derive(Debug, Clone)]
+pub struct Knobs {
+    /// How long a job an idle runner could take waits for it.
+    pub idle_backoff: Duration,
+    /// Create attempts per runner before its job is given up.
+    pub create_attempts: u32,
+}
+
+/// What to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Claim the job and create a runner for it.
+    Create {
+        /// Pool.
+        pool: String,
+        /// The job.
+        job: JobId,
+        /// Its run attempt.
+        run_attempt: u32,
+    },
+    /// Create a runner for no job in particular (`min_idle`).
+    CreateIdle {
+        /// Pool.
+        pool: String,
+    },
+    /// Create a runner for the pool's queue: a claimed job whose runner
+    /// went to another job, and no free runner is left to take it.
+    Replace {
+        /// Pool.
+        pool: String,
+    },
+    /// Start the next create attempt of a runner whose last one failed.
+    Retry {
+        /// Runner name.
+        name: String,
+    },
+    /// No more attempts: give the runner's job up.
+    GiveUp {
+        /// Runner name.
+        name: String,
+    },
+    /// The runner never came online in time: remove its instance and count
+    /// the attempt as failed.
+    Reap {
+        /// Runner name.
+        name: String,
+    },
+    /// Remove the runner (it is not running a job).
+    Delete {
+        /// Runner name.
+        name: String,
+        /// Why (`job_completed`, `job_cancelled`, `scale_down`, `failed`).
+        reason: &'static str,
+    },
+    /// An idle runner past its idle timeout: confirm with the forge that it
+    /// stays idle, then remove it.
+    ConfirmIdle {
+        /// Runner name.
+        name: String,
+    },
+}
+
+/// One pool's numbers, as `GET /v1/pools` shows them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct PoolStatus {
+    /// Pool name.
+    pub name: String,
+    /// Runners the pool should have: busy + queued jobs + `min_idle`, capped.
+    pub desired: u32,
+    /// Runners alive (being created, booting, idle or busy).
+    pub actual: u32,
+    /// Online and waiting for a job.
+    pub idle: u32,
+    /// Being created or booting.
+    pub creating: u32,
+    /// Running a job.
+    pub busy: u32,
+    /// Jobs waiting for a runner of this pool.
+    pub queued: u32,
+    /// `max_runners`.
+    pub max_runners: u32,
+    /// `min_idle`.
+    pub min_idle: u32,
+}
+
+/// True when every job label is one of the pool's (case-insensitive; both
+/// sides lower-cased already). A job without labels matches no pool.
+pub fn labels_match(job: &[String], pool: &[String]) -> bool {
+    !job.is_empty() && job.iter().all(|l| pool.contains(l))
+}
+
+/// The pool a job goes to: among the pools of its forge and instance whose
+/// labels cover the job's, the highest priority; ties are spread by job id
+/// (round-robin over the job stream, the same answer on every replica).
+pub fn choose_pool<'a>(pools: &'a [PoolSpec], job: &Job) -> Option<&'a PoolSpec> {
+    let labels = job.labels.as_deref()?;
+    let matching: Vec<&PoolSpec> = pools
+        .iter()
+        .filter(|p| {
+            p.forge == job.id.forge
+                && p.instance == job.id.instance
+                && labels_match(labels, &p.labels)
+        })
+        .collect();
+    let top = matching.iter().map(|p| p.priority).max()?;
+    let mut tied: Vec<&PoolSpec> = matching.into_iter().filter(|p| p.priority == top).collect();
+    tied.sort_by(|a, b| a.name.cmp(&b.name));
+    let i = usize::try_from(job.id.job_id % tied.len() as u64).unwrap_or(0);
+    tied.get(i).copied()
+}
+
+/// The queued jobs that go to `pool`, oldest first.
+fn queue<'a>(world: &'a World, pools: &[PoolSpec], pool: &PoolSpec) -> Vec<&'a Job> {
+    let mut q: Vec<&Job> = world
+        .jobs
+        .values()
+        .filter(|j| j.is_queued())
+        .filter(|j| choose_pool(pools, j).is_some_and(|p| p.name == pool.name))
+        .collect();
+    q.sort_by(|a, b| a.queued_at.cmp(&b.queued_at).then(a.id.cmp(&b.id)));
+    q
+}
+
+/// Decides what to do for the pools this replica owns. `in_flight` says
+/// whether a runner has an operation under way (no second decision for it).
+pub fn decide(
+    pools: &[PoolSpec],
+    world: &World,
+    owned: &dyn Fn(&str) -> bool,
+    in_flight: &dyn Fn(&str) -> bool,
+    now: Clock,
+    knobs: &Knobs,
+) -> Vec<Decision> {
+    let mut out = Vec::new();
+    for pool in pools.iter().filter(|p| owned(&p.name)) {
+        decide_pool(pools, pool, world, in_flight, now, knobs, &mut out);
+    }
+    out
+}
+
+#[allow(clippy::too_many_arguments)]
+fn decide_pool(
+    pools: &[PoolSpec],
+    pool: &PoolSpec,
+    world: &World,
+    in_flight: &dyn Fn(&str) -> bool,
+    now: Clock,
+    knobs: &Knobs,
+    out: &mut Vec<Decision>,
+) {
+    let runners: Vec<&Runner> = world
+        .runners
+        .values()
+        .filter(|r| r.pool == pool.name)
+        .collect();
+    let job_queued = |id: &Option<JobId>| {
+        id.as_ref()
+            .and_then(|id| world.jobs.get(id))
+            .is_some_and(Job::is_queued)
+    };
+    let mut alive = runners.iter().filter(|r| r.is_alive()).count();
+    let max = pool.max_runners as usize;
+
+    // Runners whose job is done go; runners that never came online are
+    // reaped; failed attempts are retried or given up.
+    for r in runners.iter().filter(|r| !in_flight(&r.name)) {
+        match r.phase {
+            Phase::Assigned if world.runner_done(r) => out.push(Decision::Delete {
+                name: r.name.clone(),
+                reason: "job_completed",
+            }),
+            Phase::Requested | Phase::Created
+                if now.saturating_sub(r.attempt_started_at) >= pool.bootstrap_timeout =>
+            {
+                out.push(Decision::Reap {
+                    name: r.name.clone(),
+                });
+            }
+            Phase::Failed if !job_queued(&r.job) => out.push(Decision::Delete {
+                name: r.name.clone(),
+                reason: "failed",
+            }),
+            Phase::Failed if r.attempts >= knobs.create_attempts => {
+                out.push(Decision::GiveUp {
+                    name: r.name.clone(),
+                });
+            }
+            Phase::Failed if r.retry_at.is_none_or(|t| now >= t) && alive < max => {
+                alive += 1;
+                out.push(Decision::Retry {
+                    name: r.name.clone(),
+                });
+            }
+            _ => {}
+        }
+    }
+
+    // A job is served while a runner made for it is alive and free, or
+    // waiting to retry its create.
+    let served = |job: &Job| {
+        runners.iter().any(|r| {
+            r.job.as_ref() == Some(&job.id) && (r.is_unassigned() || r.phase == Phase::Failed)
+        })
+    };
+    let claimed = |job: &Job| runners.iter().any(|r| r.job.as_ref() == Some(&job.id));
+    let unserved: Vec<&Job> = queue(world, pools, pool)
+        .into_iter()
+        .filter(|j| !served(j))
+        .collect();
+    // Free runners: alive, not running a job, not held for a queued job.
+    let mut free: Vec<&Runner> = runners
+        .iter()
+        .copied()
+        .filter(|r| r.is_unassigned() && !job_queued(&r.job))
+        .collect();
+    let online_free = free.iter().filter(|r| r.phase == Phase::Online).count();
+    // Free runners each take one waiting job: online ones may take any job
+    // (which then waits `idle_backoff` for it); booting ones are kept for
+    // jobs already claimed.
+    let mut free_left = free.len();
+    let mut online_left = online_free;
+    // Jobs left waiting for a free runner (not given a new one now).
+    let mut waiting = 0;
+    for job in &unserved {
+        if claimed(job) {
+            // Its runner went to another job (a forge hands a queued job to
+            // any idle runner that matches): a free runner takes it, or,
+            // when none is left (the other job's runner failed), a
+            // replacement is made. The claim is spent: the replacement is
+            // the pool's, not the job's.
+            if free_left > 0 {
+                free_left -= 1;
+                online_left = online_left.min(free_left);
+                waiting += 1;
+            } else if alive < max {
+                alive += 1;
+                out.push(Decision::Replace {
+                    pool: pool.name.clone(),
+                });
+            } else {
+                waiting += 1;
+            }
+            continue;
+        }
+        if online_left > 0 && now.saturating_sub(job.queued_at) < knobs.idle_backoff {
+            online_left -= 1;
+            free_left -= 1;
+            waiting += 1;
+            continue;
+        }
+        if alive >= max {
+            waiting += 1;
+            continue;
+        }
+        alive += 1;
+        out.push(Decision::Create {
+            pool: pool.name.clone(),
+            job: job.id.clone(),
+            run_attempt: job.run_attempt,
+        });
+    }
+
+    // Keep min_idle free runners (booting ones count), remove the surplus.
+    let idle_to_be = free.len().saturating_sub(waiting);
+    let min_idle = pool.min_idle as usize;
+    if idle_to_be < min_idle {
+        for _ in 0..(min_idle - idle_to_be).min(max.saturating_sub(alive)) {
+            out.push(Decision::CreateIdle {
+                pool: pool.name.clone(),
+            });
+        }
+        return;
+    }
+    let mut surplus = idle_to_be - min_idle;
+    if surplus == 0 {
+        return;
+    }
+    // Runners not yet online run nothing: they go at once (newest first).
+    // Online ones go after their idle timeout, oldest first, once the forge
+    // confirms they stay idle.
+    free.sort_by_key(|r| {
+        (
+            r.phase == Phase::Online,
+            std::cmp::Reverse(r.requested_at),
+            r.idle_since,
+        )
+    });
+    for r in free.iter().filter(|r| r.phase != Phase::Online) {
+        if surplus == 0 {
+            return;
+        }
+        surplus -= 1;
+        if in_flight(&r.name) {
+            continue;
+        }
+        let cancelled = r
+            .job
+            .as_ref()
+            .and_then(|j| world.jobs.get(j))
+            .is_some_and(|j| j.status == JobStatus::Completed);
+        out.push(Decision::Delete {
+            name: r.name.clone(),
+            reason: if cancelled {
+                "job_cancelled"
+            } else {
+                "scale_down"
+            },
+        });
+    }
+    let mut online: Vec<&&Runner> = free.iter().filter(|r| r.phase == Phase::Online).collect();
+    online.sort_by_key(|r| r.idle_since);
+    for r in online.into_iter().take(surplus) {
+        let idle_for = now.saturating_sub(r.idle_since.unwrap_or(now));
+        if idle_for >= pool.idle_timeout && !in_flight(&r.name) {
+            out.push(Decision::ConfirmIdle {
+                name: r.name.clone(),
+            });
+        }
+    }
+}
+
+/// Every pool's numbers.
+pub fn status(pools: &[PoolSpec], world: &World) -> Vec<PoolStatus> {
+    pools
+        .iter()
+        .map(|pool| {
+            let mut s = PoolStatus {
+                name: pool.name.clone(),
+                max_runners: pool.max_runners,
+                min_idle: pool.min_idle,
+                ..PoolStatus::default()
+            };
+            for r in world.runners.values().filter(|r| r.pool == pool.name) {
+                match r.phase {
+                    Phase::Requested | Phase::Created => s.creating += 1,
+                    Phase::Online => s.idle += 1,
+                    Phase::Assigned => s.busy += 1,
+                    Phase::Failed | Phase::Deleted => {}
+                }
+            }
+            s.actual = s.creating + s.idle + s.busy;
+            s.queued = u32::try_from(queue(world, pools, pool).len()).unwrap_or(u32::MAX);
+            s.desired = (s.busy + s.queued + s.min_idle).min(s.max_runners);
+            s
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;

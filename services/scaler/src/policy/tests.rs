@@ -1,0 +1,477 @@
+//! Given a world, when the policy runs at some time, then these decisions.
+
+use super::*;
+
+const S: Duration = Duration::from_secs(1);
+const T0: Duration = Duration::from_secs(1_000_000);
+
+fn pool(name: &str, labels: &[&str], max: u32, min_idle: u32) -> PoolSpec {
+    PoolSpec {
+        name: name.into(),
+        forge: Forge::Github,
+        instance: "github.com".into(),
+        labels: labels.iter().map(|l| l.to_ascii_lowercase()).collect(),
+        min_idle,
+        max_runners: max,
+        idle_timeout: 300 * S,
+        bootstrap_timeout: 600 * S,
+        priority: 0,
+    }
+}
+
+fn knobs() -> Knobs {
+    Knobs {
+        idle_backoff: 10 * S,
+        create_attempts: 5,
+    }
+}
+
+fn jid(n: u64) -> JobId {
+    JobId {
+        forge: Forge::Github,
+        instance: "github.com".into(),
+        job_id: n,
+    }
+}
+
+fn job(world: &mut World, n: u64, labels: &[&str], queued_at: Clock) {
+    world.jobs.insert(
+        jid(n),
+        Job {
+            id: jid(n),
+            run_attempt: 1,
+            labels: Some(labels.iter().map(|l| l.to_ascii_lowercase()).collect()),
+            status: JobStatus::Queued,
+            cancelled: false,
+            queued_at,
+            project: "acme/app".into(),
+            project_id: 1,
+            workflow: "ci".into(),
+            name: format!("job {n}"),
+            git_ref: "main".into(),
+            runner_name: None,
+            given_up: false,
+        },
+    );
+}
+
+fn runner(world: &mut World, name: &str, pool: &str, job: Option<u64>, phase: Phase, at: Clock) {
+    world.runners.insert(
+        name.into(),
+        Runner {
+            name: name.into(),
+            pool: pool.into(),
+            job: job.map(jid),
+            run_attempt: 1,
+            claim_key: String::new(),
+            phase,
+            attempts: 1,
+            requested_at: at,
+            attempt_started_at: at,
+            idle_since: (phase == Phase::Online).then_some(at),
+            retry_at: None,
+            running: None,
+            flavor: "small".into(),
+            provider_id: None,
+            forge_runner_id: None,
+            idle_confirmed_from: None,
+            reason: String::new(),
+        },
+    );
+}
+
+fn run(pools: &[PoolSpec], world: &World, now: Clock) -> Vec<Decision> {
+    decide(pools, world, &|_| true, &|_| false, now, &knobs())
+}
+
+fn creates(d: &[Decision]) -> Vec<u64> {
+    d.iter()
+        .filter_map(|d| match d {
+            Decision::Create { job, .. } => Some(job.job_id),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_queued_job_without_an_idle_runner_gets_one_at_once() {
+    let pools = [pool("linux", &["self-hosted", "linux"], 10, 0)];
+    let mut w = World::default();
+    job(&mut w, 1, &["self-hosted", "Linux"], T0);
+    assert_eq!(creates(&run(&pools, &w, T0)), vec![1]);
+}
+
+#[test]
+fn labels_must_be_a_subset_of_the_pools() {
+    let pools = [pool("linux", &["self-hosted", "linux"], 10, 0)];
+    let mut w = World::default();
+    job(&mut w, 1, &["self-hosted", "linux", "gpu"], T0);
+    job(&mut w, 2, &[], T0);
+    assert!(run(&pools, &w, T0).is_empty());
+}
+
+#[test]
+fn priority_wins_then_ties_are_spread_by_job() {
+    let mut hi = pool("hi", &["linux"], 10, 0);
+    hi.priority = 5;
+    let pools = [pool("a", &["linux"], 10, 0), pool("b", &["linux"], 10, 0)];
+    let mut w = World::default();
+    for n in 1..=4 {
+        job(&mut w, n, &["linux"], T0);
+    }
+    let chosen: Vec<String> = (1..=4)
+        .map(|n| {
+            choose_pool(&pools, &w.jobs[&jid(n)])
+                .map(|p| p.name.clone())
+                .unwrap_or_default()
+        })
+        .collect();
+    assert_eq!(chosen, ["b", "a", "b", "a"]);
+    let with_hi = [pools[0].clone(), hi, pools[1].clone()];
+    assert_eq!(
+        choose_pool(&with_hi, &w.jobs[&jid(1)]).map(|p| p.name.as_str()),
+        Some("hi")
+    );
+}
+
+#[test]
+fn an_idle_runner_gets_the_back_off_first() {
+    let pools = [pool("linux", &["linux"], 10, 0)];
+    let mut w = World::default();
+    runner(&mut w, "idle", "linux", None, Phase::Online, T0);
+    job(&mut w, 1, &["linux"], T0 + S);
+    assert!(
+        creates(&run(&pools, &w, T0 + 2 * S)).is_empty(),
+        "waits for the idle runner"
+    );
+    assert_eq!(
+        creates(&run(&pools, &w, T0 + 11 * S)),
+        vec![1],
+        "then creates anyway"
+    );
+    // A second job has no idle runner left to wait for.
+    job(&mut w, 2, &["linux"], T0 + 2 * S);
+    assert_eq!(creates(&run(&pools, &w, T0 + 3 * S)), vec![2]);
+}
+
+#[test]
+fn a_booting_idle_runner_does_not_delay_a_job() {
+    let pools = [pool("linux", &["linux"], 10, 1)];
+    let mut w = World::default();
+    runner(&mut w, "warm", "linux", None, Phase::Created, T0);
+    job(&mut w, 1, &["linux"], T0);
+    let d = run(&pools, &w, T0 + S);
+    assert_eq!(creates(&d), vec![1]);
+    assert!(
+        !d.iter().any(|d| matches!(d, Decision::CreateIdle { .. })),
+        "{d:?}"
+    );
+}
+
+#[test]
+fn one_runner_per_job_and_never_above_max_oldest_first() {
+    let pools = [pool("linux", &["linux"], 3, 0)];
+    let mut w = World::default();
+    for n in 1..=5 {
+        job(
+            &mut w,
+            n,
+            &["linux"],
+            T0 + S * u32::try_from(n).unwrap_or(0),
+        );
+    }
+    runner(&mut w, "r1", "linux", Some(1), Phase::Requested, T0);
+    assert_eq!(creates(&run(&pools, &w, T0 + 10 * S)), vec![2, 3]);
+    runner(&mut w, "r2", "linux", Some(2), Phase::Created, T0);
+    runner(&mut w, "r3", "linux", Some(3), Phase::Created, T0);
+    assert!(
+        creates(&run(&pools, &w, T0 + 10 * S)).is_empty(),
+        "at max: jobs wait"
+    );
+    // Capacity frees as a runner goes: the oldest waiting job is next.
+    if let Some(j) = w.jobs.get_mut(&jid(1)) {
+        j.status = JobStatus::Completed;
+    }
+    if let Some(r) = w.runners.get_mut("r1") {
+        r.phase = Phase::Deleted;
+    }
+    assert_eq!(creates(&run(&pools, &w, T0 + 10 * S)), vec![4]);
+}
+
+#[test]
+fn finished_and_started_jobs_get_no_runner() {
+    let pools = [pool("linux", &["linux"], 3, 0)];
+    let mut w = World::default();
+    job(&mut w, 1, &["linux"], T0);
+    job(&mut w, 2, &["linux"], T0);
+    if let Some(j) = w.jobs.get_mut(&jid(1)) {
+        j.status = JobStatus::InProgress;
+    }
+    if let Some(j) = w.jobs.get_mut(&jid(2)) {
+        j.status = JobStatus::Completed;
+    }
+    assert!(run(&pools, &w, T0).is_empty());
+}
+
+#[test]
+fn min_idle_is_kept_and_booting_runners_count() {
+    let pools = [pool("linux", &["linux"], 5, 2)];
+    let mut w = World::default();
+    let d = run(&pools, &w, T0);
+    assert_eq!(
+        d.iter()
+            .filter(|d| matches!(d, Decision::CreateIdle { .. }))
+            .count(),
+        2
+    );
+    runner(&mut w, "w1", "linux", None, Phase::Requested, T0);
+    runner(&mut w, "w2", "linux", None, Phase::Online, T0);
+    assert!(run(&pools, &w, T0 + S).is_empty());
+}
+
+#[test]
+fn min_idle_never_breaks_max() {
+    let pools = [pool("linux", &["linux"], 2, 2)];
+    let mut w = World::default();
+    runner(&mut w, "b1", "linux", Some(1), Phase::Assigned, T0);
+    let d = run(&pools, &w, T0);
+    assert_eq!(
+        d,
+        vec![Decision::CreateIdle {
+            pool: "linux".into()
+        }]
+    );
+}
+
+#[test]
+fn idle_runners_above_min_idle_go_after_the_timeout_oldest_first_with_confirmation() {
+    let pools = [pool("linux", &["linux"], 5, 1)];
+    let mut w = World::default();
+    runner(&mut w, "old", "linux", None, Phase::Online, T0);
+    runner(&mut w, "new", "linux", None, Phase::Online, T0 + 100 * S);
+    runner(&mut w, "keep", "linux", None, Phase::Online, T0 + 200 * S);
+    assert!(run(&pools, &w, T0 + 299 * S).is_empty());
+    assert_eq!(
+        run(&pools, &w, T0 + 300 * S),
+        vec![Decision::ConfirmIdle { name: "old".into() }]
+    );
+    assert_eq!(
+        run(&pools, &w, T0 + 400 * S),
+        vec![
+            Decision::ConfirmIdle { name: "old".into() },
+            Decision::ConfirmIdle { name: "new".into() }
+        ]
+    );
+}
+
+#[test]
+fn a_busy_runner_is_never_chosen_for_removal() {
+    let pools = [pool("linux", &["linux"], 5, 0)];
+    let mut w = World::default();
+    runner(&mut w, "busy", "linux", None, Phase::Assigned, T0);
+    assert!(run(&pools, &w, T0 + 10_000 * S).is_empty());
+}
+
+#[test]
+fn a_runner_goes_when_the_job_it_ran_completes() {
+    let pools = [pool("linux", &["linux"], 5, 0)];
+    let mut w = World::default();
+    job(&mut w, 1, &["linux"], T0);
+    runner(&mut w, "r1", "linux", Some(1), Phase::Assigned, T0);
+    if let Some(r) = w.runners.get_mut("r1") {
+        r.running = Some(jid(1));
+    }
+    if let Some(j) = w.jobs.get_mut(&jid(1)) {
+        j.status = JobStatus::InProgress;
+    }
+    assert!(run(&pools, &w, T0).is_empty());
+    if let Some(j) = w.jobs.get_mut(&jid(1)) {
+        j.status = JobStatus::Completed;
+    }
+    assert_eq!(
+        run(&pools, &w, T0),
+        vec![Decision::Delete {
+            name: "r1".into(),
+            reason: "job_completed"
+        }]
+    );
+}
+
+#[test]
+fn a_job_cancelled_before_its_runner_came_online_takes_the_runner_with_it() {
+    let pools = [pool("linux", &["linux"], 5, 0)];
+    let mut w = World::default();
+    job(&mut w, 1, &["linux"], T0);
+    runner(&mut w, "r1", "linux", Some(1), Phase::Created, T0);
+    assert!(run(&pools, &w, T0 + S).is_empty());
+    if let Some(j) = w.jobs.get_mut(&jid(1)) {
+        j.status = JobStatus::Completed;
+        j.cancelled = true;
+    }
+    assert_eq!(
+        run(&pools, &w, T0 + 2 * S),
+        vec![Decision::Delete {
+            name: "r1".into(),
+            reason: "job_cancelled"
+        }]
+    );
+}
+
+#[test]
+fn a_stolen_runner_leaves_its_job_to_the_free_one() {
+    // r1 was made for job 1 but took job 2; r2 (made for job 2) is free and
+    // will take job 1: nothing new is created and nothing deleted.
+    let pools = [pool("linux", &["linux"], 5, 0)];
+    let mut w = World::default();
+    job(&mut w, 1, &["linux"], T0);
+    job(&mut w, 2, &["linux"], T0);
+    if let Some(j) = w.jobs.get_mut(&jid(2)) {
+        j.status = JobStatus::InProgress;
+    }
+    runner(&mut w, "r1", "linux", Some(1), Phase::Assigned, T0);
+    if let Some(r) = w.runners.get_mut("r1") {
+        r.running = Some(jid(2));
+    }
+    runner(&mut w, "r2", "linux", Some(2), Phase::Created, T0);
+    assert!(run(&pools, &w, T0 + 20 * S).is_empty());
+}
+
+#[test]
+fn a_runner_not_online_within_the_bootstrap_timeout_is_reaped() {
+    let pools = [pool("linux", &["linux"], 5, 0)];
+    let mut w = World::default();
+    job(&mut w, 1, &["linux"], T0);
+    runner(&mut w, "r1", "linux", Some(1), Phase::Created, T0);
+    assert!(run(&pools, &w, T0 + 599 * S).is_empty());
+    assert_eq!(
+        run(&pools, &w, T0 + 600 * S),
+        vec![Decision::Reap { name: "r1".into() }]
+    );
+}
+
+#[test]
+fn failed_creates_retry_after_their_back_off_then_give_up() {
+    let pools = [pool("linux", &["linux"], 1, 0)];
+    let mut w = World::default();
+    job(&mut w, 1, &["linux"], T0);
+    runner(&mut w, "r1", "linux", Some(1), Phase::Failed, T0);
+    if let Some(r) = w.runners.get_mut("r1") {
+        r.retry_at = Some(T0 + 4 * S);
+    }
+    assert!(
+        run(&pools, &w, T0 + 3 * S).is_empty(),
+        "no second runner while one retries"
+    );
+    assert_eq!(
+        run(&pools, &w, T0 + 4 * S),
+        vec![Decision::Retry { name: "r1".into() }]
+    );
+    if let Some(r) = w.runners.get_mut("r1") {
+        r.attempts = 5;
+    }
+    assert_eq!(
+        run(&pools, &w, T0 + 9 * S),
+        vec![Decision::GiveUp { name: "r1".into() }]
+    );
+}
+
+#[test]
+fn a_failed_runner_stops_counting_toward_max() {
+    let pools = [pool("linux", &["linux"], 1, 0)];
+    let mut w = World::default();
+    job(&mut w, 1, &["linux"], T0);
+    job(&mut w, 2, &["linux"], T0 + S);
+    runner(&mut w, "r1", "linux", Some(1), Phase::Failed, T0);
+    if let Some(r) = w.runners.get_mut("r1") {
+        r.retry_at = Some(T0 + 100 * S);
+    }
+    assert_eq!(creates(&run(&pools, &w, T0 + 2 * S)), vec![2]);
+}
+
+#[test]
+fn a_failed_runner_whose_job_is_gone_is_dropped() {
+    let pools = [pool("linux", &["linux"], 1, 0)];
+    let mut w = World::default();
+    job(&mut w, 1, &["linux"], T0);
+    if let Some(j) = w.jobs.get_mut(&jid(1)) {
+        j.status = JobStatus::Completed;
+    }
+    runner(&mut w, "r1", "linux", Some(1), Phase::Failed, T0);
+    assert_eq!(
+        run(&pools, &w, T0),
+        vec![Decision::Delete {
+            name: "r1".into(),
+            reason: "failed"
+        }]
+    );
+}
+
+#[test]
+fn runners_with_an_operation_under_way_get_no_second_decision() {
+    let pools = [pool("linux", &["linux"], 5, 0)];
+    let mut w = World::default();
+    job(&mut w, 1, &["linux"], T0);
+    runner(&mut w, "r1", "linux", Some(1), Phase::Created, T0);
+    let d = decide(
+        &pools,
+        &w,
+        &|_| true,
+        &|n| n == "r1",
+        T0 + 601 * S,
+        &knobs(),
+    );
+    assert!(d.is_empty(), "{d:?}");
+}
+
+#[test]
+fn only_owned_pools_are_acted_on() {
+    let pools = [pool("a", &["x"], 5, 1), pool("b", &["y"], 5, 1)];
+    let w = World::default();
+    let d = decide(&pools, &w, &|p| p == "b", &|_| false, T0, &knobs());
+    assert_eq!(d, vec![Decision::CreateIdle { pool: "b".into() }]);
+}
+
+#[test]
+fn status_counts_runners_and_queue() {
+    let pools = [pool("linux", &["linux"], 4, 1)];
+    let mut w = World::default();
+    job(&mut w, 1, &["linux"], T0);
+    job(&mut w, 2, &["linux"], T0);
+    runner(&mut w, "a", "linux", Some(1), Phase::Requested, T0);
+    runner(&mut w, "b", "linux", None, Phase::Online, T0);
+    runner(&mut w, "c", "linux", None, Phase::Assigned, T0);
+    runner(&mut w, "d", "linux", None, Phase::Deleted, T0);
+    let s = &status(&pools, &w)[0];
+    assert_eq!(
+        (s.actual, s.creating, s.idle, s.busy, s.queued),
+        (3, 1, 1, 1, 2)
+    );
+    assert_eq!(s.desired, 4);
+}
+
+#[test]
+fn a_claimed_job_left_without_any_runner_gets_a_replacement() {
+    // r1 (made for job 1) took job 2; job 2's runner r2 failed for good and
+    // is gone: job 1 has no runner left anywhere, so one is made for the pool.
+    let pools = [pool("linux", &["linux"], 5, 0)];
+    let mut w = World::default();
+    job(&mut w, 1, &["linux"], T0);
+    job(&mut w, 2, &["linux"], T0);
+    if let Some(j) = w.jobs.get_mut(&jid(2)) {
+        j.status = JobStatus::InProgress;
+    }
+    runner(&mut w, "r1", "linux", Some(1), Phase::Assigned, T0);
+    if let Some(r) = w.runners.get_mut("r1") {
+        r.running = Some(jid(2));
+    }
+    runner(&mut w, "r2", "linux", Some(2), Phase::Deleted, T0);
+    assert_eq!(
+        run(&pools, &w, T0 + S),
+        vec![Decision::Replace {
+            pool: "linux".into()
+        }]
+    );
+    // With the replacement booting, nothing more.
+    runner(&mut w, "spare", "linux", None, Phase::Requested, T0 + S);
+    assert!(run(&pools, &w, T0 + 2 * S).is_empty());
+}

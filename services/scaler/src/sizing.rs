@@ -1,0 +1,140 @@
+//! Right-sizing: the smallest flavor whose memory covers the allocator's
+//! recommended limit for the job's workload.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use runyard_allocator::proto::RecommendRequest;
+use runyard_allocator::proto::allocator_client::AllocatorClient;
+use runyard_events::Forge;
+use secrecy::{ExposeSecret as _, SecretString};
+use tonic::transport::{Channel, Endpoint};
+
+use crate::config::Flavor;
+use crate::world::Job;
+
+/// The workload attributes a job is known by, the same names usage reports
+/// are keyed with: GitHub `{repo, workflow, job}`, GitLab `{project, job}`.
+pub fn workload(job: &Job) -> BTreeMap<String, String> {
+    let mut w = BTreeMap::new();
+    match job.id.forge {
+        Forge::Github => {
+            w.insert("repo".into(), job.project.clone());
+            w.insert("workflow".into(), job.workflow.clone());
+            w.insert("job".into(), job.name.clone());
+        }
+        _ => {
+            w.insert("project".into(), job.project.clone());
+            w.insert("job".into(), job.name.clone());
+        }
+    }
+    w
+}
+
+/// What was chosen and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sizing {
+    /// Index into the pool's flavors.
+    pub flavor: usize,
+    /// The allocator's memory limit, when it answered.
+    pub recommended_limit: Option<u64>,
+    /// True when the allocator could not be asked (first flavor used).
+    pub allocator_unavailable: bool,
+}
+
+/// The smallest flavor whose memory covers `limit` (the largest when none
+/// does); the first when there is no recommendation.
+pub fn pick_flavor(flavors: &[Flavor], limit: Option<u64>) -> usize {
+    let Some(limit) = limit else {
+        return 0;
+    };
+    flavors
+        .iter()
+        .position(|f| f.memory.as_u64() >= limit)
+        .unwrap_or(flavors.len().saturating_sub(1))
+}
+
+/// A lazily connected allocator client.
+#[derive(Debug, Clone)]
+pub struct Allocator {
+    client: Option<AllocatorClient<Channel>>,
+    token: Option<SecretString>,
+    timeout: Duration,
+}
+
+impl Allocator {
+    /// Connects lazily to `url` (an unusable URL means "unavailable").
+    pub fn new(url: &str, token: Option<SecretString>, timeout: Duration) -> Self {
+        let client = Endpoint::from_shared(url.to_owned())
+            .ok()
+            .map(|e| AllocatorClient::new(e.timeout(timeout).connect_lazy()));
+        Self {
+            client,
+            token,
+            timeout,
+        }
+    }
+
+    /// Sizes a job from its recommendation.
+    pub async fn size(&self, job: &Job, flavors: &[Flavor]) -> Sizing {
+        let limit = self.recommend(job).await;
+        Sizing {
+            flavor: pick_flavor(flavors, limit),
+            recommended_limit: limit,
+            allocator_unavailable: limit.is_none(),
+        }
+    }
+
+    async fn recommend(&self, job: &Job) -> Option<u64> {
+        let mut client = self.client.clone()?;
+        let mut req = tonic::Request::new(RecommendRequest {
+            workload: workload(job),
+            r#ref: job.git_ref.clone(),
+        });
+        req.set_timeout(self.timeout);
+        if let Some(token) = &self.token
+            && let Ok(v) = format!("Bearer {}", token.expose_secret()).parse()
+        {
+            req.metadata_mut().insert("authorization", v);
+        }
+        match tokio::time::timeout(self.timeout, client.recommend(req)).await {
+            Ok(Ok(answer)) => Some(answer.into_inner().memory_limit_bytes),
+            Ok(Err(status)) => {
+                tracing::warn!(code = ?status.code(), "allocator refused; using the first flavor");
+                None
+            }
+            Err(_) => {
+                tracing::warn!("allocator timed out; using the first flavor");
+                None
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytesize::ByteSize;
+
+    fn flavors() -> Vec<Flavor> {
+        [("s", 4), ("m", 8), ("l", 16)]
+            .into_iter()
+            .map(|(n, g)| Flavor {
+                name: n.into(),
+                memory: ByteSize::gib(g),
+                cpus: 2,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_smallest_flavor_that_covers_the_limit() {
+        let f = flavors();
+        assert_eq!(pick_flavor(&f, None), 0);
+        assert_eq!(pick_flavor(&f, Some(1)), 0);
+        assert_eq!(pick_flavor(&f, Some(ByteSize::gib(4).as_u64())), 0);
+        assert_eq!(pick_flavor(&f, Some(ByteSize::gib(4).as_u64() + 1)), 1);
+        assert_eq!(pick_flavor(&f, Some(ByteSize::gib(12).as_u64())), 2);
+        assert_eq!(pick_flavor(&f, Some(ByteSize::gib(64).as_u64())), 2);
+    }
+}

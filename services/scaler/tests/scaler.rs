@@ -1,0 +1,644 @@
+//! The scaler against a real nats-server, a fake GitHub on loopback and real
+//! runner processes: one runner per job, never above max, never a busy
+//! runner deleted, faults retried, replicas that fail over.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed unwrap is a failed test
+
+mod support;
+
+use std::collections::{BTreeMap, HashSet};
+use std::time::Duration;
+
+use runyard_events::{Body, JobStatus};
+use support::{Stack, pool_toml, until};
+
+async fn wait_idle(scaler: &support::Scaler, n: u64) {
+    let deadline = tokio::time::Instant::now() + support::WAIT;
+    while scaler.pools().await["pools"][0]["idle"] != n {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "idle runners never seen"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn runner_names(events: &[runyard_events::Event]) -> Vec<String> {
+    events
+        .iter()
+        .filter_map(|e| match &e.body {
+            Some(Body::RunnerRequested(r)) => r.runner.as_ref().map(|r| r.name.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_job_gets_one_right_named_runner_that_goes_when_the_job_is_done() {
+    let stack = Stack::new(&pool_toml(5, 0, "")).await;
+    let scaler = stack.start().await;
+    stack.queued(101).await;
+    until("a runner process", || stack.live_processes().len() == 1).await;
+    let name = stack.live_processes().into_iter().next().unwrap();
+    let key = runyard_events::claim_key(runyard_events::Forge::Github, "github.com", 101, 1);
+    assert_eq!(name, runyard_events::instance_name("linux", &key));
+    // Registered just in time on GitHub with the pool's labels.
+    let gh = stack
+        .github
+        .runner(name.as_str())
+        .expect("JIT runner on GitHub");
+    assert!(
+        gh.labels.iter().any(|l| l == "runyard-pool=linux"),
+        "{:?}",
+        gh.labels
+    );
+    assert_eq!(stack.jit_calls(), 1);
+    // Decisions are events; the allocator is down, so the first flavor.
+    let requested = stack.runner_events("RunnerRequested").await;
+    assert_eq!(requested.len(), 1);
+    let Some(Body::RunnerRequested(r)) = &requested[0].body else {
+        unreachable!()
+    };
+    assert_eq!(
+        (r.flavor.as_str(), r.allocator_unavailable),
+        ("small", true)
+    );
+    assert_eq!(r.job.as_ref().map(|j| j.job_id), Some(101));
+    assert!(
+        requested[0].id.starts_with("runner:") && requested[0].id.ends_with(":requested"),
+        "{}",
+        requested[0].id
+    );
+    let pools = scaler.pools().await;
+    assert_eq!(pools["pools"][0]["name"], "linux");
+    assert_eq!(pools["pools"][0]["actual"], 1, "{pools}");
+
+    stack.started(101, &name).await;
+    stack.completed(101, &name).await;
+    until("the runner gone", || stack.live_processes().is_empty()).await;
+    let deleted = stack.runner_events("RunnerDeleted").await;
+    assert_eq!(deleted.len(), 1);
+    assert_eq!(stack.runner_events("RunnerAssigned").await.len(), 1);
+    assert_eq!(stack.jit_calls(), 1, "no second runner");
+    scaler.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicated_and_out_of_order_events_create_nothing_extra() {
+    let stack = Stack::new(&pool_toml(20, 0, "")).await;
+    // Finished (or started) before their `queued` arrives: no runner.
+    stack.completed(201, "someone-else").await;
+    stack.queued(201).await;
+    stack.started(202, "someone-else").await;
+    stack.queued(202).await;
+    // The same job seen through an org hook and a repo hook, three times
+    // each, and JetStream redelivering the very same message.
+    for _ in 0..3 {
+        stack.queued(203).await;
+        stack.queued(204).await;
+    }
+    let again = support::job_event("github:same", 205, JobStatus::Queued, "", &["linux"]);
+    for _ in 0..3 {
+        stack.publish(again.clone()).await;
+    }
+    let scaler = stack.start().await;
+    until("three runners", || stack.live_processes().len() == 3).await;
+    // Give a second replica-free scaler time to do anything extra.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(stack.live_processes().len(), 3);
+    assert_eq!(stack.jit_calls(), 3);
+    let names = runner_names(&stack.runner_events("RunnerRequested").await);
+    assert_eq!(names.len(), 3, "{names:?}");
+    // A restart replays the log and creates nothing again.
+    scaler.stop().await;
+    let scaler = stack.start().await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(stack.jit_calls(), 3);
+    assert_eq!(stack.live_processes().len(), 3);
+    scaler.stop().await;
+}
+
+/// Plays the forge: each live runner takes the oldest waiting job, runs it
+/// briefly and finishes. Returns when every job has run exactly once.
+async fn drain(stack: &Stack, jobs: &[u64], max: usize) -> usize {
+    let mut waiting: Vec<u64> = jobs.to_vec();
+    let mut running: BTreeMap<String, u64> = BTreeMap::new();
+    let mut used: HashSet<String> = HashSet::new();
+    let mut peak = 0;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(240);
+    while !waiting.is_empty() || !running.is_empty() {
+        if tokio::time::Instant::now() > deadline {
+            let events = stack.events().await;
+            let mut story = Vec::new();
+            for e in &events {
+                let line = format!("{} {:?}", e.id, e.body);
+                if waiting
+                    .iter()
+                    .any(|j| line.contains(&format!("job_id: {j} ")))
+                    || e.id.starts_with("runner:") && !line.contains("RunnerRequested")
+                {
+                    story.push(line.chars().take(220).collect::<String>());
+                }
+            }
+            panic!(
+                "jobs left: {waiting:?} waiting, {} running; live {:?}\n{}",
+                running.len(),
+                stack.live_processes(),
+                story.join("\n")
+            );
+        }
+        let live = stack.live_processes();
+        peak = peak.max(live.len());
+        assert!(live.len() <= max, "{} runners alive, max {max}", live.len());
+        // Finish what ran, then start new ones.
+        for (runner, job) in std::mem::take(&mut running) {
+            stack.completed(job, &runner).await;
+        }
+        for runner in live {
+            if used.contains(&runner) || waiting.is_empty() {
+                continue;
+            }
+            let job = waiting.remove(0);
+            used.insert(runner.clone());
+            stack.started(job, &runner).await;
+            running.insert(runner, job);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    peak
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_gets_exactly_max_runners_then_more_as_jobs_finish() {
+    const JOBS: u64 = 150;
+    const MAX: usize = 15;
+    let stack = Stack::new(&pool_toml(MAX as u32, 0, "")).await;
+    let scaler = stack.start().await;
+    let jobs: Vec<u64> = (1..=JOBS).map(|n| 10_000 + n).collect();
+    for &j in &jobs {
+        stack.queued(j).await;
+    }
+    until("max runners", || stack.live_processes().len() == MAX).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(stack.jit_calls(), MAX, "exactly max at first");
+    let peak = drain(&stack, &jobs, MAX).await;
+    assert_eq!(peak, MAX);
+    until("every runner gone", || stack.live_processes().is_empty()).await;
+    let names = runner_names(&stack.runner_events("RunnerRequested").await);
+    let unique: HashSet<&String> = names.iter().collect();
+    assert_eq!(names.len(), JOBS as usize, "one runner per job");
+    assert_eq!(unique.len(), names.len());
+    assert_eq!(stack.jit_calls(), JOBS as usize);
+    scaler.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_runner_is_never_deleted_even_when_github_says_it_is_idle() {
+    let stack = Stack::new(&pool_toml(5, 0, "")).await;
+    // GitHub's busy flag lags by 3 s; deletes of really busy runners get 422.
+    stack.github.set_busy_lag(Duration::from_secs(3));
+    let scaler = stack.start().await;
+    stack.queued(301).await;
+    until("a runner", || stack.live_processes().len() == 1).await;
+    let name = stack.live_processes().into_iter().next().unwrap();
+    stack.github.set_online(name.as_str());
+    wait_idle(&scaler, 1).await;
+    // The job is cancelled before the runner took it: the runner is free,
+    // online and above min_idle: it goes after idle_timeout (1 s) once
+    // GitHub confirms it idle for the 3 s window...
+    stack.completed(301, "").await;
+    // ... but GitHub hands it another job meanwhile (its webhook lost), and
+    // the lagging API still says idle.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    stack.github.set_busy(name.as_str(), true);
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    // The scaler did try (the lagging API said idle long enough) and took
+    // GitHub's 422 as "busy": the instance stays.
+    assert!(
+        stack.github.busy_refusals() >= 1,
+        "the delete was attempted"
+    );
+    assert!(stack.live_processes().contains(&name), "busy runner kept");
+    // When the job it took finishes, it goes.
+    stack.github.set_busy(name.as_str(), false);
+    stack.completed(399, &name).await;
+    until("the runner removed", || stack.live_processes().is_empty()).await;
+    scaler.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn min_idle_is_kept_warm_and_an_idle_runner_gets_the_job() {
+    let stack = Stack::new(&pool_toml(5, 2, "")).await;
+    let scaler = stack.start().await;
+    until("two warm runners", || stack.live_processes().len() == 2).await;
+    for name in stack.live_processes() {
+        stack.github.set_online(name.as_str());
+    }
+    // Wait until the scaler has seen them online.
+    wait_idle(&scaler, 2).await;
+    stack.queued(401).await;
+    // One warm runner is about to be used: another is made to keep two...
+    until("min_idle topped up", || stack.jit_calls() == 3).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // ... but none for the job itself while an idle runner could take it.
+    let for_jobs = |evs: &[runyard_events::Event]| {
+        evs.iter()
+            .filter(
+                |e| matches!(&e.body, Some(Body::RunnerRequested(r)) if r.reason == "queued_job"),
+            )
+            .count()
+    };
+    assert_eq!(for_jobs(&stack.runner_events("RunnerRequested").await), 0);
+    let taker = stack.live_processes().into_iter().next().unwrap();
+    stack.started(401, &taker).await;
+    stack.completed(401, &taker).await;
+    until("the used runner gone", || {
+        !stack.live_processes().contains(&taker)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(stack.live_processes().len(), 2);
+    assert_eq!(for_jobs(&stack.runner_events("RunnerRequested").await), 0);
+    scaler.stop().await;
+}
+
+/// A stack whose `local` provider is the fake external provider, its state
+/// in a directory of its own. Runners come online on GitHub as soon as they
+/// register (a background task plays the machines booting).
+async fn external_stack(bootstrap: &str) -> (Stack, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap().keep();
+    let exe = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/fake-provider");
+    let providers = format!(
+        "[providers.local]\nkind = \"external\"\nexecutable = {:?}\nconfig_file = {:?}\nexec_timeout = \"5s\"\n",
+        exe.display().to_string(),
+        dir.join("provider.toml").display().to_string()
+    );
+    let pools = pool_toml(5, 0, "").replace(
+        "bootstrap_timeout = \"30s\"",
+        &format!("bootstrap_timeout = {bootstrap:?}"),
+    );
+    (Stack::with_provider(&pools, &providers).await, dir)
+}
+
+fn calls(dir: &std::path::Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(dir.join("calls.log"))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn instances(dir: &std::path::Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir.join("instances"))
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().replace(".json", ""))
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+fn failed_attempts(events: &[runyard_events::Event]) -> Vec<(u32, String, bool)> {
+    events
+        .iter()
+        .filter_map(|e| match &e.body {
+            Some(Body::RunnerFailed(f)) => Some((f.attempt, f.reason.clone(), f.given_up)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn provider_faults_are_retried_at_most_five_times_and_leak_nothing() {
+    let (stack, dir) = external_stack("3s").await;
+    std::fs::write(dir.join("faults"), "exit1\nhang\nerror_status\nmalformed\n").unwrap();
+    let scaler = stack.start().await;
+    stack.queued(501).await;
+    let creates = || {
+        calls(&dir)
+            .into_iter()
+            .filter(|c| c["command"] == "CreateInstance")
+            .count()
+    };
+    until("an instance after four faults", || {
+        creates() == 5 && instances(&dir).len() == 1
+    })
+    .await;
+    support::until_async("the success recorded", async || {
+        !stack.runner_events("RunnerCreated").await.is_empty()
+    })
+    .await;
+    // The machine boots and its runner connects (before the 3 s bootstrap
+    // timeout would reap it).
+    let name_501 = instances(&dir)[0].clone();
+    stack.github.set_online(name_501.as_str());
+    let failed = failed_attempts(&stack.events().await);
+    assert_eq!(
+        failed.iter().map(|f| f.0).collect::<Vec<_>>(),
+        [1, 2, 3, 4],
+        "{failed:?}"
+    );
+    assert!(failed.iter().all(|f| f.1 == "create_failed" && !f.2));
+    // The protocol: a clean environment with the GARM_* variables.
+    let all = calls(&dir);
+    let first = all
+        .iter()
+        .find(|c| c["command"] == "CreateInstance")
+        .unwrap();
+    assert_eq!(first["env"]["GARM_COMMAND"], "CreateInstance");
+    assert_eq!(first["env"]["GARM_INTERFACE_VERSION"], "v0.1.0");
+    assert!(
+        first["env"]["GARM_POOL_ID"]
+            .as_str()
+            .is_some_and(|s| s.len() == 36)
+    );
+    assert!(first["env"].get("PATH").is_none() && first["env"].get("HOME").is_none());
+    let boot: serde_json::Value = serde_json::from_str(first["stdin"].as_str().unwrap()).unwrap();
+    assert_eq!(boot["flavor"], "small");
+    assert_eq!(boot["jit_config_enabled"], true);
+
+    // Five faults in a row: the job is given up, with an event saying so,
+    // and nothing is left behind on the provider or on GitHub.
+    std::fs::write(dir.join("faults"), "exit1\nexit1\nexit1\nexit1\nexit1\n").unwrap();
+    stack.queued(502).await;
+    support::until_async("the job given up", async || {
+        failed_attempts(&stack.events().await).iter().any(|f| f.2)
+    })
+    .await;
+    assert_eq!(instances(&dir).len(), 1, "only the first job's instance");
+    let name_502 = runyard_events::instance_name(
+        "linux",
+        &runyard_events::claim_key(runyard_events::Forge::Github, "github.com", 502, 1),
+    );
+    assert!(
+        stack.github.runner(name_502.as_str()).is_none(),
+        "JIT registration removed"
+    );
+    assert_eq!(creates(), 10);
+    scaler.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn github_rate_limits_are_waited_out_and_every_job_is_served() {
+    let stack = Stack::new(&pool_toml(20, 0, "")).await;
+    stack.github.fail_next(4, 429, 1);
+    let scaler = stack.start().await;
+    for j in 601..=610 {
+        stack.queued(j).await;
+    }
+    until("ten runners", || stack.live_processes().len() == 10).await;
+    let events = stack.events().await;
+    assert!(
+        failed_attempts(&events).is_empty(),
+        "rate limits are not failures"
+    );
+    assert_eq!(stack.runner_events("RunnerCreated").await.len(), 10);
+    stack.github.fail_next(3, 403, 1);
+    for j in 611..=615 {
+        stack.queued(j).await;
+    }
+    until("fifteen runners", || stack.live_processes().len() == 15).await;
+    scaler.stop().await;
+}
+
+/// Scaler processes, killed when the test ends however it ends.
+struct Replicas(Vec<std::process::Child>);
+
+impl Drop for Replicas {
+    fn drop(&mut self) {
+        for r in &mut self.0 {
+            let _ = r.kill();
+            let _ = r.wait();
+        }
+    }
+}
+
+/// A scaler process (the real binary), configured through the environment.
+fn spawn_replica(stack: &Stack, file: &std::path::Path) -> std::process::Child {
+    let c = stack.config();
+    std::process::Command::new(env!("CARGO_BIN_EXE_runyard-scaler"))
+        .env_clear()
+        .env("RUNYARD_NATS_URL", &c.nats_url)
+        .env("RUNYARD_NAMESPACE", &c.namespace)
+        .env("RUNYARD_DATABASE_URL", &c.database_url)
+        .env("RUNYARD_SCALER_HTTP_LISTEN", "127.0.0.1:0")
+        .env("RUNYARD_SCALER_CONFIG", file)
+        .env("RUNYARD_GITHUB_API_URL", &c.github_api_url)
+        .env("RUNYARD_GITHUB_TOKEN", "test-token")
+        .env("RUNYARD_ALLOCATOR_URL", &c.allocator_url)
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::null())
+        .stderr(
+            std::fs::File::create(format!("/tmp/replica-{}.log", rand::random::<u32>())).unwrap(),
+        )
+        .spawn()
+        .expect("scaler binary starts")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_replicas_one_killed_mid_burst_never_exceed_max_nor_double_a_job() {
+    const JOBS: u64 = 120;
+    const MAX: usize = 12;
+    let stack = Stack::new(&pool_toml(MAX as u32, 0, "")).await;
+    let file = stack.write_file();
+    let mut replicas = Replicas((0..3).map(|_| spawn_replica(&stack, &file)).collect());
+    let jobs: Vec<u64> = (1..=JOBS).map(|n| 20_000 + n).collect();
+    for &j in &jobs[..60] {
+        stack.queued(j).await;
+    }
+    until("runners from some replica", || {
+        stack.live_processes().len() >= MAX / 2
+    })
+    .await;
+    // SIGKILL the pool's lease holder (its lease value starts with its
+    // pid), the process only: the runners it started live on.
+    let js = stack.bus.jetstream();
+    let leases = js
+        .get_key_value(format!("{}_LEASES", stack.ns.as_str().to_ascii_uppercase()))
+        .await
+        .unwrap();
+    let holder = leases.get("linux").await.unwrap().expect("a lease holder");
+    let holder_pid: u32 = String::from_utf8_lossy(&holder)
+        .split('-')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let at = replicas
+        .0
+        .iter()
+        .position(|r| r.id() == holder_pid)
+        .expect("holder is a replica");
+    let victim = replicas.0.remove(at);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(victim.id() as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    for &j in &jobs[60..] {
+        stack.queued(j).await;
+    }
+    let peak = drain(&stack, &jobs, MAX).await;
+    assert!(peak <= MAX);
+    until("every runner gone", || stack.live_processes().is_empty()).await;
+    let names = runner_names(&stack.runner_events("RunnerRequested").await);
+    let unique: HashSet<&String> = names.iter().collect();
+    assert_eq!(unique.len(), JOBS as usize, "one runner per job");
+    // Every job's runner was registered once on GitHub, bar the few a
+    // dying replica left half made (re-registered under the same name).
+    assert!(
+        stack.jit_calls() <= JOBS as usize + 3,
+        "{} JIT calls",
+        stack.jit_calls()
+    );
+    replicas.0.push(victim);
+}
+
+/// Every `runyard_scaler_*` family the scaler declares has a panel in
+/// `deploy/grafana/dashboards/runyard.json`, and every scaler series a panel
+/// queries exists with the suffix its type gives it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_covers_every_scaler_metric() {
+    let stack = Stack::new(&pool_toml(2, 1, "")).await;
+    let scaler = stack.start().await;
+    until("a warm runner", || stack.live_processes().len() == 1).await;
+    let page = reqwest::get(format!("http://{}/metrics", scaler.addr))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let declared: BTreeMap<String, String> = page
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_once(' '))
+        .map(|(n, k)| (n.to_owned(), k.to_owned()))
+        .collect();
+    assert!(
+        declared.contains_key("runyard_scaler_pool_desired_runners"),
+        "{page}"
+    );
+    let exposed: BTreeMap<String, String> = declared
+        .iter()
+        .flat_map(|(family, kind)| {
+            let series: Vec<String> = match kind.as_str() {
+                "counter" => vec![format!("{family}_total")],
+                "histogram" => ["_bucket", "_sum", "_count"]
+                    .iter()
+                    .map(|s| format!("{family}{s}"))
+                    .collect(),
+                _ => vec![family.clone()],
+            };
+            series.into_iter().map(move |s| (s, family.clone()))
+        })
+        .collect();
+    let dashboard: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../deploy/grafana/dashboards/runyard.json"
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    let mut used = HashSet::new();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for t in panel["targets"].as_array().into_iter().flatten() {
+            let expr = t["expr"].as_str().unwrap();
+            for (at, _) in expr.match_indices("runyard_scaler_") {
+                let rest = &expr[at..];
+                let end = rest
+                    .find(|c: char| !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'))
+                    .unwrap_or(rest.len());
+                let family = exposed.get(&rest[..end]).unwrap_or_else(|| {
+                    panic!(
+                        "{expr} queries {}, which the scaler does not expose",
+                        &rest[..end]
+                    )
+                });
+                used.insert(family.clone());
+            }
+        }
+    }
+    let unused: Vec<&String> = declared.keys().filter(|f| !used.contains(*f)).collect();
+    assert!(unused.is_empty(), "scaler metrics on no panel: {unused:?}");
+    scaler.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gitlab_job_is_matched_by_its_tags_and_gets_an_ephemeral_runner() {
+    let pools = r#"
+[[pools]]
+name = "gl-docker"
+forge = "gitlab"
+scope = { project_id = 34 }
+instance = "gitlab.example.com"
+labels = ["docker", "linux"]
+provider = "local"
+flavors = [{ name = "small", memory = "4GiB", cpus = 2 }]
+max_runners = 3
+"#;
+    let stack = Stack::new(pools).await;
+    let gitlab = runyard_testkit::fake_gitlab::FakeGitLab::start().await;
+    let job_id = gitlab.add_job(
+        34,
+        runyard_testkit::fake_gitlab::FakeGlJob::pending(77, "compile", &["Docker"]),
+    );
+    let other = gitlab.add_job(
+        34,
+        runyard_testkit::fake_gitlab::FakeGlJob::pending(77, "gpu", &["gpu"]),
+    );
+    let mut config = stack.config();
+    config.gitlab_api_url = Some(gitlab.url());
+    config.gitlab_token = Some("glpat-test".to_owned().into());
+    let scaler = stack.start_with(config).await;
+    let gitlab_event = |id: &str, job: u64, status: JobStatus, runner: &str| {
+        let mut e = support::job_event(id, job, status, runner, &[]);
+        let src = e.source.as_mut().unwrap();
+        src.forge = runyard_events::Forge::Gitlab as i32;
+        src.instance = "gitlab.example.com".into();
+        if let Some(Body::JobObserved(j)) = e.body.as_mut() {
+            let key = j.job.as_mut().unwrap();
+            key.forge = runyard_events::Forge::Gitlab as i32;
+            key.instance = "gitlab.example.com".into();
+            j.project_id = 34;
+            j.project = "acme/app".into();
+        }
+        e
+    };
+    stack
+        .publish(gitlab_event("gitlab:a", job_id, JobStatus::Queued, ""))
+        .await;
+    stack
+        .publish(gitlab_event("gitlab:b", other, JobStatus::Queued, ""))
+        .await;
+    until("a runner for the docker job", || {
+        stack.live_processes().len() == 1
+    })
+    .await;
+    let runners = gitlab.runners();
+    assert_eq!(runners.len(), 1, "none for the gpu job");
+    assert_eq!(runners[0].tag_list, ["docker", "linux"]);
+    assert!(!runners[0].run_untagged);
+    assert_eq!(runners[0].project_id, Some(34));
+    let name = stack.live_processes().into_iter().next().unwrap();
+    stack
+        .publish(gitlab_event(
+            "gitlab:c",
+            job_id,
+            JobStatus::InProgress,
+            &name,
+        ))
+        .await;
+    stack
+        .publish(gitlab_event(
+            "gitlab:d",
+            job_id,
+            JobStatus::Completed,
+            &name,
+        ))
+        .await;
+    until("the runner gone", || stack.live_processes().is_empty()).await;
+    until("deleted in GitLab", || gitlab.runners().is_empty()).await;
+    scaler.stop().await;
+}

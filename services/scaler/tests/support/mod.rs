@@ -1,0 +1,405 @@
+//! The scaler under test: a real nats-server (a namespace per test), a
+//! fake GitHub on loopback, the `process` provider starting real processes,
+//! and helpers to play the forge's part (jobs queued, started, finished).
+#![allow(dead_code)] // not every test binary uses every helper
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use runyard_bus::{Bus, TraceParent};
+use runyard_events::{
+    Body, Conclusion, Event, Forge, JobKey, JobObserved, JobStatus, Namespace, Source, timestamp,
+};
+use runyard_scaler::{App, Config, ScalerFile};
+use runyard_testkit::fake_github::FakeGitHub;
+use runyard_testkit::{TestNats, unique_namespace};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+/// Deadline of every wait.
+pub const WAIT: Duration = Duration::from_secs(60);
+
+/// The pool every test uses unless it says otherwise: org `acme`, labels
+/// `self-hosted, linux`, the `local` process provider.
+pub fn pool_toml(max_runners: u32, min_idle: u32, extra: &str) -> String {
+    format!(
+        r#"
+[[pools]]
+name = "linux"
+forge = "github"
+scope = {{ org = "acme" }}
+labels = ["self-hosted", "linux", "x64"]
+provider = "local"
+flavors = [{{ name = "small", memory = "4GiB", cpus = 2 }}, {{ name = "large", memory = "16GiB", cpus = 8 }}]
+min_idle = {min_idle}
+max_runners = {max_runners}
+idle_timeout = "1s"
+bootstrap_timeout = "30s"
+{extra}
+"#
+    )
+}
+
+/// Short timers for tests.
+pub const TIMERS: &str = r#"
+[scaler]
+idle_backoff = "1s"
+busy_confirmation = "3s"
+lease_ttl = "2s"
+create_backoff = "100ms"
+create_backoff_max = "400ms"
+tick = "100ms"
+sync_interval = "1s"
+allocator_timeout = "200ms"
+forge_timeout = "5s"
+"#;
+
+/// A running scaler.
+pub struct Scaler {
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<anyhow::Result<()>>,
+    /// Its HTTP address.
+    pub addr: SocketAddr,
+}
+
+impl Scaler {
+    /// Stops it gracefully.
+    pub async fn stop(mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        let _ = self.task.await;
+    }
+
+    /// Kills it without a goodbye (its leases stay until they expire).
+    pub fn kill(mut self) {
+        self.stop.take();
+        self.task.abort();
+    }
+
+    /// `GET /v1/pools`.
+    pub async fn pools(&self) -> serde_json::Value {
+        let url = format!("http://{}/v1/pools", self.addr);
+        reqwest::get(url)
+            .await
+            .expect("GET /v1/pools")
+            .json()
+            .await
+            .expect("json")
+    }
+}
+
+/// Everything one test needs.
+pub struct Stack {
+    /// The NATS server.
+    pub nats: TestNats,
+    /// The namespace.
+    pub ns: Namespace,
+    /// A client publishing as the forge's webhooks would.
+    pub bus: Bus,
+    /// The fake GitHub.
+    pub github: FakeGitHub,
+    /// Where the process provider keeps its pid files.
+    pub state_dir: tempfile::TempDir,
+    /// The scaler's pools-and-providers file.
+    pub file: String,
+    next: std::sync::atomic::AtomicU64,
+}
+
+impl Stack {
+    /// A stack whose scaler file is `pools` plus the short timers and a
+    /// `local` process provider running `sleep`.
+    pub async fn new(pools: &str) -> Self {
+        Self::with_provider(
+            pools,
+            r#"
+[providers.local]
+kind = "process"
+command = ["/bin/sleep", "3600"]
+"#,
+        )
+        .await
+    }
+
+    /// Like [`Stack::new`] with the provider section given.
+    pub async fn with_provider(pools: &str, providers: &str) -> Self {
+        runyard_telemetry::install_crypto_provider();
+        let nats = TestNats::get().await;
+        let ns = unique_namespace();
+        let bus = Bus::connect(&nats.url(), ns.clone(), "scaler-test", false)
+            .await
+            .expect("nats");
+        bus.ensure_streams(&Default::default())
+            .await
+            .expect("streams");
+        let github = FakeGitHub::start().await;
+        let state_dir = tempfile::tempdir().expect("tempdir");
+        let file = format!(
+            "{providers}\n{pools}\n{TIMERS}state_dir = {:?}\n",
+            state_dir.path().display().to_string()
+        );
+        Self {
+            nats,
+            ns,
+            bus,
+            github,
+            state_dir,
+            file,
+            next: std::sync::atomic::AtomicU64::new(1),
+        }
+    }
+
+    /// The scaler's service settings for this stack.
+    pub fn config(&self) -> Config {
+        Config {
+            nats_url: self.nats.url(),
+            namespace: self.ns.to_string(),
+            // No projection: the log alone says what started.
+            database_url: "postgres://postgres@127.0.0.1:1/none".into(),
+            scaler_http_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            github_api_url: self.github.url(),
+            github_token: Some("test-token".to_owned().into()),
+            // Nothing listens there: sizing falls back to the first flavor.
+            allocator_url: "http://127.0.0.1:1".into(),
+            ..Config::default()
+        }
+    }
+
+    /// Starts a scaler in this process.
+    pub async fn start(&self) -> Scaler {
+        self.start_with(self.config()).await
+    }
+
+    /// Starts a scaler with these settings.
+    pub async fn start_with(&self, config: Config) -> Scaler {
+        let file = ScalerFile::parse(&self.file).expect("valid scaler file");
+        let app = App::build(config, Some(file)).await.expect("scaler builds");
+        let addr = app.local_addr();
+        let (tx, rx) = oneshot::channel::<()>();
+        let task = tokio::spawn(app.run(async move {
+            let _ = rx.await;
+        }));
+        Scaler {
+            stop: Some(tx),
+            task,
+            addr,
+        }
+    }
+
+    /// Writes the scaler file and returns its path (for the binary).
+    pub fn write_file(&self) -> PathBuf {
+        let path = self.state_dir.path().join("scaler.toml");
+        std::fs::write(&path, &self.file).expect("write scaler file");
+        path
+    }
+
+    /// Publishes a `workflow_job` observation as ingest would, with a
+    /// delivery id of its own.
+    pub async fn observe(&self, job_id: u64, status: JobStatus, runner: &str, labels: &[&str]) {
+        let n = self.next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.publish(job_event(
+            &format!("github:d{n}-{job_id}"),
+            job_id,
+            status,
+            runner,
+            labels,
+        ))
+        .await;
+    }
+
+    /// Publishes an event.
+    pub async fn publish(&self, event: Event) {
+        self.bus
+            .publish_event(&event, &TraceParent::new_root())
+            .await
+            .expect("publish");
+    }
+
+    /// `queued` with the pool's labels.
+    pub async fn queued(&self, job_id: u64) {
+        self.observe(job_id, JobStatus::Queued, "", &["self-hosted", "Linux"])
+            .await;
+    }
+
+    /// `in_progress` on `runner`.
+    pub async fn started(&self, job_id: u64, runner: &str) {
+        self.observe(
+            job_id,
+            JobStatus::InProgress,
+            runner,
+            &["self-hosted", "linux"],
+        )
+        .await;
+    }
+
+    /// `completed` on `runner` (empty: cancelled before it ran).
+    pub async fn completed(&self, job_id: u64, runner: &str) {
+        self.observe(
+            job_id,
+            JobStatus::Completed,
+            runner,
+            &["self-hosted", "linux"],
+        )
+        .await;
+    }
+
+    /// JIT configs the fake GitHub handed out.
+    pub fn jit_calls(&self) -> usize {
+        self.github
+            .count("POST", "/orgs/acme/actions/runners/generate-jitconfig")
+    }
+
+    /// Names of runner processes alive now (pid files whose process runs).
+    pub fn live_processes(&self) -> HashSet<String> {
+        live(self.state_dir.path())
+    }
+
+    /// Every event of the namespace, decoded.
+    pub async fn events(&self) -> Vec<Event> {
+        let msgs =
+            runyard_testkit::stream_messages(self.bus.client(), &self.ns.events_stream()).await;
+        runyard_testkit::decode_events(&msgs)
+    }
+
+    /// Runner events of one kind (`RunnerCreated`, ...).
+    pub async fn runner_events(&self, kind: &str) -> Vec<Event> {
+        self.events()
+            .await
+            .into_iter()
+            .filter(|e| runyard_events::event_type(e) == kind)
+            .collect()
+    }
+}
+
+impl Drop for Stack {
+    /// Stops every runner process a test left (a failed test must not leak
+    /// them onto the machine).
+    fn drop(&mut self) {
+        for pid in pids(self.state_dir.path()) {
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}
+
+fn pid_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let Ok(providers) = std::fs::read_dir(dir) else {
+        return out;
+    };
+    for provider in providers.flatten().filter(|e| e.path().is_dir()) {
+        let Ok(pools) = std::fs::read_dir(provider.path()) else {
+            continue;
+        };
+        for pool in pools.flatten().filter(|e| e.path().is_dir()) {
+            let Ok(files) = std::fs::read_dir(pool.path()) else {
+                continue;
+            };
+            out.extend(
+                files
+                    .flatten()
+                    .map(|f| f.path())
+                    .filter(|p| p.extension().is_some_and(|e| e == "pid")),
+            );
+        }
+    }
+    out
+}
+
+fn pids(dir: &Path) -> Vec<i32> {
+    pid_files(dir)
+        .iter()
+        .filter_map(|p| std::fs::read_to_string(p).ok()?.trim().parse().ok())
+        .collect()
+}
+
+fn live(dir: &Path) -> HashSet<String> {
+    pid_files(dir)
+        .into_iter()
+        .filter(|path| {
+            std::fs::read_to_string(path)
+                .ok()
+                .and_then(|p| p.trim().parse::<u32>().ok())
+                .and_then(|pid| std::fs::read_to_string(format!("/proc/{pid}/stat")).ok())
+                .and_then(|stat| {
+                    stat.rsplit_once(')')
+                        .and_then(|(_, rest)| rest.split_whitespace().next().map(str::to_owned))
+                })
+                .is_some_and(|s| s != "Z" && s != "X")
+        })
+        .filter_map(|path| path.file_stem().and_then(|n| n.to_str()).map(str::to_owned))
+        .collect()
+}
+
+/// A `JobObserved` as ingest makes it from a `workflow_job` delivery.
+pub fn job_event(id: &str, job_id: u64, status: JobStatus, runner: &str, labels: &[&str]) -> Event {
+    let now = timestamp(time::OffsetDateTime::now_utc());
+    Event {
+        id: id.to_owned(),
+        occurred_at: Some(now),
+        received_at: Some(now),
+        source: Some(Source {
+            forge: Forge::Github as i32,
+            instance: "github.com".into(),
+            delivery_id: id.to_owned(),
+            hook_id: String::new(),
+            producer: "ingest".into(),
+        }),
+        body: Some(Body::JobObserved(JobObserved {
+            job: Some(JobKey {
+                forge: Forge::Github as i32,
+                instance: "github.com".into(),
+                job_id,
+            }),
+            project: "acme/app".into(),
+            project_id: 1,
+            pipeline_id: job_id / 10,
+            run_attempt: 1,
+            name: format!("build {job_id}"),
+            workflow_name: "ci".into(),
+            labels: labels.iter().map(|l| (*l).to_owned()).collect(),
+            status: status as i32,
+            conclusion: if status == JobStatus::Completed {
+                if runner.is_empty() {
+                    Conclusion::Cancelled as i32
+                } else {
+                    Conclusion::Success as i32
+                }
+            } else {
+                Conclusion::Unspecified as i32
+            },
+            runner_name: runner.to_owned(),
+            r#ref: "main".into(),
+            created_at: Some(now),
+            ..Default::default()
+        })),
+    }
+}
+
+/// Polls until `f` holds or the deadline passes (then panics with `what`).
+pub async fn until(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !f() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// [`until`] for an async condition.
+pub async fn until_async(what: &str, mut f: impl AsyncFnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !f().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
