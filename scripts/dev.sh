@@ -14,6 +14,7 @@ INGEST_ADDR="${RUNYARD_DEV_INGEST_LISTEN:-127.0.0.1:8080}"
 TRACKER_ADDR="${RUNYARD_DEV_TRACKER_LISTEN:-127.0.0.1:8082}"
 ALLOC_GRPC="${RUNYARD_DEV_ALLOCATOR_LISTEN:-127.0.0.1:50051}"
 ALLOC_HTTP="${RUNYARD_DEV_ALLOCATOR_HTTP_LISTEN:-127.0.0.1:8081}"
+SCALER_ADDR="${RUNYARD_DEV_SCALER_LISTEN:-127.0.0.1:8083}"
 export RUNYARD_DATABASE_URL="${RUNYARD_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/runyard}"
 export RUNYARD_NATS_URL="nats://127.0.0.1:${NATS_PORT}"
 export RUNYARD_NAMESPACE="${RUNYARD_NAMESPACE:-runyard}"
@@ -26,12 +27,17 @@ BIN=target/debug
 running() { [[ -f "$STATE/$1.pid" ]] && kill -0 "$(cat "$STATE/$1.pid")" 2>/dev/null; }
 
 down() {
-  for svc in allocator job-tracker ingest nats; do
+  for svc in scaler fake-github allocator job-tracker ingest nats; do
     if running "$svc"; then
       kill "$(cat "$STATE/$svc.pid")" 2>/dev/null || true
       log "stopped $svc"
     fi
     rm -f "$STATE/$svc.pid"
+  done
+  # Runner processes the scaler started (each in its own process group).
+  for pidfile in $(find "$STATE/runners" -name '*.pid' 2>/dev/null); do
+    kill -- "-$(cat "$pidfile")" 2>/dev/null || true
+    rm -f "$pidfile"
   done
 }
 
@@ -83,6 +89,17 @@ demo() {
   done
   psql "$RUNYARD_DATABASE_URL" -qc "SELECT forge, instance, job_id, status, conclusion, failure_reason, name FROM jobs ORDER BY job_id"
   psql "$RUNYARD_DATABASE_URL" -qc "SELECT job_id, workload_key, peak_memory_bytes, oom_killed, job_status FROM job_usage"
+  log "the scaler made a runner for the queued job (GET http://${SCALER_ADDR}/v1/pools):"
+  for _ in $(seq 1 50); do
+    curl -fsS "http://${SCALER_ADDR}/v1/pools" | grep -q '"actual":1' && break
+    sleep 0.2
+  done
+  curl -sS "http://${SCALER_ADDR}/v1/pools" -w '\n'
+  for _ in $(seq 1 50); do
+    [[ "$(psql "$RUNYARD_DATABASE_URL" -Atqc 'SELECT count(*) FROM runners' 2>/dev/null)" -ge 1 ]] && break
+    sleep 0.2
+  done
+  psql "$RUNYARD_DATABASE_URL" -qc "SELECT pool, name, state, job_id, flavor FROM runners ORDER BY name"
   log "the allocator's answer for that workload (gantry-compatible HTTP; gRPC on ${ALLOC_GRPC}):"
   local spec='py-torch@2.3.1 +cuda~rocm %gcc@12.3.0'
   echo "GET /v1/allocation?spec=${spec}"
@@ -92,7 +109,8 @@ demo() {
 up() {
   mkdir -p "$STATE"
   log "building runyard"
-  cargo build --quiet --bin runyard-ingest --bin runyard-tail --bin runyard-job-tracker --bin runyard-allocator
+  cargo build --quiet --bin runyard-ingest --bin runyard-tail --bin runyard-job-tracker --bin runyard-allocator \
+    --bin runyard-scaler --bin runyard-fake-github
   if ! running nats; then
     start_nats "$NATS_PORT" "$STATE/nats"
     echo "$NATS_PID" > "$STATE/nats.pid"
@@ -118,6 +136,40 @@ up() {
     wait_http "http://${ALLOC_HTTP}/readyz"
     log "runyard-allocator on grpc://${ALLOC_GRPC} and http://${ALLOC_HTTP} (log: $STATE/allocator.log)"
   fi
+  if [[ -z "${RUNYARD_GITHUB_TOKEN:-}" ]]; then
+    if ! running fake-github; then
+      "$BIN/runyard-fake-github" > "$STATE/fake-github.url" 2> "$STATE/fake-github.log" &
+      echo $! > "$STATE/fake-github.pid"
+      for _ in $(seq 1 50); do [[ -s "$STATE/fake-github.url" ]] && break; sleep 0.1; done
+      log "no RUNYARD_GITHUB_TOKEN: runyard-fake-github stands in for GitHub's API on $(head -1 "$STATE/fake-github.url")"
+    fi
+    export RUNYARD_GITHUB_API_URL="$(head -1 "$STATE/fake-github.url")" RUNYARD_GITHUB_TOKEN=dev-token
+  fi
+  if ! running scaler; then
+    # A pool matching the sample job; each runner is a local process.
+    cat > "$STATE/scaler.toml" <<TOML
+[providers.local]
+kind = "process"
+command = ["/bin/sleep", "3600"]
+
+[[pools]]
+name = "linux-x64"
+forge = "github"
+scope = { org = "octo-org" }
+labels = ["self-hosted", "linux", "x64", "gpu"]
+provider = "local"
+flavors = [{ name = "small", memory = "4GiB", cpus = 2 }, { name = "large", memory = "16GiB", cpus = 8 }]
+max_runners = 5
+
+[scaler]
+state_dir = "$STATE/runners"
+TOML
+    RUNYARD_SCALER_HTTP_LISTEN="$SCALER_ADDR" RUNYARD_SCALER_CONFIG="$STATE/scaler.toml" \
+      RUNYARD_ALLOCATOR_URL="http://${ALLOC_GRPC}" "$BIN/runyard-scaler" > "$STATE/scaler.log" 2>&1 &
+    echo $! > "$STATE/scaler.pid"
+    wait_http "http://${SCALER_ADDR}/readyz"
+    log "runyard-scaler on http://${SCALER_ADDR} (pools: $STATE/scaler.toml; log: $STATE/scaler.log)"
+  fi
   demo
   log "stack is up; stop it with: bash scripts/dev.sh down"
 }
@@ -126,6 +178,6 @@ case "${1:-up}" in
   up) up ;;
   down) down ;;
   demo) demo ;;
-  status) for s in nats ingest job-tracker allocator; do running "$s" && echo "$s running" || echo "$s stopped"; done ;;
+  status) for s in nats ingest job-tracker allocator fake-github scaler; do running "$s" && echo "$s running" || echo "$s stopped"; done ;;
   *) echo "usage: $0 [up|down|demo|status]" >&2; exit 2 ;;
 esac

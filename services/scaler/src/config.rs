@@ -111,6 +111,19 @@ impl Config {
                 *slot = Some(SecretString::from(value.trim().to_owned()));
             }
         }
+        // An empty variable (compose's `${VAR:-}`) means "not set".
+        for slot in [
+            &mut config.allocator_client_token,
+            &mut config.github_token,
+            &mut config.gitlab_token,
+        ] {
+            if slot
+                .as_ref()
+                .is_some_and(|s| secrecy::ExposeSecret::expose_secret(s).is_empty())
+            {
+                *slot = None;
+            }
+        }
         Ok(config)
     }
 }

@@ -176,13 +176,23 @@ impl Engine {
                 self.shared.metrics.queue_wait.observe(wait);
             }
         }
+        let assigned_before = match &event.body {
+            Some(Body::JobObserved(j)) => self
+                .world
+                .runners
+                .get(&j.runner_name)
+                .is_some_and(|r| r.phase >= Phase::Assigned),
+            _ => true,
+        };
         self.world.apply(event, now(), backoff);
         // A job started on one of our runners: record the assignment (the
-        // pool's owner does; the id is deterministic either way).
-        if let Some(Body::JobObserved(j)) = &event.body
+        // pool's owner does, once; the id is deterministic either way).
+        if !assigned_before
+            && let Some(Body::JobObserved(j)) = &event.body
             && j.status() == JobStatus::InProgress
             && !j.runner_name.is_empty()
             && let Some(r) = self.world.runners.get(&j.runner_name)
+            && r.phase == Phase::Assigned
             && self.owns(&r.pool)
             && let Some(p) = self.shared.pools.get(&r.pool).cloned()
             && let Some(job) = j.job.clone()
@@ -229,7 +239,15 @@ impl Engine {
                         }
                     }
                 }
-                Some(outcome) = self.outcomes.recv() => self.on_outcome(outcome),
+                Some(outcome) = self.outcomes.recv() => {
+                    self.on_outcome(outcome);
+                    for _ in 0..4096 {
+                        match self.outcomes.try_recv() {
+                            Ok(outcome) => self.on_outcome(outcome),
+                            Err(_) => break,
+                        }
+                    }
+                }
                 Some(_) = self.tasks.join_next(), if !self.tasks.is_empty() => continue,
                 _ = tick.tick() => {}
                 _ = lease_tick.tick() => {
@@ -252,9 +270,13 @@ impl Engine {
             while self.tasks.join_next().await.is_some() {}
         })
         .await;
-        for (pool, lease) in std::mem::take(&mut self.leases) {
-            self.shared.coord.release(&pool, lease.revision).await;
-        }
+        let coord = &self.shared.coord;
+        let releases = std::mem::take(&mut self.leases)
+            .into_iter()
+            .map(|(pool, lease)| async move { coord.release(&pool, lease.revision).await });
+        // Bounded: with NATS gone the leases simply expire.
+        let _ =
+            tokio::time::timeout(Duration::from_secs(2), futures::future::join_all(releases)).await;
     }
 
     fn owns(&self, pool: &str) -> bool {
@@ -265,10 +287,21 @@ impl Engine {
 
     async fn renew_leases(&mut self) {
         let ttl = self.shared.timers.lease_ttl;
-        for name in self.shared.pools.keys().cloned().collect::<Vec<_>>() {
-            let held = self.leases.get(&name).map(|l| l.revision);
-            let started = Instant::now();
-            match tokio::time::timeout(ttl / 4, self.shared.coord.lease(&name, held)).await {
+        let started = Instant::now();
+        let coord = &self.shared.coord;
+        let leases = &self.leases;
+        // All pools at once, bounded together: a slow NATS must not hold the
+        // loop for a call per pool.
+        let calls = self.shared.pools.keys().map(|name| {
+            let held = leases.get(name).map(|l| l.revision);
+            async move {
+                let r = tokio::time::timeout(ttl / 4, coord.lease(name, held)).await;
+                (name.clone(), held, r)
+            }
+        });
+        let results = futures::future::join_all(calls).await;
+        for (name, held, result) in results {
+            match result {
                 Ok(Ok(Some(revision))) => {
                     if held.is_none() {
                         tracing::info!(pool = %name, "pool lease taken");
@@ -419,7 +452,7 @@ impl Engine {
                 // Counted at once, so the next decision sees it.
                 self.world.runners.insert(
                     name.clone(),
-                    provisional(&name, &pool, Some(job), run_attempt, &key, now),
+                    Runner::requested(&name, &pool, Some(job), run_attempt, &key, now),
                 );
                 let shared = self.shared.clone();
                 self.spawn(name.clone(), async move {
@@ -594,9 +627,10 @@ impl Engine {
             self.idle_counter
         );
         let name = instance_name(pool, &key);
-        self.world
-            .runners
-            .insert(name.clone(), provisional(&name, pool, None, 0, &key, now));
+        self.world.runners.insert(
+            name.clone(),
+            Runner::requested(&name, pool, None, 0, &key, now),
+        );
         let shared = self.shared.clone();
         self.spawn(name.clone(), async move {
             create_free(shared, p, name, key, reason).await
@@ -926,35 +960,6 @@ fn decision_name(d: &Decision) -> &'static str {
         Decision::Reap { .. } => "reap",
         Decision::Delete { .. } => "delete",
         Decision::ConfirmIdle { .. } => "confirm_idle",
-    }
-}
-
-fn provisional(
-    name: &str,
-    pool: &str,
-    job: Option<JobId>,
-    run_attempt: u32,
-    key: &str,
-    now: Clock,
-) -> Runner {
-    Runner {
-        name: name.to_owned(),
-        pool: pool.to_owned(),
-        job,
-        run_attempt,
-        claim_key: key.to_owned(),
-        phase: Phase::Requested,
-        attempts: 1,
-        requested_at: now,
-        attempt_started_at: now,
-        idle_since: None,
-        retry_at: None,
-        running: None,
-        flavor: String::new(),
-        provider_id: None,
-        forge_runner_id: None,
-        idle_confirmed_from: None,
-        reason: String::new(),
     }
 }
 

@@ -11,6 +11,8 @@ pub mod kv;
 mod metrics;
 pub mod policy;
 pub mod provider;
+pub mod reconciler;
+pub mod simulate;
 pub mod sizing;
 pub mod world;
 
@@ -66,6 +68,7 @@ pub struct App {
     shared: Arc<Shared>,
     registry: Metrics,
     listener: TcpListener,
+    reconciler: Option<reconciler::Reconciler>,
 }
 
 fn forge_host(pool: &config::PoolConfig, config: &Config) -> String {
@@ -225,10 +228,32 @@ impl App {
             metrics,
             status: RwLock::new(Vec::new()),
         });
+        // Every endpoint's series exists from the start, at zero.
+        if let Some(gh) = &shared.forges.github {
+            shared.metrics.record_forge_calls("github", &gh.calls());
+        }
+        if let Some(gl) = &shared.forges.gitlab {
+            shared.metrics.record_forge_calls("gitlab", &gl.calls());
+        }
+        // Forge clients of its own: its calls are budgeted and counted apart.
+        let reconciler = match &file.reconciler {
+            Some(section) => Some(reconciler::Reconciler::new(
+                section.clone(),
+                self::forges(&config, &file)?,
+                shared.clone(),
+                &config.github_api_url,
+                config
+                    .gitlab_api_url
+                    .as_deref()
+                    .or(file.gitlab.as_ref().and_then(|g| g.api_url.as_deref())),
+            )),
+            None => None,
+        };
         Ok(Self {
             shared,
             registry,
             listener,
+            reconciler,
         })
     }
 
@@ -267,6 +292,12 @@ impl App {
                             .claims_held
                             .set(i64::try_from(n).unwrap_or(i64::MAX));
                     }
+                    if let Some(gh) = &shared.forges.github {
+                        shared.metrics.record_forge_calls("github", &gh.calls());
+                    }
+                    if let Some(gl) = &shared.forges.gitlab {
+                        shared.metrics.record_forge_calls("gitlab", &gl.calls());
+                    }
                     if let Some(gh) = &shared.forges.github
                         && let Some(left) = gh.rate_limit_remaining()
                     {
@@ -288,6 +319,7 @@ impl App {
             let caught_up = caught_up.clone();
             tokio::spawn(async move { engine.run(events_rx, caught_up, stop).await })
         };
+        let reconciler = self.reconciler.map(|r| tokio::spawn(r.run(stop.clone())));
         let http_state = HttpState {
             shared: self.shared.clone(),
             registry: self.registry.clone(),
@@ -312,6 +344,9 @@ impl App {
         let _ = engine.await;
         let _ = consumer.await;
         let _ = claims.await;
+        if let Some(reconciler) = reconciler {
+            let _ = reconciler.await;
+        }
         let _ = http.await;
         let _ =
             tokio::time::timeout(Duration::from_secs(5), self.shared.bus.client().flush()).await;

@@ -1,10 +1,11 @@
 //! `runyard-scaler`: keeps pools of CI runners at the size the queue needs.
 
+use std::io::Write as _;
 use std::path::PathBuf;
 
 use anyhow::Context as _;
-use clap::Parser;
-use runyard_scaler::{App, Config};
+use clap::{Parser, Subcommand};
+use runyard_scaler::{App, Config, simulate};
 
 /// Keeps pools of CI runners at the size the queue needs.
 #[derive(Parser, Debug)]
@@ -12,15 +13,31 @@ use runyard_scaler::{App, Config};
 struct Args {
     /// TOML file with the service settings; environment variables override
     /// it. Pools and providers come from `RUNYARD_SCALER_CONFIG`.
-    #[arg(long)]
+    #[arg(long, global = true)]
     config: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Scale runners (the default).
+    Run,
+    /// Run the scaling policy in virtual time against garm's and ARC's and
+    /// compare queue wait and runner-minutes.
+    Simulate(simulate::SimulateArgs),
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    if let Some(Command::Simulate(sim)) = &args.command {
+        let report = simulate::run(sim)?;
+        writeln!(std::io::stdout().lock(), "{report}").context("writing the report")?;
+        return Ok(());
+    }
     runyard_telemetry::install_crypto_provider();
     runyard_telemetry::init_tracing();
-    let args = Args::parse();
     let config = Config::load(args.config.as_deref()).context("loading configuration")?;
     let app = App::build(config, None).await.context("starting scaler")?;
     app.run(runyard_telemetry::shutdown_signal()).await

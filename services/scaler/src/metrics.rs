@@ -49,6 +49,15 @@ pub struct ForgeLabel {
     pub forge: &'static str,
 }
 
+/// A forge endpoint.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EndpointLabel {
+    /// `github` or `gitlab`.
+    pub forge: &'static str,
+    /// The endpoint kind (`generate_jitconfig`, `delete_runner`, ...).
+    pub endpoint: &'static str,
+}
+
 /// How a reconciler cycle ended.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CycleLabel {
@@ -82,6 +91,8 @@ pub struct ScalerMetrics {
     pub queue_wait: Histogram,
     /// Claims in `<NS>_CLAIMS`.
     pub claims_held: Gauge,
+    /// Forge API requests the scaler sent (the reconciler's are counted apart).
+    pub forge_api_calls: Family<EndpointLabel, Counter>,
     /// The GitHub API's `x-ratelimit-remaining`.
     pub github_rate_limit_remaining: Gauge,
     /// Lost events the reconciler made up for.
@@ -109,6 +120,7 @@ impl ScalerMetrics {
             provider_errors: Family::default(),
             queue_wait: Histogram::new(exponential_buckets(0.1, 2.0, 16)),
             claims_held: Gauge::default(),
+            forge_api_calls: Family::default(),
             github_rate_limit_remaining: Gauge::default(),
             reconciler_found: Family::default(),
             reconciler_api_calls: Family::default(),
@@ -166,6 +178,11 @@ impl ScalerMetrics {
                 "claims_held",
                 "Job claims in the claims bucket",
                 m.claims_held.clone(),
+            );
+            r.register(
+                "forge_api_calls",
+                "Forge API requests sent by the scaler, by forge and endpoint",
+                m.forge_api_calls.clone(),
             );
             r.register(
                 "github_rate_limit_remaining",
@@ -233,6 +250,19 @@ impl ScalerMetrics {
             let _ = self
                 .reconciler_cycles
                 .get_or_create(&CycleLabel { outcome });
+        }
+    }
+
+    /// Brings `forge_api_calls` up to a client's running totals.
+    pub fn record_forge_calls(&self, forge: &'static str, totals: &runyard_forge::api::CallCounts) {
+        for (endpoint, total) in &totals.calls {
+            let counter = self
+                .forge_api_calls
+                .get_or_create(&EndpointLabel { forge, endpoint });
+            let seen = counter.get();
+            if *total > seen {
+                counter.inc_by(total - seen);
+            }
         }
     }
 

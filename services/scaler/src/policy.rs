@@ -2,6 +2,7 @@
 //! runners, the clock) to decisions. No IO here; the engine carries the
 //! decisions out and the simulator runs the same code in virtual time.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use runyard_events::{Forge, JobStatus};
@@ -231,13 +232,16 @@ fn decide_pool(
     }
 
     // A job is served while a runner made for it is alive and free, or
-    // waiting to retry its create.
-    let served = |job: &Job| {
-        runners.iter().any(|r| {
-            r.job.as_ref() == Some(&job.id) && (r.is_unassigned() || r.phase == Phase::Failed)
-        })
-    };
-    let claimed = |job: &Job| runners.iter().any(|r| r.job.as_ref() == Some(&job.id));
+    // waiting to retry its create; claimed once any runner was made for it.
+    let mut made_for: HashMap<&JobId, bool> = HashMap::new();
+    for r in &runners {
+        if let Some(job) = &r.job {
+            let serving = r.is_unassigned() || r.phase == Phase::Failed;
+            *made_for.entry(job).or_default() |= serving;
+        }
+    }
+    let served = |job: &Job| made_for.get(&job.id).copied().unwrap_or(false);
+    let claimed = |job: &Job| made_for.contains_key(&job.id);
     let unserved: Vec<&Job> = queue(world, pools, pool)
         .into_iter()
         .filter(|j| !served(j))

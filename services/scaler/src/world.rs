@@ -134,6 +134,36 @@ pub struct Runner {
 }
 
 impl Runner {
+    /// A runner just decided on: phase `Requested`, first attempt.
+    pub fn requested(
+        name: &str,
+        pool: &str,
+        job: Option<JobId>,
+        run_attempt: u32,
+        claim_key: &str,
+        at: Clock,
+    ) -> Self {
+        Self {
+            name: name.to_owned(),
+            pool: pool.to_owned(),
+            job,
+            run_attempt,
+            claim_key: claim_key.to_owned(),
+            phase: Phase::Requested,
+            attempts: 1,
+            requested_at: at,
+            attempt_started_at: at,
+            idle_since: None,
+            retry_at: None,
+            running: None,
+            flavor: String::new(),
+            provider_id: None,
+            forge_runner_id: None,
+            idle_confirmed_from: None,
+            reason: String::new(),
+        }
+    }
+
     /// Exists (or is being made) and so counts toward `max_runners`.
     pub fn is_alive(&self) -> bool {
         matches!(
@@ -186,7 +216,8 @@ impl World {
         let at = clock_of(event.occurred_at.as_ref()).unwrap_or(now);
         match event.body.as_ref() {
             Some(Body::JobObserved(j)) => self.apply_job(j, at),
-            Some(Body::RunnerRequested(r)) => {
+            Some(Body::RunnerRequested(req)) => {
+                let r = req;
                 let Some(rref) = r.runner.as_ref() else {
                     return;
                 };
@@ -195,27 +226,19 @@ impl World {
                     instance: k.instance.clone(),
                     job_id: k.job_id,
                 });
-                self.runners
-                    .entry(rref.name.clone())
-                    .or_insert_with(|| Runner {
-                        name: rref.name.clone(),
-                        pool: rref.pool.clone(),
+                self.runners.entry(rref.name.clone()).or_insert_with(|| {
+                    let mut r = Runner::requested(
+                        &rref.name,
+                        &rref.pool,
                         job,
-                        run_attempt: r.run_attempt,
-                        claim_key: r.claim_key.clone(),
-                        phase: Phase::Requested,
-                        attempts: 1,
-                        requested_at: at,
-                        attempt_started_at: at,
-                        idle_since: None,
-                        retry_at: None,
-                        running: None,
-                        flavor: r.flavor.clone(),
-                        provider_id: None,
-                        forge_runner_id: None,
-                        idle_confirmed_from: None,
-                        reason: r.reason.clone(),
-                    });
+                        r.run_attempt,
+                        &r.claim_key,
+                        at,
+                    );
+                    r.flavor.clone_from(&req.flavor);
+                    r.reason.clone_from(&req.reason);
+                    r
+                });
             }
             Some(Body::RunnerCreated(r)) => {
                 let Some(runner) = self.runner_mut(r.runner.as_ref()) else {

@@ -3,6 +3,7 @@
 //! runner deleted, faults retried, replicas that fail over.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed unwrap is a failed test
 
+mod reconcile;
 mod support;
 
 use std::collections::{BTreeMap, HashSet};
@@ -75,8 +76,11 @@ async fn a_queued_job_gets_one_right_named_runner_that_goes_when_the_job_is_done
     stack.started(101, &name).await;
     stack.completed(101, &name).await;
     until("the runner gone", || stack.live_processes().is_empty()).await;
-    let deleted = stack.runner_events("RunnerDeleted").await;
-    assert_eq!(deleted.len(), 1);
+    // The instance goes first, then the event saying so.
+    support::until_async("RunnerDeleted", async || {
+        stack.runner_events("RunnerDeleted").await.len() == 1
+    })
+    .await;
     assert_eq!(stack.runner_events("RunnerAssigned").await.len(), 1);
     assert_eq!(stack.jit_calls(), 1, "no second runner");
     scaler.stop().await;
@@ -169,8 +173,9 @@ async fn drain(stack: &Stack, jobs: &[u64], max: usize) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_gets_exactly_max_runners_then_more_as_jobs_finish() {
-    const JOBS: u64 = 150;
-    const MAX: usize = 15;
+    // The matrix burst: 500 jobs queued within seconds, 50 runners at most.
+    const JOBS: u64 = 500;
+    const MAX: usize = 50;
     let stack = Stack::new(&pool_toml(MAX as u32, 0, "")).await;
     let scaler = stack.start().await;
     let jobs: Vec<u64> = (1..=JOBS).map(|n| 10_000 + n).collect();
@@ -641,4 +646,73 @@ max_runners = 3
     until("the runner gone", || stack.live_processes().is_empty()).await;
     until("deleted in GitLab", || gitlab.runners().is_empty()).await;
     scaler.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_mid_burst_is_reconciled_on_restart_and_orphans_are_removed() {
+    const JOBS: u64 = 40;
+    const MAX: usize = 10;
+    let stack = Stack::new(&pool_toml(MAX as u32, 0, "")).await;
+    // Left from an earlier life: an instance and a GitHub runner nothing owns.
+    let pool_dir = stack.state_dir.path().join("local").join(
+        runyard_scaler::pool_id(&runyard_scaler::controller_id(&stack.ns), "linux").to_string(),
+    );
+    std::fs::create_dir_all(&pool_dir).unwrap();
+    use std::os::unix::process::CommandExt as _;
+    let mut stray = std::process::Command::new("/bin/sleep")
+        .arg("600")
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    std::fs::write(
+        pool_dir.join("ry-linux-0000000000.pid"),
+        stray.id().to_string(),
+    )
+    .unwrap();
+    let stray_gh =
+        stack
+            .github
+            .add_runner("/orgs/acme", "ry-linux-ffffffffff", &["runyard-pool=linux"]);
+    let scaler = stack.start().await;
+    let jobs: Vec<u64> = (1..=JOBS).map(|n| 30_000 + n).collect();
+    for &j in &jobs {
+        stack.queued(j).await;
+    }
+    until("creates under way", || stack.live_processes().len() >= 4).await;
+    // Crash: every operation in flight is dropped where it stands.
+    scaler.kill();
+    let scaler = stack.start().await;
+    until("the stray instance removed", || {
+        !stack.live_processes().contains("ry-linux-0000000000")
+    })
+    .await;
+    until("the stray GitHub runner removed", || {
+        stack.github.runner(stray_gh).is_none()
+    })
+    .await;
+    let _ = stray.wait();
+    let peak = drain(&stack, &jobs, MAX).await;
+    assert!(peak <= MAX, "{peak}");
+    until("every runner gone", || stack.live_processes().is_empty()).await;
+    let names = runner_names(&stack.runner_events("RunnerRequested").await);
+    let unique: HashSet<&String> = names.iter().collect();
+    assert_eq!(unique.len(), names.len(), "no runner requested twice");
+    // Nothing of ours left on GitHub either.
+    until("no runner left on GitHub", || {
+        stack
+            .github
+            .runners()
+            .iter()
+            .all(|r| !r.labels.iter().any(|l| l == "runyard-pool=linux"))
+    })
+    .await;
+    scaler.stop().await;
+}
+
+#[test]
+fn the_shipped_scaler_file_is_valid() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/scaler.toml");
+    let file = runyard_scaler::ScalerFile::load(&path).expect("deploy/scaler.toml is valid");
+    assert_eq!(file.pools.len(), 1);
+    assert!(file.providers.contains_key(&file.pools[0].provider));
 }

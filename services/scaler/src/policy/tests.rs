@@ -56,28 +56,11 @@ fn job(world: &mut World, n: u64, labels: &[&str], queued_at: Clock) {
 }
 
 fn runner(world: &mut World, name: &str, pool: &str, job: Option<u64>, phase: Phase, at: Clock) {
-    world.runners.insert(
-        name.into(),
-        Runner {
-            name: name.into(),
-            pool: pool.into(),
-            job: job.map(jid),
-            run_attempt: 1,
-            claim_key: String::new(),
-            phase,
-            attempts: 1,
-            requested_at: at,
-            attempt_started_at: at,
-            idle_since: (phase == Phase::Online).then_some(at),
-            retry_at: None,
-            running: None,
-            flavor: "small".into(),
-            provider_id: None,
-            forge_runner_id: None,
-            idle_confirmed_from: None,
-            reason: String::new(),
-        },
-    );
+    let mut r = Runner::requested(name, pool, job.map(jid), 1, "", at);
+    r.phase = phase;
+    r.idle_since = (phase == Phase::Online).then_some(at);
+    r.flavor = "small".into();
+    world.runners.insert(name.into(), r);
 }
 
 fn run(pools: &[PoolSpec], world: &World, now: Clock) -> Vec<Decision> {

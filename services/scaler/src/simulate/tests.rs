@@ -1,0 +1,189 @@
+//! Given a workload, when the policies run against the simulated forge,
+//! then these hold.
+
+use std::time::Duration;
+
+use super::forge::State;
+use super::*;
+
+/// A small workload (debug builds run it in well under a second per policy).
+fn small(seed: u64) -> SimulateArgs {
+    SimulateArgs {
+        seed,
+        jobs: 600,
+        hours: 1.5,
+        ..SimulateArgs::default()
+    }
+}
+
+fn by_name(args: &SimulateArgs, name: &str) -> Box<dyn Scaler> {
+    scalers(args)
+        .into_iter()
+        .find(|s| s.name() == name)
+        .unwrap_or_else(|| panic!("no policy {name}"))
+}
+
+#[test]
+fn with_no_boot_time_and_no_bursts_runyard_never_delays_a_job() {
+    let args = SimulateArgs {
+        burst_share: 0.0,
+        boot: vec![BootSetting::Fixed],
+        ..small(3)
+    };
+    let report = run(&args).unwrap_or_else(|e| panic!("{e}"));
+    let ry = report
+        .row("fixed", "runyard")
+        .unwrap_or_else(|| panic!("no runyard row"));
+    assert_eq!(ry.completed, args.jobs);
+    assert_eq!(ry.delay.max, 0.0, "scheduling delay of some job");
+    assert_eq!(ry.wait.max, 0.0, "queue wait of some job");
+    assert_eq!(ry.runners, args.jobs, "one runner per job");
+}
+
+#[test]
+fn garm_never_creates_a_runner_for_a_job_younger_than_its_backoff() {
+    // Lost webhooks and slow boots exercise the unlock paths too.
+    let args = SimulateArgs {
+        lost_webhooks: 0.05,
+        reconcile_period: 60.0,
+        ..small(5)
+    };
+    let work = workload(&args);
+    let mut garm = by_name(&args, "garm");
+    let (forge, _) = simulate_one(&args, &work, BootSetting::Slow, garm.as_mut());
+    let mut checked = 0;
+    for r in &forge.runners {
+        if let Some(j) = r.made_for {
+            let age = r.created_at.saturating_sub(forge.jobs[j].work.queued_at);
+            assert!(
+                age >= Duration::from_secs(30),
+                "runner for job {j} created {age:?} after it was queued"
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked >= args.jobs, "only {checked} runners made for jobs");
+}
+
+#[test]
+fn every_job_runs_exactly_once_under_every_policy() {
+    let args = small(7);
+    let work = workload(&args);
+    for boot in [BootSetting::Fast, BootSetting::Slow] {
+        for mut scaler in scalers(&args) {
+            let (forge, _) = simulate_one(&args, &work, boot, scaler.as_mut());
+            let name = scaler.name();
+            for (i, j) in forge.jobs.iter().enumerate() {
+                assert_eq!(
+                    j.starts, 1,
+                    "{name}/{boot:?}: job {i} started {} times",
+                    j.starts
+                );
+                assert!(
+                    j.completed_at.is_some(),
+                    "{name}/{boot:?}: job {i} never completed"
+                );
+            }
+            assert!(forge.quiescent(), "{name}/{boot:?}: runners left behind");
+            let ran: usize = forge.runners.iter().filter(|r| r.job.is_some()).count();
+            assert_eq!(ran, args.jobs, "{name}/{boot:?}: runners that ran a job");
+        }
+    }
+}
+
+#[test]
+fn jobs_are_conserved_with_lost_webhooks_and_failed_creates() {
+    let args = SimulateArgs {
+        lost_webhooks: 0.05,
+        reconcile_period: 60.0,
+        create_failures: 0.1,
+        ..small(11)
+    };
+    let work = workload(&args);
+    for mut scaler in scalers(&args) {
+        let (forge, _) = simulate_one(&args, &work, BootSetting::Slow, scaler.as_mut());
+        let name = scaler.name();
+        assert!(
+            forge.jobs.iter().all(|j| j.starts == 1),
+            "{name}: a job ran twice or never"
+        );
+        assert!(
+            forge.jobs.iter().all(|j| j.completed_at.is_some()),
+            "{name}: a job never completed"
+        );
+        // A runner runs at most one job, and only while it exists.
+        for r in &forge.runners {
+            if let (Some(a), Some(d)) = (r.assigned_at, r.deleted_at) {
+                assert!(
+                    r.finished_at.is_some_and(|f| a <= f && f <= d),
+                    "{name}: {r:?}"
+                );
+            }
+            assert!(r.state != State::Failed || r.job.is_none());
+        }
+    }
+}
+
+#[test]
+fn runyard_makes_one_runner_per_job_and_leaves_none_idle() {
+    let args = small(13);
+    let work = workload(&args);
+    let mut ry = by_name(&args, "runyard");
+    let (forge, end) = simulate_one(&args, &work, BootSetting::Slow, ry.as_mut());
+    let stats = Stats::of("runyard", &forge, end);
+    assert_eq!(stats.runners, args.jobs);
+    assert_eq!(stats.never_ran, 0);
+    assert_eq!(stats.create_lag.max, 0.0, "a runner created after its job");
+}
+
+#[test]
+fn a_seed_gives_the_same_report_every_time() {
+    let args = SimulateArgs {
+        lost_webhooks: 0.02,
+        create_failures: 0.05,
+        boot: vec![BootSetting::Slow],
+        ..small(17)
+    };
+    let a = run(&args).unwrap_or_else(|e| panic!("{e}")).to_string();
+    let b = run(&args).unwrap_or_else(|e| panic!("{e}")).to_string();
+    assert_eq!(a, b);
+    let other = run(&SimulateArgs {
+        seed: 18,
+        ..args.clone()
+    })
+    .unwrap_or_else(|e| panic!("{e}"))
+    .to_string();
+    assert_ne!(a, other, "the seed changes nothing");
+}
+
+#[test]
+fn the_workload_has_the_jobs_and_bursts_asked_for() {
+    let args = small(19);
+    let work = workload(&args);
+    assert_eq!(work.len(), args.jobs);
+    assert!(work.windows(2).all(|w| w[0].queued_at <= w[1].queued_at));
+    let end = workload::START + Duration::from_secs_f64(args.hours * 3600.0);
+    assert!(
+        work.iter()
+            .all(|w| w.queued_at >= workload::START && w.queued_at <= end)
+    );
+    let shared = work
+        .windows(2)
+        .filter(|w| w[0].queued_at == w[1].queued_at)
+        .count();
+    let bursts = (args.jobs as f64 * args.burst_share) as usize;
+    assert!(
+        shared + 10 >= bursts && shared <= bursts,
+        "{shared} jobs share a queue time, {bursts} asked for in bursts"
+    );
+    let mut durations: Vec<f64> = work.iter().map(|w| w.duration.as_secs_f64()).collect();
+    let median = Percentiles::of(std::mem::take(&mut durations)).p50;
+    assert!((240.0..360.0).contains(&median), "median duration {median}");
+}
+
+#[test]
+fn percentiles_are_nearest_rank() {
+    let p = Percentiles::of((1..=100).map(f64::from).collect());
+    assert_eq!((p.p50, p.p95, p.p99, p.max), (50.0, 95.0, 99.0, 100.0));
+    assert_eq!(Percentiles::of(Vec::new()), Percentiles::default());
+}
