@@ -44,7 +44,7 @@ impl Default for Config {
             tracker_batch_size: 1000,
             tracker_batch_wait: Duration::from_millis(50),
             tracker_max_attempts: 3,
-            tracker_ack_wait: Duration::from_secs(30),
+            tracker_ack_wait: Duration::from_secs(5),
             database_pool_size: 4,
         }
     }

@@ -253,25 +253,7 @@ impl Runyard {
     ) {
         self.world.runners.insert(
             name.to_owned(),
-            Runner {
-                name: name.to_owned(),
-                pool: POOL.into(),
-                job,
-                run_attempt,
-                claim_key: key.to_owned(),
-                phase: Phase::Requested,
-                attempts: 1,
-                requested_at: now,
-                attempt_started_at: now,
-                idle_since: None,
-                retry_at: None,
-                running: None,
-                flavor: String::new(),
-                provider_id: None,
-                forge_runner_id: None,
-                idle_confirmed_from: None,
-                reason: String::new(),
-            },
+            Runner::requested(name, POOL, job, run_attempt, key, now),
         );
     }
 
