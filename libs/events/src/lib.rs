@@ -301,7 +301,16 @@ pub fn claim_key(forge: Forge, instance: &str, job_id: u64, run_attempt: u32) ->
     format!(
         "{}.{}.{job_id}.{run_attempt}",
         forge_token(forge),
-        instance.replace('.', "_")
+        // Dots separate the key's tokens; anything else a KV key may not hold
+        // (a port's `:`) goes the same way.
+        instance
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '_'
+            })
+            .collect::<String>()
     )
 }
 
@@ -582,6 +591,11 @@ mod tests {
                 .split('.')
                 .count(),
             4
+        );
+        // A port is no valid KV key character either.
+        assert_eq!(
+            claim_key(Forge::Gitlab, "gitlab.example.com:8443", 7, 1),
+            "gitlab.gitlab_example_com_8443.7.1"
         );
     }
 

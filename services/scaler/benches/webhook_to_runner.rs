@@ -36,8 +36,9 @@
 //! `info`), `--ingest-bin PATH`, `--scaler-bin PATH`, `--database-url URL`
 //! (a Postgres server whose database is migrated and kept), `--no-database`
 //! (the scaler gets a closed port, as in its tests), `--keep` (keep logs and
-//! state).
-#![allow(clippy::unwrap_used, clippy::print_stdout)] // a benchmark's main
+//! state), `--perf FILE` (`perf record` of the scaler; `--perf-phase`,
+//! `--perf-secs`), `--tmp DIR` (where state directories go).
+#![allow(clippy::print_stdout)] // the report goes to stdout
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -153,6 +154,10 @@ struct Args {
     database_url: Option<String>,
     no_database: bool,
     keep: bool,
+    perf: Option<PathBuf>,
+    perf_phase: String,
+    perf_secs: u64,
+    tmp: Option<PathBuf>,
 }
 
 impl Args {
@@ -174,6 +179,10 @@ impl Args {
             database_url: None,
             no_database: false,
             keep: false,
+            perf: None,
+            perf_phase: "burst".into(),
+            perf_secs: 4,
+            tmp: None,
         };
         let mut it = argv.iter();
         while let Some(flag) = it.next() {
@@ -196,6 +205,10 @@ impl Args {
                 "--database-url" => a.database_url = Some(value()?),
                 "--no-database" => a.no_database = true,
                 "--keep" => a.keep = true,
+                "--perf" => a.perf = Some(value()?.into()),
+                "--perf-phase" => a.perf_phase = value()?,
+                "--perf-secs" => a.perf_secs = value()?.parse()?,
+                "--tmp" => a.tmp = Some(value()?.into()),
                 "--help" | "-h" => {
                     eprintln!("{}", HELP);
                     std::process::exit(0);
@@ -220,7 +233,12 @@ const HELP: &str = "webhook_to_runner: the scaler's latency and throughput bench
   --ingest-bin PATH   --scaler-bin PATH (target/release/...)
   --database-url URL  a Postgres database for the scaler (migrated, kept)
   --no-database       give the scaler a closed port instead of a database
-  --keep              keep logs and state directories";
+  --keep              keep logs and state directories
+  --perf FILE         perf record (DWARF call graphs) of the scaler into FILE,
+                      --perf-secs S long (4), from the start of the measured
+                      part of --perf-phase (burst; paced, backlog)
+  --tmp DIR           where state, logs, pid files and stamps go (the system's
+                      temporary directory)";
 
 // ---------------------------------------------------------------------------
 // Clocks
@@ -950,6 +968,47 @@ state_dir = {state:?}
     }
 }
 
+/// `perf record` of the scaler when this phase is the one to profile.
+fn perf_for(args: &Args, mode: Mode, pid: u32) -> anyhow::Result<Option<tokio::process::Child>> {
+    let name = match mode {
+        Mode::Paced => "paced",
+        Mode::Burst => "burst",
+        Mode::Backlog => "backlog",
+    };
+    match &args.perf {
+        Some(file) if args.perf_phase == name => Ok(Some(start_perf(file, pid, args.perf_secs)?)),
+        _ => Ok(None),
+    }
+}
+
+/// Starts `perf record` on `pid` for `secs` seconds, writing `file`.
+fn start_perf(file: &Path, pid: u32, secs: u64) -> anyhow::Result<tokio::process::Child> {
+    progress(format!(
+        "  perf record of the scaler (pid {pid}) for {secs} s into {}",
+        file.display()
+    ));
+    tokio::process::Command::new("perf")
+        .args([
+            "record",
+            "-q",
+            "-F",
+            "999",
+            "--call-graph",
+            "dwarf,16384",
+            "-p",
+        ])
+        .arg(pid.to_string())
+        .arg("-o")
+        .arg(file)
+        .args(["--", "sleep"])
+        .arg(secs.to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .context("starting perf (apt-get install linux-perf)")
+}
+
 /// Polls `check` every 20 ms until it holds or `limit` passes.
 async fn wait_until<F, Fut>(what: &str, limit: Duration, mut check: F) -> anyhow::Result<()>
 where
@@ -1011,6 +1070,22 @@ fn alive(pid: u32) -> bool {
             .and_then(|(_, rest)| rest.split_whitespace().next())
             .is_some_and(|state| state != "Z" && state != "X")
     })
+}
+
+/// The file system `path` is on (the longest mount point above it).
+fn fs_type(path: &Path) -> String {
+    let path = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+    mounts
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let (_, point, kind) = (f.next()?, f.next()?, f.next()?);
+            path.starts_with(point)
+                .then(|| (point.len(), kind.to_owned()))
+        })
+        .max()
+        .map_or_else(|| "unknown".into(), |(_, kind)| kind)
 }
 
 /// Runner processes of this run still alive anywhere on the machine.
@@ -1194,8 +1269,11 @@ impl Outcome {
         (b > a).then(|| self.created() as f64 / ((b - a) as f64 / 1e9))
     }
 
+    /// Load from outside the bench: the machine's busy time less every
+    /// process measured, runners included.
     fn cores_other(&self) -> f64 {
-        self.cpu.others().as_secs_f64() / self.wall.as_secs_f64().max(1e-9)
+        let other = self.cpu.others().saturating_sub(self.runner_cpu);
+        other.as_secs_f64() / self.wall.as_secs_f64().max(1e-9)
     }
 
     /// CPU µs per create of each process, and the runners.
@@ -1250,7 +1328,7 @@ async fn phase_webhooks(ctx: &Ctx, round: usize, mode: Mode) -> anyhow::Result<O
     progress(format!("  machine load before: {quiet:.2} cores"));
     let mut window_start = None;
     let webhook_errors;
-    let (meter, started) = match mode {
+    let (meter, started, perf) = match mode {
         Mode::Paced | Mode::Burst => {
             let scaler_pid = stack.scaler.as_ref().map_or(0, |s| s.pid);
             let meter = CpuMeter::start(&[
@@ -1259,6 +1337,7 @@ async fn phase_webhooks(ctx: &Ctx, round: usize, mode: Mode) -> anyhow::Result<O
                 ("nats-server", ctx.nats_pid),
                 ("bench", me),
             ]);
+            let perf = perf_for(args, mode, scaler_pid)?;
             let started = Instant::now();
             window_start = Some(now_ns());
             webhook_errors = if mode == Mode::Paced {
@@ -1266,7 +1345,7 @@ async fn phase_webhooks(ctx: &Ctx, round: usize, mode: Mode) -> anyhow::Result<O
             } else {
                 stack.post_all(ctx, &set, args.concurrency).await
             };
-            (meter, started)
+            (meter, started, perf)
         }
         Mode::Backlog => {
             webhook_errors = stack.post_all(ctx, &set, args.concurrency).await;
@@ -1289,7 +1368,8 @@ async fn phase_webhooks(ctx: &Ctx, round: usize, mode: Mode) -> anyhow::Result<O
                 ("nats-server", ctx.nats_pid),
                 ("bench", me),
             ]);
-            (meter, Instant::now())
+            let perf = perf_for(args, mode, scaler_pid)?;
+            (meter, Instant::now(), perf)
         }
     };
     let limit = Duration::from_secs(120);
@@ -1297,6 +1377,13 @@ async fn phase_webhooks(ctx: &Ctx, round: usize, mode: Mode) -> anyhow::Result<O
     let wall = started.elapsed();
     let cpu = meter.stop();
     let runner_cpu = stack.runner_cpu();
+    if let Some(mut perf) = perf {
+        // It stops by itself after --perf-secs; bounded anyway.
+        let limit = Duration::from_secs(args.perf_secs + 30);
+        if tokio::time::timeout(limit, perf.wait()).await.is_err() {
+            let _ = perf.kill().await;
+        }
+    }
     if !complete {
         progress(format!(
             "  not every runner started within {limit:?}: {} running; logs in {}",
@@ -1714,9 +1801,14 @@ async fn run(args: Args) -> anyhow::Result<()> {
         nats_pid,
         client,
         db_url,
-        root: tempfile::Builder::new()
-            .prefix("runyard-scaler-bench-")
-            .tempdir()?,
+        root: match &args.tmp {
+            Some(dir) => tempfile::Builder::new()
+                .prefix("runyard-scaler-bench-")
+                .tempdir_in(dir)?,
+            None => tempfile::Builder::new()
+                .prefix("runyard-scaler-bench-")
+                .tempdir()?,
+        },
         http: reqwest::Client::builder()
             .tcp_nodelay(true)
             .pool_max_idle_per_host(256)
@@ -1780,6 +1872,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
         directs: &directs,
         leftover: left.len(),
         database: !ctx.args.no_database,
+        tmp: (
+            ctx.args.tmp.clone().unwrap_or_else(std::env::temp_dir),
+            fs_type(&ctx.args.tmp.clone().unwrap_or_else(std::env::temp_dir)),
+        ),
     };
     println!("{report}");
     Ok(())
@@ -1792,6 +1888,8 @@ struct Report<'a> {
     directs: &'a [DirectOutcome],
     leftover: usize,
     database: bool,
+    /// Where state, logs and pid files went, and its file system.
+    tmp: (PathBuf, String),
 }
 
 impl std::fmt::Display for Report<'_> {
@@ -1799,7 +1897,7 @@ impl std::fmt::Display for Report<'_> {
         let a = self.args;
         writeln!(
             f,
-            "Run of {} UTC: {} jobs per phase, paced at {}/s after {} warm-up jobs, burst and backlog over {} connections, {} round(s); scaler and ingest at RUST_LOG={}; {}.\n",
+            "Run of {} UTC: {} jobs per phase, paced at {}/s after {} warm-up jobs, burst and backlog over {} connections, {} round(s); scaler and ingest at RUST_LOG={}; {}; the process provider's state directory (log and pid files) and the runners' stamps under {} ({}).\n",
             self.started.date(),
             a.jobs,
             a.rate,
@@ -1811,7 +1909,9 @@ impl std::fmt::Display for Report<'_> {
                 "the scaler's database is a migrated Postgres on this host"
             } else {
                 "the scaler's database URL is a closed port"
-            }
+            },
+            self.tmp.0.display(),
+            self.tmp.1,
         )?;
         // Latency.
         writeln!(
@@ -1860,6 +1960,11 @@ impl std::fmt::Display for Report<'_> {
         for (i, what) in STAGES.iter().enumerate() {
             write!(f, "| {} → {} | {what} |", POINTS[i], POINTS[i + 1])?;
             for o in self.outcomes {
+                // The backlog was queued before the scaler started.
+                if o.mode == Mode::Backlog && i < 2 {
+                    write!(f, " – |")?;
+                    continue;
+                }
                 let d = Dist::spans(&o.lines, i, i + 1);
                 write!(f, " {} / {} |", ms(d.p50), ms(d.p99))?;
             }
@@ -1979,7 +2084,8 @@ impl std::fmt::Display for Report<'_> {
                 d.cpu.of("bench").as_secs_f64() * 1e6 / n,
                 d.cpu.of("nats-server").as_secs_f64() * 1e6 / n,
                 d.runner_cpu.as_secs_f64() * 1e6 / n,
-                d.cpu.others().as_secs_f64() / d.wall.as_secs_f64().max(1e-9),
+                d.cpu.others().saturating_sub(d.runner_cpu).as_secs_f64()
+                    / d.wall.as_secs_f64().max(1e-9),
                 ms(d.jit_direct_p50),
                 ms(d.jit_proxied_p50),
             )?;

@@ -64,6 +64,10 @@ pub struct Shared {
     pub metrics: ScalerMetrics,
     /// What `/v1/pools` shows.
     pub status: RwLock<Vec<PoolStatus>>,
+    /// Until when the projection is taken as unreachable (checks skipped).
+    pub db_down_until: std::sync::Mutex<Option<Instant>>,
+    /// Creates under way at once.
+    pub create_slots: tokio::sync::Semaphore,
 }
 
 /// Wall clock now.
@@ -1101,21 +1105,32 @@ async fn create_free(
     }
 }
 
-/// True when the projection says the job is running or done.
+/// True when the projection says the job is running or done. The
+/// projection may lag or be down: then the log's view decides, and after a
+/// failed check the next ones are skipped for a few seconds, so a database
+/// outage never slows creates down.
 async fn already_started(shared: &Shared, job: &JobId) -> bool {
     let Some(db) = &shared.db else {
         return false;
     };
+    let down = |until: &mut Option<Instant>| until.is_some_and(|t| Instant::now() < t);
+    if shared.db_down_until.lock().is_ok_and(|mut u| down(&mut u)) {
+        return false;
+    }
     let query = sqlx::query_scalar::<_, i16>(
         "SELECT status FROM jobs WHERE forge = $1 AND instance = $2 AND job_id = $3",
     )
     .bind(forge_token(job.forge))
     .bind(&job.instance)
     .bind(i64::try_from(job.job_id).unwrap_or(i64::MAX));
-    match tokio::time::timeout(Duration::from_secs(1), query.fetch_optional(db)).await {
-        Ok(Ok(Some(status))) => status >= 3,
-        // The projection may lag or be down: the log's view decides.
-        _ => false,
+    match tokio::time::timeout(Duration::from_millis(500), query.fetch_optional(db)).await {
+        Ok(Ok(status)) => status.is_some_and(|s| s >= 3),
+        _ => {
+            if let Ok(mut until) = shared.db_down_until.lock() {
+                *until = Some(Instant::now() + Duration::from_secs(5));
+            }
+            false
+        }
     }
 }
 
@@ -1129,6 +1144,8 @@ async fn provision(
     attempt: u32,
 ) -> Vec<Event> {
     let flavor = &p.config.flavors[flavor.min(p.config.flavors.len() - 1)];
+    // The semaphore is never closed; a closed one would only lift the bound.
+    let _slot = shared.create_slots.acquire().await.ok();
     let reg = match shared.forges.register(&p.config, name).await {
         Ok(r) => r,
         Err(error) => {

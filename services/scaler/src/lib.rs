@@ -50,6 +50,11 @@ use policy::PoolSpec;
 use provider::Provider;
 use sizing::Allocator;
 
+/// Creates (forge registration and provider create) under way at once:
+/// bounds the forge's concurrent requests and the host's process spawning
+/// in a burst; the rest wait their turn in order.
+const CREATES_IN_FLIGHT: usize = 64;
+
 /// The controller id: UUIDv5 of the namespace (in the OID namespace), the
 /// same on every replica of one stack.
 pub fn controller_id(ns: &Namespace) -> Uuid {
@@ -199,8 +204,10 @@ impl App {
             .await
             .context("opening the lease and claim buckets")?;
         let db = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(2)
-            .acquire_timeout(Duration::from_secs(1))
+            .max_connections(8)
+            // A check that cannot get a connection at once is skipped: the
+            // log's view decides then (see `already_started`).
+            .acquire_timeout(Duration::from_millis(250))
             .connect_lazy(&config.database_url)
             .ok();
         let registry = Metrics::new();
@@ -227,6 +234,8 @@ impl App {
             timers: file.scaler.clone(),
             metrics,
             status: RwLock::new(Vec::new()),
+            db_down_until: std::sync::Mutex::new(None),
+            create_slots: tokio::sync::Semaphore::new(CREATES_IN_FLIGHT),
         });
         // Every endpoint's series exists from the start, at zero.
         if let Some(gh) = &shared.forges.github {

@@ -501,7 +501,10 @@ async fn three_replicas_one_killed_mid_burst_never_exceed_max_nor_double_a_job()
             }
         }
     }
-    assert!(per_job.values().all(|n| *n == 1), "a job with two runners: {per_job:?}");
+    assert!(
+        per_job.values().all(|n| *n == 1),
+        "a job with two runners: {per_job:?}"
+    );
     assert!(replacements <= MAX, "{replacements} replacement runners");
     let names = runner_names(&requested);
     let unique: HashSet<&String> = names.iter().collect();

@@ -110,6 +110,7 @@ impl ProcessProvider {
             }
         }
         let _ = tokio::fs::remove_file(&pid_file).await;
+        let _ = tokio::fs::remove_file(pid_file.with_extension("log")).await;
         Ok(())
     }
 
