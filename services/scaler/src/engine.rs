@@ -509,12 +509,7 @@ impl Engine {
                         job: runner.job.as_ref().map(job_key),
                     });
                     tracing::error!(runner = %name, attempts = runner.attempts, "giving the job up");
-                    let events = publish(&shared, &p, &name, body).await;
-                    Outcome::Done {
-                        name,
-                        events,
-                        local: None,
-                    }
+                    record(&shared, &p, name, body).await
                 });
             }
             Decision::Reap { name } => {
@@ -541,12 +536,7 @@ impl Engine {
                                 given_up: false,
                                 job: runner.job.as_ref().map(job_key),
                             });
-                            let events = publish(&shared, &p, &name, body).await;
-                            Outcome::Done {
-                                name,
-                                events,
-                                local: None,
-                            }
+                            record(&shared, &p, name, body).await
                         }
                         Err(()) => Outcome::Done {
                             name,
@@ -573,12 +563,7 @@ impl Engine {
                                 runner: Some(rref(&p, &name)),
                                 reason: reason.into(),
                             });
-                            let events = publish(&shared, &p, &name, body).await;
-                            Outcome::Done {
-                                name,
-                                events,
-                                local: None,
-                            }
+                            record(&shared, &p, name, body).await
                         }
                         Ok(Unregistered::Busy) => Outcome::Done {
                             name,
@@ -832,12 +817,7 @@ impl Engine {
                             })
                         }
                     };
-                    let events = publish(&shared, &p, &name, body).await;
-                    Outcome::Done {
-                        name,
-                        events,
-                        local: None,
-                    }
+                    record(&shared, &p, name, body).await
                 });
             }
             for r in missing {
@@ -869,12 +849,7 @@ impl Engine {
                             job: r.job.as_ref().map(job_key),
                         })
                     };
-                    let events = publish(&shared, &p, &name, body).await;
-                    Outcome::Done {
-                        name,
-                        events,
-                        local: None,
-                    }
+                    record(&shared, &p, name, body).await
                 });
             }
         }
@@ -899,12 +874,7 @@ impl Engine {
                             let p = p.clone();
                             let name = f.name.clone();
                             self.spawn(name.clone(), async move {
-                                let events = publish(&shared, &p, &name, body).await;
-                                Outcome::Done {
-                                    name,
-                                    events,
-                                    local: None,
-                                }
+                                record(&shared, &p, name, body).await
                             });
                         }
                     }
@@ -983,6 +953,16 @@ fn rref(p: &Pool, name: &str) -> RunnerRef {
         provider: p.provider_name.clone(),
         forge: p.spec.forge as i32,
         instance: p.spec.instance.clone(),
+    }
+}
+
+/// Publishes a runner event and reports it as the operation's outcome.
+async fn record(shared: &Shared, p: &Pool, name: String, body: Body) -> Outcome {
+    let events = publish(shared, p, &name, body).await;
+    Outcome::Done {
+        name,
+        events,
+        local: None,
     }
 }
 
@@ -1306,12 +1286,7 @@ async fn confirm_idle(
                 runner: Some(rref(&p, &name)),
                 reason: "idle_timeout".into(),
             });
-            let events = publish(&shared, &p, &name, body).await;
-            Outcome::Done {
-                name,
-                events,
-                local: None,
-            }
+            record(&shared, &p, name, body).await
         }
         Ok(Unregistered::Busy) => done(Some(Local::Busy)),
         Err(()) => done(None),
