@@ -162,6 +162,9 @@ pub struct Delivery {
     pub traceparent: Option<String>,
     /// How many times it has been delivered, this time included.
     pub delivered: i64,
+    /// Messages matching the consumer's filters still to come after this
+    /// one when it was delivered (0: the follower has caught up).
+    pub pending: u64,
 }
 
 /// Events a handler can never apply, as `(stream sequence, reason)`: they

@@ -20,7 +20,6 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -383,13 +382,12 @@ async fn wait_for<T, E: std::fmt::Display, F: Future<Output = Result<T, E>>>(
 }
 
 /// Hands the log's job and runner events to the engine; says when the
-/// history that existed at start has been read.
+/// history that existed at start has been read (a delivery with nothing
+/// matching left behind it).
 #[derive(Debug)]
 struct Forward {
     tx: mpsc::Sender<Event>,
-    target: u64,
     caught_up: Arc<watch::Sender<bool>>,
-    seen: AtomicU64,
 }
 
 impl Handler for Forward {
@@ -398,14 +396,41 @@ impl Handler for Forward {
             if self.tx.send(d.event.clone()).await.is_err() {
                 return Err(HandlerError::Transient("the engine stopped".into()));
             }
-            self.seen.fetch_max(d.seq, Ordering::SeqCst);
         }
-        if self.seen.load(Ordering::SeqCst) >= self.target {
+        if batch.iter().any(|d| d.pending == 0) {
             self.caught_up
                 .send_if_modified(|v| !std::mem::replace(v, true));
         }
         Ok(Vec::new())
     }
+}
+
+/// How many messages of the stream match `filters` from `start` on (asked
+/// of a throwaway consumer), so a follower with nothing to read is caught
+/// up at once.
+async fn pending_from(
+    bus: &Bus,
+    filters: &[String],
+    start: time::OffsetDateTime,
+) -> Result<u64, async_nats::Error> {
+    use async_nats::jetstream::consumer;
+    let stream = bus
+        .jetstream()
+        .get_stream(bus.namespace().events_stream())
+        .await?;
+    let mut probe = stream
+        .create_consumer(consumer::pull::Config {
+            filter_subjects: filters.to_vec(),
+            deliver_policy: consumer::DeliverPolicy::ByStartTime { start_time: start },
+            ack_policy: consumer::AckPolicy::None,
+            inactive_threshold: Duration::from_secs(5),
+            ..Default::default()
+        })
+        .await?;
+    let pending = probe.info().await?.num_pending;
+    let name = probe.cached_info().name.clone();
+    let _ = stream.delete_consumer(&name).await;
+    Ok(pending)
 }
 
 async fn follow(
@@ -425,22 +450,23 @@ async fn follow(
                 .create_streams_if_missing(&StreamSettings::default())
                 .await
                 .is_ok();
-        let target = match bus.jetstream().get_stream(ns.events_stream()).await {
-            Ok(mut s) if ready => s.info().await.map(|i| i.state.last_sequence).ok(),
-            _ => None,
+        let start = time::OffsetDateTime::now_utc() - shared.timers.lookback;
+        let filters = vec![
+            format!("{}.v1.job.>", ns.as_str()),
+            format!("{}.v1.runner.>", ns.as_str()),
+        ];
+        let pending = match ready {
+            true => pending_from(bus, &filters, start).await.ok(),
+            false => None,
         };
-        let Some(target) = target else {
+        let Some(pending) = pending else {
             tokio::time::sleep(Duration::from_millis(200)).await;
             continue;
         };
-        let start = time::OffsetDateTime::now_utc() - shared.timers.lookback;
         let config = ConsumerConfig {
             durable: None,
             description: "runyard scaler".into(),
-            filter_subjects: vec![
-                format!("{}.v1.job.>", ns.as_str()),
-                format!("{}.v1.runner.>", ns.as_str()),
-            ],
+            filter_subjects: filters,
             deliver: Deliver::ByStartTime(start),
             batch_size: 500,
             batch_wait: Duration::from_millis(2),
@@ -448,14 +474,12 @@ async fn follow(
         };
         match Consumer::bind(bus, config, None).await {
             Ok(consumer) => {
-                if target == 0 {
+                if pending == 0 {
                     caught_up.send_if_modified(|v| !std::mem::replace(v, true));
                 }
                 let handler = Forward {
                     tx: tx.clone(),
-                    target,
                     caught_up: caught_up.clone(),
-                    seen: AtomicU64::new(0),
                 };
                 consumer.run(handler, stop.clone()).await;
                 return;

@@ -37,9 +37,9 @@ impl Consumer {
         let mut carried = Vec::with_capacity(msgs.len());
         let mut spans = Vec::new();
         for (i, msg) in msgs.iter().enumerate() {
-            let (seq, delivered) = msg
+            let (seq, delivered, pending) = msg
                 .info()
-                .map(|info| (info.stream_sequence, info.delivered))
+                .map(|info| (info.stream_sequence, info.delivered, info.pending))
                 .unwrap_or_default();
             seqs.push(seq);
             let triage = triage::triage(
@@ -71,6 +71,7 @@ impl Consumer {
                         event,
                         traceparent,
                         delivered,
+                        pending,
                     });
                     carried.push(i);
                     Fate::Pending
@@ -416,6 +417,7 @@ mod tests {
             },
             traceparent: None,
             delivered: 1,
+            pending: 0,
         }
     }
 
