@@ -739,3 +739,42 @@ fn the_shipped_scaler_file_is_valid() {
     assert_eq!(file.pools.len(), 1);
     assert!(file.providers.contains_key(&file.pools[0].provider));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scaler_starting_on_a_log_ending_in_other_events_catches_up_and_acts() {
+    let stack = Stack::new(&pool_toml(5, 0, "")).await;
+    stack.queued(901).await;
+    // The log's last message is one the scaler does not follow.
+    let now = runyard_events::timestamp(time::OffsetDateTime::now_utc());
+    stack
+        .publish(runyard_events::Event {
+            id: "usage:github:github.com:1:1".into(),
+            occurred_at: Some(now),
+            received_at: Some(now),
+            source: Some(runyard_events::Source {
+                forge: runyard_events::Forge::Github as i32,
+                instance: "github.com".into(),
+                ..Default::default()
+            }),
+            body: Some(Body::UsageReported(runyard_events::UsageReported {
+                job: Some(runyard_events::JobKey {
+                    forge: runyard_events::Forge::Github as i32,
+                    instance: "github.com".into(),
+                    job_id: 1,
+                }),
+                attempt: 1,
+                ..Default::default()
+            })),
+        })
+        .await;
+    let scaler = stack.start().await;
+    until("a runner for the queued job", || {
+        stack.live_processes().len() == 1
+    })
+    .await;
+    let ready = reqwest::get(format!("http://{}/readyz", scaler.addr))
+        .await
+        .unwrap();
+    assert_eq!(ready.status(), 200);
+    scaler.stop().await;
+}
