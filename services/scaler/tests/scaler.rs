@@ -595,17 +595,7 @@ async fn the_dashboard_covers_every_scaler_metric() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gitlab_job_is_matched_by_its_tags_and_gets_an_ephemeral_runner() {
-    let pools = r#"
-[[pools]]
-name = "gl-docker"
-forge = "gitlab"
-scope = { project_id = 34 }
-instance = "gitlab.example.com"
-labels = ["docker", "linux"]
-provider = "local"
-flavors = [{ name = "small", memory = "4GiB", cpus = 2 }]
-max_runners = 3
-"#;
+    let pools = support::GITLAB_POOL;
     let stack = Stack::new(pools).await;
     let gitlab = runyard_testkit::fake_gitlab::FakeGitLab::start().await;
     let job_id = gitlab.add_job(

@@ -254,17 +254,7 @@ async fn failed_deliveries_of_org_and_repo_hooks_are_redelivered_once_by_numeric
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gitlab_pending_job_whose_hook_was_lost_gets_a_runner() {
-    let pools = r#"
-[[pools]]
-name = "gl-docker"
-forge = "gitlab"
-scope = { project_id = 34 }
-instance = "gitlab.example.com"
-labels = ["docker", "linux"]
-provider = "local"
-flavors = [{ name = "small", memory = "4GiB", cpus = 2 }]
-max_runners = 3
-"#;
+    let pools = support::GITLAB_POOL;
     let mut stack = Stack::new(pools).await;
     stack.file.push_str(&reconciler("gitlab_projects = [34]"));
     let gitlab = FakeGitLab::start().await;

@@ -42,6 +42,20 @@ bootstrap_timeout = "30s"
     )
 }
 
+/// A GitLab pool: project 34 on `gitlab.example.com`, tags `docker, linux`,
+/// the `local` provider.
+pub const GITLAB_POOL: &str = r#"
+[[pools]]
+name = "gl-docker"
+forge = "gitlab"
+scope = { project_id = 34 }
+instance = "gitlab.example.com"
+labels = ["docker", "linux"]
+provider = "local"
+flavors = [{ name = "small", memory = "4GiB", cpus = 2 }]
+max_runners = 3
+"#;
+
 /// Short timers for tests.
 pub const TIMERS: &str = r#"
 [scaler]
