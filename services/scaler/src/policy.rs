@@ -145,15 +145,18 @@ pub fn choose_pool<'a>(pools: &'a [PoolSpec], job: &Job) -> Option<&'a PoolSpec>
     tied.get(i).copied()
 }
 
-/// The queued jobs that go to `pool`, oldest first.
-fn queue<'a>(world: &'a World, pools: &[PoolSpec], pool: &PoolSpec) -> Vec<&'a Job> {
-    let mut q: Vec<&Job> = world
-        .jobs
-        .values()
-        .filter(|j| j.is_queued())
-        .filter(|j| choose_pool(pools, j).is_some_and(|p| p.name == pool.name))
-        .collect();
-    q.sort_by(|a, b| a.queued_at.cmp(&b.queued_at).then(a.id.cmp(&b.id)));
+/// The queued jobs of every pool, oldest first: each job's pool is chosen
+/// once per round, not once per pool.
+fn queues<'a>(world: &'a World, pools: &[PoolSpec]) -> HashMap<String, Vec<&'a Job>> {
+    let mut q: HashMap<String, Vec<&Job>> = HashMap::new();
+    for job in world.jobs.values().filter(|j| j.is_queued()) {
+        if let Some(pool) = choose_pool(pools, job) {
+            q.entry(pool.name.clone()).or_default().push(job);
+        }
+    }
+    for jobs in q.values_mut() {
+        jobs.sort_by(|a, b| a.queued_at.cmp(&b.queued_at).then(a.id.cmp(&b.id)));
+    }
     q
 }
 
@@ -168,16 +171,18 @@ pub fn decide(
     knobs: &Knobs,
 ) -> Vec<Decision> {
     let mut out = Vec::new();
+    let queues = queues(world, pools);
     for pool in pools.iter().filter(|p| owned(&p.name)) {
-        decide_pool(pools, pool, world, in_flight, now, knobs, &mut out);
+        let queue = queues.get(&pool.name).map_or(&[][..], Vec::as_slice);
+        decide_pool(pool, queue, world, in_flight, now, knobs, &mut out);
     }
     out
 }
 
 #[allow(clippy::too_many_arguments)]
 fn decide_pool(
-    pools: &[PoolSpec],
     pool: &PoolSpec,
+    queue: &[&Job],
     world: &World,
     in_flight: &dyn Fn(&str) -> bool,
     now: Clock,
@@ -242,10 +247,7 @@ fn decide_pool(
     }
     let served = |job: &Job| made_for.get(&job.id).copied().unwrap_or(false);
     let claimed = |job: &Job| made_for.contains_key(&job.id);
-    let unserved: Vec<&Job> = queue(world, pools, pool)
-        .into_iter()
-        .filter(|j| !served(j))
-        .collect();
+    let unserved: Vec<&Job> = queue.iter().copied().filter(|j| !served(j)).collect();
     // Free runners: alive, not running a job, not held for a queued job.
     let mut free: Vec<&Runner> = runners
         .iter()
@@ -360,6 +362,7 @@ fn decide_pool(
 
 /// Every pool's numbers.
 pub fn status(pools: &[PoolSpec], world: &World) -> Vec<PoolStatus> {
+    let queues = queues(world, pools);
     pools
         .iter()
         .map(|pool| {
@@ -378,7 +381,8 @@ pub fn status(pools: &[PoolSpec], world: &World) -> Vec<PoolStatus> {
                 }
             }
             s.actual = s.creating + s.idle + s.busy;
-            s.queued = u32::try_from(queue(world, pools, pool).len()).unwrap_or(u32::MAX);
+            s.queued =
+                u32::try_from(queues.get(&pool.name).map_or(0, Vec::len)).unwrap_or(u32::MAX);
             s.desired = (s.busy + s.queued + s.min_idle).min(s.max_runners);
             s
         })
