@@ -234,6 +234,34 @@ impl RssSampler {
     }
 }
 
+/// Starts `perf record` (call graphs, 999 Hz) on `pid` for `secs` seconds,
+/// writing `file`; the child is killed when dropped.
+pub fn perf_record(
+    file: &std::path::Path,
+    pid: u32,
+    secs: u64,
+) -> io::Result<tokio::process::Child> {
+    tokio::process::Command::new("perf")
+        .args([
+            "record",
+            "-q",
+            "-F",
+            "999",
+            "--call-graph",
+            "dwarf,16384",
+            "-p",
+        ])
+        .arg(pid.to_string())
+        .arg("-o")
+        .arg(file)
+        .args(["--", "sleep"])
+        .arg(secs.to_string())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -987,25 +987,7 @@ fn start_perf(file: &Path, pid: u32, secs: u64) -> anyhow::Result<tokio::process
         "  perf record of the scaler (pid {pid}) for {secs} s into {}",
         file.display()
     ));
-    tokio::process::Command::new("perf")
-        .args([
-            "record",
-            "-q",
-            "-F",
-            "999",
-            "--call-graph",
-            "dwarf,16384",
-            "-p",
-        ])
-        .arg(pid.to_string())
-        .arg("-o")
-        .arg(file)
-        .args(["--", "sleep"])
-        .arg(secs.to_string())
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
+    runyard_bench::procfs::perf_record(file, pid, secs)
         .context("starting perf (apt-get install linux-perf)")
 }
 

@@ -455,9 +455,10 @@ async fn follow(
             format!("{}.v1.job.>", ns.as_str()),
             format!("{}.v1.runner.>", ns.as_str()),
         ];
-        let pending = match ready {
-            true => pending_from(bus, &filters, start).await.ok(),
-            false => None,
+        let pending = if ready {
+            pending_from(bus, &filters, start).await.ok()
+        } else {
+            None
         };
         let Some(pending) = pending else {
             tokio::time::sleep(Duration::from_millis(200)).await;
