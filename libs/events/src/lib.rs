@@ -11,8 +11,9 @@ pub mod v1 {
 
 pub use v1::{
     AllocationIssued, Conclusion, Event, Forge, JobKey, JobObserved, JobStatus, PipelineObserved,
-    RunnerAssigned, RunnerCreated, RunnerDeleted, RunnerFailed, RunnerOnline, RunnerRef,
-    RunnerRequested, Source, UsageReported, event::Body,
+    RetryIssued, RetryJob, RetryRefused, RetryRequested, RetryTarget, RunnerAssigned,
+    RunnerCreated, RunnerDeleted, RunnerFailed, RunnerOnline, RunnerRef, RunnerRequested, Source,
+    UsageReported, event::Body,
 };
 
 use std::fmt;
@@ -131,6 +132,11 @@ impl Namespace {
         format!("{}.v1.runner.{pool}.{state}", self.0)
     }
 
+    /// `<ns>.v1.retry.<forge>`.
+    pub fn retry_subject(&self, forge: Forge) -> String {
+        format!("{}.v1.retry.{}", self.0, forge_token(forge))
+    }
+
     /// The subject an event travels on, derived from its body.
     pub fn subject_for(&self, event: &Event) -> Option<String> {
         let forge = || event.source.as_ref().map(|s| s.forge());
@@ -150,6 +156,9 @@ impl Namespace {
                     return None;
                 }
                 self.runner_subject(pool, runner_state(runner)?)
+            }
+            retry @ (Body::RetryRequested(_) | Body::RetryIssued(_) | Body::RetryRefused(_)) => {
+                self.retry_subject(retry_target(retry)?.forge())
             }
         })
     }
@@ -213,6 +222,9 @@ pub fn event_type(event: &Event) -> &'static str {
         Some(Body::RunnerAssigned(_)) => "RunnerAssigned",
         Some(Body::RunnerFailed(_)) => "RunnerFailed",
         Some(Body::RunnerDeleted(_)) => "RunnerDeleted",
+        Some(Body::RetryRequested(_)) => "RetryRequested",
+        Some(Body::RetryIssued(_)) => "RetryIssued",
+        Some(Body::RetryRefused(_)) => "RetryRefused",
         None => "Unknown",
     }
 }
@@ -237,10 +249,7 @@ pub fn runner_state(body: &Body) -> Option<&'static str> {
         Body::RunnerAssigned(_) => "assigned",
         Body::RunnerFailed(_) => "failed",
         Body::RunnerDeleted(_) => "deleted",
-        Body::JobObserved(_)
-        | Body::PipelineObserved(_)
-        | Body::UsageReported(_)
-        | Body::AllocationIssued(_) => return None,
+        _ => return None,
     })
 }
 
@@ -254,10 +263,52 @@ pub fn runner_ref(body: &Body) -> Option<&RunnerRef> {
         Body::RunnerAssigned(e) => e.runner.as_ref(),
         Body::RunnerFailed(e) => e.runner.as_ref(),
         Body::RunnerDeleted(e) => e.runner.as_ref(),
-        Body::JobObserved(_)
-        | Body::PipelineObserved(_)
-        | Body::UsageReported(_)
-        | Body::AllocationIssued(_) => None,
+        _ => None,
+    }
+}
+
+/// The target a retry event is about; `None` for other bodies and for a
+/// retry event without its target.
+pub fn retry_target(body: &Body) -> Option<&RetryTarget> {
+    match body {
+        Body::RetryRequested(e) => e.target.as_ref(),
+        Body::RetryIssued(e) => e.target.as_ref(),
+        Body::RetryRefused(e) => e.target.as_ref(),
+        _ => None,
+    }
+}
+
+/// `RetryRefused.reason` values (ARCHITECTURE.md, "The event log").
+pub const RETRY_REFUSAL_REASONS: [&str; 7] = [
+    "limit_reached",
+    "not_oom",
+    "no_usage_report",
+    "rerun_window_expired",
+    "max_attempts",
+    "forge_rejected",
+    "strategy_off",
+];
+
+/// Share of the limit a peak must reach for exit code 137 to count as an OOM
+/// kill when the report has no cgroup data.
+pub const OOM_PEAK_SHARE: f64 = 0.95;
+
+/// Whether a job attempt was OOM-killed, by its usage report: the cgroup's
+/// `oom_kill` count (`oom_killed`) is authoritative; only when the report has
+/// no cgroup data (`cgroup` empty) does exit code 137 with a peak at
+/// [`OOM_PEAK_SHARE`] of the limit or more count as one too.
+pub fn oom_killed(u: &UsageReported) -> bool {
+    if u.oom_killed {
+        return true;
+    }
+    if !u.cgroup.is_empty() {
+        return false;
+    }
+    match (u.exit_code, u.memory_limit_bytes) {
+        (Some(137), Some(limit)) if limit > 0 => {
+            u.peak_memory_bytes as f64 >= OOM_PEAK_SHARE * limit as f64
+        }
+        _ => false,
     }
 }
 
@@ -361,6 +412,31 @@ pub mod ids {
     /// within one instance).
     pub fn poll(forge: Forge, instance: &str, job_id: u64, status: &str) -> String {
         format!("{}:poll:{instance}:{job_id}:{status}", forge_token(forge))
+    }
+
+    /// `<forge>:<instance>:pipeline:<id>`, the unit of a GitLab pipeline
+    /// retry (see [`retry`]).
+    pub fn retry_unit_pipeline(pipeline_id: u64) -> String {
+        format!("pipeline:{pipeline_id}")
+    }
+
+    /// `job:<id>:<attempt>`, the unit of a GitLab job retry.
+    pub fn retry_unit_job(job_id: u64, attempt: u32) -> String {
+        format!("job:{job_id}:{attempt}")
+    }
+
+    /// `run:<id>:<attempt>`, the unit of a GitHub run attempt's re-run.
+    pub fn retry_unit_run(run_id: u64, attempt: u32) -> String {
+        format!("run:{run_id}:{attempt}")
+    }
+
+    /// `retry:<forge>:<instance>:<unit>:<what>`: the id of a retry event,
+    /// `what` being `requested`, `issued`, `refused`, or
+    /// `job:<job_id>:requested|issued` for one of a run's one-at-a-time job
+    /// re-runs. A refusal of one failed job attempt uses the unit
+    /// [`retry_unit_job`].
+    pub fn retry(forge: Forge, instance: &str, unit: &str, what: &str) -> String {
+        format!("retry:{}:{instance}:{unit}:{what}", forge_token(forge))
     }
 
     /// `raw:<event id>`: the dedup id of a raw delivery in `<NS>_RAW`.

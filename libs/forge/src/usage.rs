@@ -57,6 +57,15 @@ pub fn normalize_usage(
         oom_killed: root.opt_bool("oom_killed")?.unwrap_or_default(),
         exit_code: root.opt_i32("exit_code")?,
         project: root.str_or_empty("project")?,
+        cgroup: match root.str_or_empty("cgroup")?.as_str() {
+            c @ ("" | "v1" | "v2") => c.to_owned(),
+            _ => {
+                return Err(PayloadError::invalid(
+                    "cgroup",
+                    "expected \"v1\", \"v2\" or absent",
+                ));
+            }
+        },
     };
     let id = ids::usage(forge, &instance, job_id, attempt);
     let envelope = Envelope {

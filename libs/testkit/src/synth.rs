@@ -114,6 +114,7 @@ pub fn usage_event(job_id: u64, created: OffsetDateTime) -> Event {
         oom_killed: job_id.is_multiple_of(31),
         exit_code: Some(0),
         project: format!("acme/repo-{}", job_id % 17),
+        cgroup: "v2".into(),
     });
     envelope(id.clone(), created + Duration::seconds(900), &id, body)
 }

@@ -107,7 +107,13 @@ impl Delta {
             // Allocations are analysed from the log itself; event types this
             // version does not know are applied as no-ops so they never block
             // the log.
-            Some(Body::AllocationIssued(_)) | None => {}
+            Some(
+                Body::AllocationIssued(_)
+                | Body::RetryRequested(_)
+                | Body::RetryIssued(_)
+                | Body::RetryRefused(_),
+            )
+            | None => {}
         }
         Ok(())
     }
@@ -594,10 +600,7 @@ fn runner_row(
             row.deleted_event = event;
             row.deleted_reason = text(&d.reason);
         }
-        Body::JobObserved(_)
-        | Body::PipelineObserved(_)
-        | Body::UsageReported(_)
-        | Body::AllocationIssued(_) => {
+        _ => {
             return Err(Unprojectable("not a runner event".into()));
         }
     }

@@ -164,6 +164,25 @@ fn describe(event: &Event) -> String {
             };
             format!("runner {name} {state}{detail}")
         }
+        Some(Body::RetryRequested(r)) => format!(
+            "retry requested {} strategy={} jobs={}",
+            r.target.as_ref().map_or("?", |t| t.unit.as_str()),
+            r.strategy,
+            r.jobs.len()
+        ),
+        Some(Body::RetryIssued(r)) => format!(
+            "retry issued {} strategy={} new_pipeline={} new_attempt={}",
+            r.target.as_ref().map_or("?", |t| t.unit.as_str()),
+            r.strategy,
+            r.new_pipeline_id,
+            r.new_run_attempt
+        ),
+        Some(Body::RetryRefused(r)) => format!(
+            "retry refused {} reason={} detail={:?}",
+            r.target.as_ref().map_or("?", |t| t.unit.as_str()),
+            r.reason,
+            r.detail
+        ),
         None => "empty".into(),
     };
     format!("{} {body}", event.id)
