@@ -352,17 +352,22 @@ pub fn claim_key(forge: Forge, instance: &str, job_id: u64, run_attempt: u32) ->
     format!(
         "{}.{}.{job_id}.{run_attempt}",
         forge_token(forge),
-        // Dots separate the key's tokens; anything else a KV key may not hold
-        // (a port's `:`) goes the same way.
-        instance
-            .chars()
-            .map(|c| if c.is_ascii_alphanumeric() || c == '-' {
+        key_token(instance)
+    )
+}
+
+/// `s` as one token of a KV key: dots separate the key's tokens, and
+/// anything else a key may not hold (a port's `:`) goes the same way, to `_`.
+pub fn key_token(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
                 c
             } else {
                 '_'
-            })
-            .collect::<String>()
-    )
+            }
+        })
+        .collect()
 }
 
 /// The deterministic instance name of the runner made for a claim:

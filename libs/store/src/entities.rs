@@ -4,6 +4,7 @@
 pub mod applied_event;
 pub mod job;
 pub mod pipeline;
+pub mod retry;
 pub mod runner;
 pub mod usage_sample;
 
@@ -47,4 +48,14 @@ pub mod job_source {
     pub const REQUESTED: i16 = 2;
     /// A `RunnerAssigned`: the job it really took.
     pub const ASSIGNED: i16 = 3;
+}
+
+/// Retry row kinds as stored (`retries.kind`), one per retry event type.
+pub mod retry_kind {
+    /// `RetryRequested`: the scaler decided to retry.
+    pub const REQUESTED: &str = "requested";
+    /// `RetryIssued`: the forge accepted the retry.
+    pub const ISSUED: &str = "issued";
+    /// `RetryRefused`: no retry.
+    pub const REFUSED: &str = "refused";
 }

@@ -118,6 +118,10 @@ pub async fn canonical_dump(pool: &sqlx::PgPool) -> Result<String, sqlx::Error> 
             "SELECT (to_jsonb(t) - 'id')::text FROM runners t ORDER BY name COLLATE \"C\"",
         ),
         (
+            "retries",
+            "SELECT to_jsonb(t)::text FROM retries t ORDER BY event_id COLLATE \"C\"",
+        ),
+        (
             "applied_events",
             "SELECT event_id FROM applied_events ORDER BY event_id COLLATE \"C\"",
         ),

@@ -11,7 +11,7 @@ pub struct Migrator;
 #[sea_orm_migration::async_trait::async_trait]
 impl MigratorTrait for Migrator {
     fn migrations() -> Vec<Box<dyn MigrationTrait>> {
-        vec![Box::new(Projection), Box::new(Runners)]
+        vec![Box::new(Projection), Box::new(Runners), Box::new(Retries)]
     }
 }
 
@@ -69,6 +69,48 @@ impl MigrationTrait for Runners {
         manager
             .get_connection()
             .execute_unprepared(RUNNERS_DOWN)
+            .await?;
+        Ok(())
+    }
+}
+
+/// The `retries` table (retry events) with its `retry_jobs` view, and the
+/// `cgroup` column of `usage_samples`.
+#[derive(Debug)]
+struct Retries;
+
+// Named by hand, as `Runners` is.
+impl MigrationName for Retries {
+    fn name(&self) -> &str {
+        "m0003_retries"
+    }
+}
+
+const RETRIES_UP: &str = include_str!("migration/0003_retries.sql");
+const RETRIES_DOWN: &str = "DROP VIEW IF EXISTS retry_jobs;
+DROP TABLE IF EXISTS retries;
+DROP VIEW IF EXISTS job_usage;
+ALTER TABLE usage_samples DROP COLUMN IF EXISTS cgroup;
+CREATE VIEW job_usage AS
+SELECT u.*, j.status AS job_status, j.conclusion, j.failure_reason, j.name AS job_name,
+       j.labels, j.pipeline_id, j.started_at, j.completed_at
+FROM usage_samples u
+LEFT JOIN jobs j USING (forge, instance, job_id);";
+
+#[sea_orm_migration::async_trait::async_trait]
+impl MigrationTrait for Retries {
+    async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        manager
+            .get_connection()
+            .execute_unprepared(RETRIES_UP)
+            .await?;
+        Ok(())
+    }
+
+    async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        manager
+            .get_connection()
+            .execute_unprepared(RETRIES_DOWN)
             .await?;
         Ok(())
     }

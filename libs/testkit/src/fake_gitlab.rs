@@ -132,6 +132,9 @@ struct GlState {
     next_pipeline_id: u64,
     pipelines: BTreeMap<u64, FakePipeline>,
     retries: Vec<FakeGlRetry>,
+    pipeline_status: BTreeMap<u64, String>,
+    /// Statuses the next `POST`s answer with after doing their work.
+    lost_answers: VecDeque<u16>,
     faults: VecDeque<Fault>,
     budget: Budget,
     requests: Vec<RecordedRequest>,
@@ -157,6 +160,8 @@ impl FakeGitLab {
             next_pipeline_id: 500,
             pipelines: BTreeMap::new(),
             retries: Vec::new(),
+            pipeline_status: BTreeMap::new(),
+            lost_answers: VecDeque::new(),
             faults: VecDeque::new(),
             budget: Budget::new(2000, Duration::from_secs(60)),
             requests: Vec::new(),
@@ -245,6 +250,35 @@ impl FakeGitLab {
         }
     }
 
+    /// The next `n` requests answer `status` (`5xx`, `4xx`) without doing
+    /// anything.
+    pub fn fail_next_with(&self, n: u32, status: u16) {
+        let mut st = self.st();
+        for _ in 0..n {
+            st.faults.push_back(Fault {
+                status,
+                retry_after: 0,
+            });
+        }
+    }
+
+    /// The next `n` `POST`s do their work, then answer `status` as if the
+    /// answer was lost on the way (a proxy's `502` after the write).
+    pub fn lose_next_answers(&self, n: u32, status: u16) {
+        let mut st = self.st();
+        for _ in 0..n {
+            st.lost_answers.push_back(status);
+        }
+    }
+
+    /// Sets a pipeline's status (`running`, `failed`, `success`, ...);
+    /// pipelines start `running` (`created` when made through the API).
+    pub fn set_pipeline_status(&self, pipeline_id: u64, status: &str) {
+        self.st()
+            .pipeline_status
+            .insert(pipeline_id, status.to_owned());
+    }
+
     /// The budget: `limit` requests per `window` (default 2000 a minute).
     /// Exhausted, requests get `429` with `Retry-After` until the reset.
     pub fn set_rate_limit(&self, limit: u64, window: Duration) {
@@ -301,6 +335,12 @@ async fn handle(
         credential.as_deref(),
         &host,
     );
+    if method == Method::POST
+        && response.status().is_success()
+        && let Some(status) = st.lost_answers.pop_front()
+    {
+        response = message(status, "502 Bad Gateway");
+    }
     let b = &st.budget;
     let h = response.headers_mut();
     h.insert("ratelimit-limit", HeaderValue::from(b.limit()));
@@ -342,6 +382,9 @@ fn route(
     host: &str,
 ) -> Response {
     if let Some(fault) = st.faults.pop_front() {
+        if fault.status != 429 {
+            return message(fault.status, "injected failure");
+        }
         return too_many(fault.retry_after);
     }
     match (token, &st.token) {
@@ -385,6 +428,35 @@ fn route(
             Some(p) => create_pipeline(st, p, body),
             None => message(404, "404 Project Not Found"),
         },
+        ["projects", p, "pipelines"] if m == Method::GET => match num(p) {
+            Some(p) => list_pipelines(st, p, query),
+            None => message(404, "404 Project Not Found"),
+        },
+        ["projects", p, "pipelines", id] if m == Method::GET => match (num(p), num(id)) {
+            (Some(p), Some(id)) => match st.pipelines.get(&id).filter(|x| x.project_id == p) {
+                Some(pipeline) => answer(200, &pipeline_json(pipeline, &status_of(st, pipeline))),
+                None => message(404, "404 Not found"),
+            },
+            _ => message(404, "404 Not Found"),
+        },
+        ["projects", p, "pipelines", id, "variables"] if m == Method::GET => {
+            match (num(p), num(id)) {
+                (Some(p), Some(id)) => match st.pipelines.get(&id).filter(|x| x.project_id == p) {
+                    Some(pipeline) => answer(
+                        200,
+                        &Value::Array(
+                            pipeline
+                                .variables
+                                .iter()
+                                .map(|(k, v)| json!({"key": k, "value": v, "variable_type": "env_var"}))
+                                .collect(),
+                        ),
+                    ),
+                    None => message(404, "404 Not found"),
+                },
+                _ => message(404, "404 Not Found"),
+            }
+        }
         ["projects", p, "pipelines", id, "retry"] if m == Method::POST => match (num(p), num(id)) {
             (Some(p), Some(id)) => retry_pipeline(st, p, id),
             _ => message(404, "404 Not Found"),
@@ -586,6 +658,40 @@ fn pipeline_json(p: &FakePipeline, status: &str) -> Value {
         "source": "api",
         "web_url": format!("https://gitlab.example.com/p/{}/-/pipelines/{}", p.project_id, p.id),
     })
+}
+
+fn status_of(st: &GlState, p: &FakePipeline) -> String {
+    st.pipeline_status.get(&p.id).cloned().unwrap_or_else(|| {
+        if p.created_by_api {
+            "created".into()
+        } else {
+            "running".into()
+        }
+    })
+}
+
+fn list_pipelines(st: &GlState, project_id: u64, query: &[(String, String)]) -> Response {
+    let param = |name: &str| {
+        query
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    };
+    let per_page = param("per_page")
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(20)
+        .clamp(1, 100);
+    let list: Vec<Value> = st
+        .pipelines
+        .values()
+        .rev()
+        .filter(|p| p.project_id == project_id)
+        .filter(|p| param("ref").is_none_or(|r| r == p.git_ref))
+        .filter(|p| param("source").is_none_or(|s| (s == "api") == p.created_by_api))
+        .take(per_page)
+        .map(|p| pipeline_json(p, &status_of(st, p)))
+        .collect();
+    answer(200, &Value::Array(list))
 }
 
 fn create_pipeline(st: &mut GlState, project_id: u64, body: &[u8]) -> Response {

@@ -184,7 +184,7 @@ pub fn observation(state: &State, u: &UsageReported, event: &Event) -> (Workload
         memory_request_bytes: u.memory_request_bytes,
         cpu_seconds: u.cpu_seconds,
         wall_seconds: u.wall_seconds,
-        oom_killed: u.oom_killed,
+        oom_killed: runyard_events::oom_killed(u),
         protected: state.is_protected(&u.r#ref),
     };
     (workload, obs)

@@ -552,6 +552,7 @@ const USAGE_COLUMNS: &[&str] = &[
     "oom_killed",
     "exit_code",
     "reported_at",
+    "cgroup",
 ];
 
 /// The baseline: every batch in one transaction of plain multi-row
@@ -647,7 +648,8 @@ async fn plain_insert(pool: &PgPool, batches: &[Rows]) -> anyhow::Result<Duratio
                     .push_bind(u.cpu_request_millicores)
                     .push_bind(u.oom_killed)
                     .push_bind(u.exit_code)
-                    .push_bind(u.reported_at);
+                    .push_bind(u.reported_at)
+                    .push_bind(u.cgroup.as_deref());
             });
             q.push(" ON CONFLICT (forge, instance, job_id, attempt) DO NOTHING");
             q.build().execute(&mut *tx).await?;

@@ -1,13 +1,14 @@
 //! Applying a batch of events to Postgres in one transaction: record the
 //! event ids (skipping those already applied), then upsert the merged rows
-//! with the same merge rules as [`crate::projection`].
+//! with the same merge rules as [`crate::projection`] (retry rows are only
+//! inserted, one per event).
 
 use std::sync::LazyLock;
 
 use runyard_events::Event;
 use sqlx::{PgPool, Postgres, Transaction};
 
-use crate::projection::{Delta, JobRow, PipelineRow, RunnerRow, Unprojectable, UsageRow};
+use crate::projection::{Delta, JobRow, PipelineRow, RetryRow, RunnerRow, Unprojectable, UsageRow};
 
 /// One event to apply, with the stream sequence it came from.
 #[derive(Debug, Clone)]
@@ -105,6 +106,7 @@ pub async fn apply_in(
     upsert_pipelines(tx, &delta).await?;
     insert_usage(tx, &delta).await?;
     upsert_runners(tx, &delta).await?;
+    insert_retries(tx, &delta).await?;
     Ok(applied)
 }
 
@@ -349,15 +351,16 @@ async fn insert_usage(
     sqlx::query(
         "INSERT INTO usage_samples (forge, instance, job_id, attempt, event_id, ref, project,
             workload, workload_key, peak_memory_bytes, memory_request_bytes, memory_limit_bytes,
-            cpu_seconds, wall_seconds, cpu_request_millicores, oom_killed, exit_code, reported_at)
+            cpu_seconds, wall_seconds, cpu_request_millicores, oom_killed, exit_code, reported_at,
+            cgroup)
          SELECT forge, instance, job_id, attempt, event_id, ref, project, workload::jsonb,
-            workload_key, peak, req, lim, cpu, wall, cpureq, oom, exit, at
+            workload_key, peak, req, lim, cpu, wall, cpureq, oom, exit, at, cgroup
          FROM unnest($1::text[], $2::text[], $3::int8[], $4::int4[], $5::text[], $6::text[],
             $7::text[], $8::text[], $9::text[], $10::int8[], $11::int8[], $12::int8[],
             $13::float8[], $14::float8[], $15::int8[], $16::bool[], $17::int4[],
-            $18::timestamptz[])
+            $18::timestamptz[], $19::text[])
             AS t(forge, instance, job_id, attempt, event_id, ref, project, workload,
-            workload_key, peak, req, lim, cpu, wall, cpureq, oom, exit, at)
+            workload_key, peak, req, lim, cpu, wall, cpureq, oom, exit, at, cgroup)
          ON CONFLICT (forge, instance, job_id, attempt) DO NOTHING",
     )
     .bind(column!(rows, forge))
@@ -382,27 +385,53 @@ async fn insert_usage(
     .bind(column!(rows, oom_killed))
     .bind(column!(rows, exit_code))
     .bind(column!(rows, reported_at))
+    .bind(column!(rows, cgroup))
     .execute(&mut **tx)
     .await?;
     Ok(())
 }
 
-/// Declares the `runners` columns written (the rest are generated), with
-/// the array type each is bound as, and binds them in that same order.
-macro_rules! runner_columns {
-    ($($f:ident: $ty:literal),* $(,)?) => {
-        const RUNNER_COLUMNS: &[(&str, &str)] = &[$((stringify!($f), $ty)),*];
+/// Declares the columns of a table written from rows of type `$row` (the
+/// rest are generated) as `$columns`, with the array type each is bound as,
+/// and `$bind`, which binds them in that same order. A raw field name
+/// (`r#ref`) stands for the column without `r#`, see [`column_name`].
+macro_rules! table_columns {
+    ($columns:ident, $bind:ident, $row:ty; $($f:ident: $ty:literal),* $(,)?) => {
+        const $columns: &[(&str, &str)] = &[$((stringify!($f), $ty)),*];
 
-        fn bind_runners<'q>(
+        fn $bind<'q>(
             query: sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments>,
-            rows: &[&RunnerRow],
+            rows: &[&$row],
         ) -> sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments> {
             query$(.bind(column!(rows, $f)))*
         }
     };
 }
 
-runner_columns! {
+/// The column a [`table_columns!`] field is written to.
+fn column_name(field: &str) -> &str {
+    field.strip_prefix("r#").unwrap_or(field)
+}
+
+/// `INSERT INTO <table> (<columns>) SELECT * FROM unnest(<one array per
+/// column>)`: the head of a batch insert of [`table_columns!`] columns.
+fn insert_unnest(table: &str, columns: &[(&str, &str)]) -> String {
+    let names: Vec<&str> = columns.iter().map(|(c, _)| column_name(c)).collect();
+    let arrays: Vec<String> = columns
+        .iter()
+        .enumerate()
+        .map(|(i, (_, ty))| format!("${}::{ty}[]", i + 1))
+        .collect();
+    format!(
+        "INSERT INTO {table} ({})
+         SELECT * FROM unnest({})",
+        names.join(", "),
+        arrays.join(", "),
+    )
+}
+
+table_columns! {
+    RUNNER_COLUMNS, bind_runners, RunnerRow;
     name: "text",
     pool: "text",
     pool_id: "text",
@@ -552,12 +581,6 @@ const RUNNER_GROUPS: &[(&[&str], Pick)] = &[
 ];
 
 static UPSERT_RUNNERS: LazyLock<String> = LazyLock::new(|| {
-    let names: Vec<&str> = RUNNER_COLUMNS.iter().map(|(c, _)| *c).collect();
-    let arrays: Vec<String> = RUNNER_COLUMNS
-        .iter()
-        .enumerate()
-        .map(|(i, (_, ty))| format!("${}::{ty}[]", i + 1))
-        .collect();
     let mut set = vec![
         "first_seen_at = LEAST(runners.first_seen_at, EXCLUDED.first_seen_at)".to_owned(),
         "last_event_at = GREATEST(runners.last_event_at, EXCLUDED.last_event_at)".to_owned(),
@@ -577,12 +600,10 @@ static UPSERT_RUNNERS: LazyLock<String> = LazyLock::new(|| {
         );
     }
     format!(
-        "INSERT INTO runners ({})
-         SELECT * FROM unnest({})
+        "{}
          ON CONFLICT (name) DO UPDATE SET
             {}",
-        names.join(", "),
-        arrays.join(", "),
+        insert_unnest("runners", RUNNER_COLUMNS),
         set.join(",\n            "),
     )
 });
@@ -608,9 +629,84 @@ async fn upsert_runners(
     Ok(())
 }
 
+table_columns! {
+    RETRY_COLUMNS, bind_retries, RetryRow;
+    event_id: "text",
+    kind: "text",
+    forge: "text",
+    instance: "text",
+    unit: "text",
+    project_id: "int8",
+    project: "text",
+    pipeline_id: "int8",
+    run_attempt: "int4",
+    r#ref: "text",
+    sha: "text",
+    strategy: "text",
+    reason: "text",
+    detail: "text",
+    forge_status: "int4",
+    forge_calls: "int4",
+    new_pipeline_id: "int8",
+    new_job_ids: "jsonb",
+    new_sha: "text",
+    new_run_attempt: "int4",
+    web_url: "text",
+    adopted: "bool",
+    errors: "jsonb",
+    jobs: "jsonb",
+    occurred_at: "timestamptz",
+    received_at: "timestamptz",
+}
+
+/// A retry row is one event: an id already stored (which the apply-once
+/// bookkeeping makes impossible short of a hand-edited database) is left as
+/// it is.
+static INSERT_RETRIES: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "{}
+         ON CONFLICT (event_id) DO NOTHING",
+        insert_unnest("retries", RETRY_COLUMNS)
+    )
+});
+
+/// Retry events are rare: batches without any skip this entirely.
+async fn insert_retries(
+    tx: &mut Transaction<'_, Postgres>,
+    delta: &Delta,
+) -> Result<(), sqlx::Error> {
+    if delta.retries.is_empty() {
+        return Ok(());
+    }
+    // In event id order (the map's), so concurrent replicas lock in the
+    // same order.
+    let rows: Vec<&RetryRow> = delta.retries.values().collect();
+    bind_retries(sqlx::query(&INSERT_RETRIES), &rows)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_retries_column_is_written() {
+        use runyard_store::entities::retry;
+        use sea_orm::{IdenStatic as _, Iterable as _};
+        let mut table: Vec<String> = retry::Column::iter()
+            .map(|c| c.as_str().to_owned())
+            .collect();
+        table.sort_unstable();
+        let mut written: Vec<String> = RETRY_COLUMNS
+            .iter()
+            .map(|(c, _)| column_name(c).to_owned())
+            .collect();
+        written.sort_unstable();
+        assert_eq!(written, table);
+        assert!(INSERT_RETRIES.contains("(event_id, kind, forge, instance, unit, project_id, project, pipeline_id, run_attempt, ref, sha,"));
+    }
 
     #[test]
     fn every_written_runner_column_is_in_exactly_one_group_or_merged_by_time() {

@@ -1,14 +1,15 @@
 //! The pure core of the projection: turning events into rows and merging two
 //! observations of the same job, pipeline or runner, independent of arrival
 //! order. The SQL in [`crate::apply`] does the same merge against stored rows.
+//! Retry events are one row each, never merged.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use runyard_events::{
-    Body, Conclusion, Event, Forge, JobKey, JobObserved, JobStatus, PipelineObserved,
-    UsageReported, forge_token, from_timestamp, runner_ref, valid_pool_name,
+    Body, Conclusion, Event, Forge, JobKey, JobObserved, JobStatus, PipelineObserved, RetryJob,
+    UsageReported, forge_token, from_timestamp, retry_target, runner_ref, valid_pool_name,
 };
-use runyard_store::entities::{job_source, runner_state as state};
+use runyard_store::entities::{job_source, retry_kind, runner_state as state};
 use runyard_store::workload;
 use time::OffsetDateTime;
 
@@ -25,6 +26,8 @@ pub type UsageRow = runyard_store::entities::usage_sample::Model;
 /// A runner row; `state`, `reason` and `attempts` are derived (Postgres
 /// generates them, [`derive_runner`] computes the same here).
 pub type RunnerRow = runyard_store::entities::runner::Model;
+/// A retry row: one retry event.
+pub type RetryRow = runyard_store::entities::retry::Model;
 
 /// The rank of a job row.
 pub fn job_rank(r: &JobRow) -> (i16, OffsetDateTime, &str) {
@@ -47,6 +50,8 @@ pub struct Delta {
     pub usage: HashMap<(Key, i32), UsageRow>,
     /// Merged runner rows by runner name.
     pub runners: HashMap<String, RunnerRow>,
+    /// Retry rows by event id (in id order); the first one wins.
+    pub retries: BTreeMap<String, RetryRow>,
 }
 
 /// Why an event cannot be projected (it is dead-lettered).
@@ -104,23 +109,27 @@ impl Delta {
                     }
                 }
             }
+            Some(
+                body @ (Body::RetryRequested(_) | Body::RetryIssued(_) | Body::RetryRefused(_)),
+            ) => {
+                let row = retry_row(&event.id, body, occurred, received)?;
+                self.retries.entry(row.event_id.clone()).or_insert(row);
+            }
             // Allocations are analysed from the log itself; event types this
             // version does not know are applied as no-ops so they never block
             // the log.
-            Some(
-                Body::AllocationIssued(_)
-                | Body::RetryRequested(_)
-                | Body::RetryIssued(_)
-                | Body::RetryRefused(_),
-            )
-            | None => {}
+            Some(Body::AllocationIssued(_)) | None => {}
         }
         Ok(())
     }
 
     /// Number of rows touched.
     pub fn rows(&self) -> usize {
-        self.jobs.len() + self.pipelines.len() + self.usage.len() + self.runners.len()
+        self.jobs.len()
+            + self.pipelines.len()
+            + self.usage.len()
+            + self.runners.len()
+            + self.retries.len()
     }
 }
 
@@ -335,8 +344,9 @@ fn usage_row(
             .cpu_request_millicores
             .map(|v| id64(v, "cpu_request_millicores"))
             .transpose()?,
-        oom_killed: u.oom_killed,
+        oom_killed: runyard_events::oom_killed(u),
         exit_code: u.exit_code,
+        cgroup: text(&u.cgroup),
         reported_at: occurred,
     })
 }
@@ -446,12 +456,17 @@ pub fn merge_pipelines(a: &PipelineRow, b: &PipelineRow) -> PipelineRow {
 /// boundary.
 pub const MAX_ERROR_LEN: usize = 4096;
 
-fn bounded(s: &str) -> Option<String> {
+/// `s` cut to at most [`MAX_ERROR_LEN`] bytes at a character boundary.
+fn cut(s: &str) -> &str {
     let mut end = s.len().min(MAX_ERROR_LEN);
     while !s.is_char_boundary(end) {
         end -= 1;
     }
-    text(&s[..end])
+    &s[..end]
+}
+
+fn bounded(s: &str) -> Option<String> {
+    text(cut(s))
 }
 
 fn i32_of(v: u32) -> i32 {
@@ -783,6 +798,139 @@ pub fn merge_runners(a: &RunnerRow, b: &RunnerRow) -> RunnerRow {
     out
 }
 
+fn int32(v: u32, what: &str) -> Result<i32, Unprojectable> {
+    i32::try_from(v).map_err(|_| Unprojectable(format!("{what} {v} out of range")))
+}
+
+/// `None` for 0 (the proto's "unknown"), else the id as stored.
+fn nonzero_id(v: u64, what: &str) -> Result<Option<i64>, Unprojectable> {
+    (v != 0).then(|| id64(v, what)).transpose()
+}
+
+/// `None` for 0, else the number as stored.
+fn nonzero_int32(v: u32, what: &str) -> Result<Option<i32>, Unprojectable> {
+    (v != 0).then(|| int32(v, what)).transpose()
+}
+
+/// The `retries.jobs` array: one object per job attempt, its ids and counts
+/// as stored in columns elsewhere (so one that does not fit is refused).
+fn retry_jobs(jobs: &[RetryJob]) -> Result<serde_json::Value, Unprojectable> {
+    let mut out = Vec::with_capacity(jobs.len());
+    for j in jobs {
+        let key = j
+            .job
+            .as_ref()
+            .ok_or_else(|| Unprojectable("retry job without job key".into()))?;
+        let job_id = id64(key.job_id, "job_id")?;
+        let attempt = int32(j.attempt, "attempt")?;
+        let oom_streak = int32(j.oom_streak, "oom_streak")?;
+        let memory_limit_bytes = j
+            .memory_limit_bytes
+            .map(|v| id64(v, "memory_limit_bytes"))
+            .transpose()?;
+        let peak_memory_bytes = id64(j.peak_memory_bytes, "peak_memory_bytes")?;
+        out.push(serde_json::json!({
+            "job_id": job_id,
+            "attempt": attempt,
+            "name": text(&j.name),
+            "workload_key": text(&j.workload_key),
+            "oom_streak": oom_streak,
+            "memory_limit_bytes": memory_limit_bytes,
+            "peak_memory_bytes": peak_memory_bytes,
+            "exit_code": j.exit_code,
+        }));
+    }
+    Ok(serde_json::Value::Array(out))
+}
+
+/// The row of one retry event: its target, the job attempts it covers and
+/// the columns of its kind (the others stay `None`). An id above
+/// `i64::MAX` or a count above `i32::MAX` makes it unprojectable rather
+/// than being cut down.
+fn retry_row(
+    id: &str,
+    body: &Body,
+    occurred: OffsetDateTime,
+    received: OffsetDateTime,
+) -> Result<RetryRow, Unprojectable> {
+    let t = retry_target(body).ok_or_else(|| Unprojectable("retry event without target".into()))?;
+    if t.unit.is_empty() {
+        return Err(Unprojectable("retry event without unit".into()));
+    }
+    let mut row = RetryRow {
+        event_id: id.to_owned(),
+        kind: String::new(),
+        forge: forge_of(t.forge())?,
+        instance: t.instance.clone(),
+        unit: t.unit.clone(),
+        project_id: nonzero_id(t.project_id, "project_id")?,
+        project: text(&t.project),
+        pipeline_id: nonzero_id(t.pipeline_id, "pipeline_id")?,
+        run_attempt: nonzero_int32(t.run_attempt, "run_attempt")?,
+        r#ref: text(&t.r#ref),
+        sha: text(&t.sha),
+        strategy: None,
+        reason: None,
+        detail: None,
+        forge_status: None,
+        forge_calls: None,
+        new_pipeline_id: None,
+        new_job_ids: None,
+        new_sha: None,
+        new_run_attempt: None,
+        web_url: None,
+        adopted: None,
+        errors: None,
+        jobs: serde_json::Value::Array(Vec::new()),
+        occurred_at: occurred,
+        received_at: received,
+    };
+    let jobs = match body {
+        Body::RetryRequested(r) => {
+            row.kind = retry_kind::REQUESTED.to_owned();
+            row.strategy = text(&r.strategy);
+            &r.jobs
+        }
+        Body::RetryIssued(i) => {
+            row.kind = retry_kind::ISSUED.to_owned();
+            row.strategy = text(&i.strategy);
+            row.new_pipeline_id = nonzero_id(i.new_pipeline_id, "new_pipeline_id")?;
+            row.new_job_ids = Some(serde_json::Value::Array(
+                i.new_job_ids
+                    .iter()
+                    .map(|&v| id64(v, "new_job_ids").map(serde_json::Value::from))
+                    .collect::<Result<_, _>>()?,
+            ));
+            row.new_sha = text(&i.new_sha);
+            row.new_run_attempt = nonzero_int32(i.new_run_attempt, "new_run_attempt")?;
+            row.web_url = text(&i.web_url);
+            row.forge_calls = Some(int32(i.forge_calls, "forge_calls")?);
+            row.errors = Some(serde_json::Value::Array(
+                i.errors
+                    .iter()
+                    .map(|e| serde_json::Value::from(cut(e)))
+                    .collect(),
+            ));
+            row.adopted = Some(i.adopted);
+            &i.jobs
+        }
+        Body::RetryRefused(r) => {
+            row.kind = retry_kind::REFUSED.to_owned();
+            row.reason = text(&r.reason);
+            row.detail = bounded(&r.detail);
+            row.forge_status = r
+                .forge_status
+                .map(|v| int32(v, "forge_status"))
+                .transpose()?;
+            row.forge_calls = Some(int32(r.forge_calls, "forge_calls")?);
+            &r.jobs
+        }
+        _ => return Err(Unprojectable("not a retry event".into())),
+    };
+    row.jobs = retry_jobs(jobs)?;
+    Ok(row)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -828,6 +976,325 @@ mod tests {
     fn pipeline_status_comes_with_the_rank() {
         assert!(pipeline_status_rank("running") < pipeline_status_rank("failed"));
         assert!(pipeline_status_rank("created") < pipeline_status_rank("pending"));
+    }
+
+    #[test]
+    fn exit_137_near_the_limit_is_an_oom_kill_only_without_cgroup_data() {
+        let limit = 2_000_000_000u64;
+        let sample = |cgroup: &str, oom_killed: bool, exit: i32, peak: u64| {
+            let mut e = synth::usage_event(5, synth::base_time());
+            if let Some(Body::UsageReported(u)) = e.body.as_mut() {
+                u.cgroup = cgroup.into();
+                u.oom_killed = oom_killed;
+                u.exit_code = Some(exit);
+                u.memory_limit_bytes = Some(limit);
+                u.peak_memory_bytes = peak;
+            }
+            let d = fold(&[e]);
+            let row = d.usage.values().next().unwrap().clone();
+            (row.oom_killed, row.cgroup)
+        };
+        let near = limit / 100 * 97;
+        assert_eq!(sample("", false, 137, near), (true, None));
+        assert_eq!(sample("", false, 137, limit / 2), (false, None));
+        assert_eq!(sample("", false, 1, near), (false, None));
+        assert_eq!(sample("v2", false, 137, near), (false, Some("v2".into())));
+        assert_eq!(sample("v1", true, 0, 1), (true, Some("v1".into())));
+    }
+
+    mod retries {
+        use super::*;
+        use runyard_events::{
+            RetryIssued, RetryRefused, RetryRequested, RetryTarget, Source, ids, timestamp,
+        };
+        use serde_json::json;
+
+        const UNIT: &str = "pipeline:900";
+
+        fn target(unit: &str) -> Option<RetryTarget> {
+            Some(RetryTarget {
+                forge: Forge::Gitlab as i32,
+                instance: "gitlab.example.com".into(),
+                project_id: 12,
+                project: "acme/app".into(),
+                pipeline_id: 900,
+                run_attempt: 0,
+                r#ref: "main".into(),
+                sha: "abc123".into(),
+                unit: unit.into(),
+            })
+        }
+
+        fn job(job_id: u64) -> RetryJob {
+            RetryJob {
+                job: Some(JobKey {
+                    forge: Forge::Gitlab as i32,
+                    instance: "gitlab.example.com".into(),
+                    job_id,
+                }),
+                attempt: 1,
+                name: "build".into(),
+                workload_key: "package=py-torch".into(),
+                oom_streak: 2,
+                memory_limit_bytes: Some(4 << 30),
+                peak_memory_bytes: 4 << 30,
+                exit_code: Some(137),
+            }
+        }
+
+        fn event(what: &str, body: Body) -> Event {
+            let t = synth::base_time();
+            Event {
+                id: ids::retry(Forge::Gitlab, "gitlab.example.com", UNIT, what),
+                occurred_at: Some(timestamp(t)),
+                received_at: Some(timestamp(t + time::Duration::milliseconds(7))),
+                source: Some(Source {
+                    forge: Forge::Gitlab as i32,
+                    instance: "gitlab.example.com".into(),
+                    producer: "scaler".into(),
+                    ..Source::default()
+                }),
+                body: Some(body),
+            }
+        }
+
+        fn requested() -> Event {
+            event(
+                "requested",
+                Body::RetryRequested(RetryRequested {
+                    target: target(UNIT),
+                    strategy: "pipeline".into(),
+                    jobs: vec![job(41), job(42)],
+                }),
+            )
+        }
+
+        fn issued() -> RetryIssued {
+            RetryIssued {
+                target: target(UNIT),
+                strategy: "pipeline".into(),
+                jobs: vec![job(41)],
+                new_pipeline_id: 901,
+                new_job_ids: vec![],
+                new_sha: "def456".into(),
+                new_run_attempt: 0,
+                web_url: "https://gitlab.example.com/acme/app/-/pipelines/901".into(),
+                forge_calls: 2,
+                errors: vec!["502 Bad Gateway".into()],
+                adopted: false,
+            }
+        }
+
+        fn row(e: &Event) -> RetryRow {
+            let d = fold(std::slice::from_ref(e));
+            assert_eq!(d.rows(), 1);
+            d.retries[&e.id].clone()
+        }
+
+        #[test]
+        fn a_request_is_its_target_and_its_jobs() {
+            let e = requested();
+            let r = row(&e);
+            assert_eq!(
+                r.event_id,
+                "retry:gitlab:gitlab.example.com:pipeline:900:requested"
+            );
+            assert_eq!(r.kind, "requested");
+            assert_eq!(
+                (r.forge.as_str(), r.instance.as_str(), r.unit.as_str()),
+                ("gitlab", "gitlab.example.com", UNIT)
+            );
+            assert_eq!(
+                (r.project_id, r.pipeline_id, r.run_attempt),
+                (Some(12), Some(900), None)
+            );
+            assert_eq!(r.project.as_deref(), Some("acme/app"));
+            assert_eq!(
+                (r.r#ref.as_deref(), r.sha.as_deref()),
+                (Some("main"), Some("abc123"))
+            );
+            assert_eq!(r.strategy.as_deref(), Some("pipeline"));
+            assert_eq!(r.occurred_at, synth::base_time());
+            assert_eq!(
+                r.received_at,
+                synth::base_time() + time::Duration::milliseconds(7)
+            );
+            assert_eq!(
+                r.jobs,
+                json!([
+                    {"job_id": 41, "attempt": 1, "name": "build",
+                     "workload_key": "package=py-torch", "oom_streak": 2,
+                     "memory_limit_bytes": 4u64 << 30, "peak_memory_bytes": 4u64 << 30,
+                     "exit_code": 137},
+                    {"job_id": 42, "attempt": 1, "name": "build",
+                     "workload_key": "package=py-torch", "oom_streak": 2,
+                     "memory_limit_bytes": 4u64 << 30, "peak_memory_bytes": 4u64 << 30,
+                     "exit_code": 137},
+                ])
+            );
+            // Nothing of the other kinds.
+            assert_eq!(
+                (r.reason, r.detail, r.forge_status, r.forge_calls),
+                (None, None, None, None)
+            );
+            assert_eq!(
+                (r.new_pipeline_id, r.new_job_ids, r.errors, r.adopted),
+                (None, None, None, None)
+            );
+        }
+
+        #[test]
+        fn an_issued_retry_keeps_what_the_forge_answered() {
+            let mut i = issued();
+            i.errors.push("é".repeat(MAX_ERROR_LEN));
+            i.new_job_ids = vec![7001, 7002];
+            let r = row(&event("issued", Body::RetryIssued(i)));
+            assert_eq!(r.kind, "issued");
+            assert_eq!(r.strategy.as_deref(), Some("pipeline"));
+            assert_eq!(r.new_pipeline_id, Some(901));
+            assert_eq!(r.new_job_ids, Some(json!([7001, 7002])));
+            assert_eq!(r.new_sha.as_deref(), Some("def456"));
+            assert_eq!(r.new_run_attempt, None);
+            assert!(r.web_url.unwrap().ends_with("/901"));
+            assert_eq!((r.forge_calls, r.adopted), (Some(2), Some(false)));
+            let errors = r.errors.unwrap();
+            assert_eq!(errors[0], "502 Bad Gateway");
+            let long = errors[1].as_str().unwrap();
+            assert!(long.len() <= MAX_ERROR_LEN && long.len() >= MAX_ERROR_LEN - 1);
+            assert_eq!(r.jobs.as_array().map(Vec::len), Some(1));
+            assert_eq!((r.reason, r.detail), (None, None));
+        }
+
+        #[test]
+        fn a_refusal_of_one_job_attempt_has_its_reason() {
+            let unit = ids::retry_unit_job(42, 4);
+            let mut e = event(
+                "refused",
+                Body::RetryRefused(RetryRefused {
+                    target: target(&unit),
+                    reason: "max_attempts".into(),
+                    detail: "4th consecutive OOM kill".into(),
+                    jobs: vec![RetryJob {
+                        exit_code: None,
+                        memory_limit_bytes: None,
+                        name: String::new(),
+                        ..job(42)
+                    }],
+                    forge_status: Some(422),
+                    forge_calls: 1,
+                }),
+            );
+            e.id = ids::retry(Forge::Gitlab, "gitlab.example.com", &unit, "refused");
+            let r = row(&e);
+            assert_eq!(
+                r.event_id,
+                "retry:gitlab:gitlab.example.com:job:42:4:refused"
+            );
+            assert_eq!((r.kind.as_str(), r.unit.as_str()), ("refused", "job:42:4"));
+            assert_eq!(r.reason.as_deref(), Some("max_attempts"));
+            assert_eq!(r.detail.as_deref(), Some("4th consecutive OOM kill"));
+            assert_eq!((r.forge_status, r.forge_calls), (Some(422), Some(1)));
+            assert_eq!(r.strategy, None);
+            let j = &r.jobs[0];
+            assert_eq!(
+                (&j["name"], &j["exit_code"], &j["memory_limit_bytes"]),
+                (&json!(null), &json!(null), &json!(null))
+            );
+        }
+
+        #[test]
+        fn the_first_event_of_an_id_wins() {
+            let first = requested();
+            let mut again = requested();
+            if let Some(Body::RetryRequested(r)) = again.body.as_mut() {
+                r.strategy = "job".into();
+            }
+            let d = fold(&[first.clone(), again]);
+            assert_eq!(d.retries.len(), 1);
+            assert_eq!(d.retries[&first.id].strategy.as_deref(), Some("pipeline"));
+        }
+
+        #[test]
+        fn values_that_cannot_be_stored_are_refused_not_cut() {
+            let cases: Vec<(&str, Event)> = vec![
+                ("new_pipeline_id", {
+                    let mut i = issued();
+                    i.new_pipeline_id = u64::MAX;
+                    event("issued", Body::RetryIssued(i))
+                }),
+                ("new_job_ids", {
+                    let mut i = issued();
+                    i.new_job_ids = vec![1, 1 << 63];
+                    event("issued", Body::RetryIssued(i))
+                }),
+                ("forge_calls", {
+                    let mut i = issued();
+                    i.forge_calls = u32::MAX;
+                    event("issued", Body::RetryIssued(i))
+                }),
+                ("job_id", {
+                    let mut i = issued();
+                    i.jobs = vec![job(u64::MAX)];
+                    event("issued", Body::RetryIssued(i))
+                }),
+                ("peak_memory_bytes", {
+                    let mut i = issued();
+                    i.jobs[0].peak_memory_bytes = u64::MAX;
+                    event("issued", Body::RetryIssued(i))
+                }),
+                ("project_id", {
+                    let mut i = issued();
+                    if let Some(t) = i.target.as_mut() {
+                        t.project_id = u64::MAX;
+                    }
+                    event("issued", Body::RetryIssued(i))
+                }),
+                ("run_attempt", {
+                    let mut i = issued();
+                    if let Some(t) = i.target.as_mut() {
+                        t.run_attempt = u32::MAX;
+                    }
+                    event("issued", Body::RetryIssued(i))
+                }),
+                ("target", {
+                    let mut i = issued();
+                    i.target = None;
+                    event("issued", Body::RetryIssued(i))
+                }),
+                ("unit", {
+                    let mut i = issued();
+                    i.target = target("");
+                    event("issued", Body::RetryIssued(i))
+                }),
+                ("forge", {
+                    let mut i = issued();
+                    if let Some(t) = i.target.as_mut() {
+                        t.forge = Forge::Unspecified as i32;
+                    }
+                    event("issued", Body::RetryIssued(i))
+                }),
+                ("job key", {
+                    let mut i = issued();
+                    i.jobs[0].job = None;
+                    event("issued", Body::RetryIssued(i))
+                }),
+            ];
+            for (what, e) in cases {
+                let mut d = Delta::default();
+                let err = d.add(&e).unwrap_err();
+                assert!(err.0.contains(what), "{what}: {err}");
+                assert_eq!(d.rows(), 0, "{what}: nothing is kept");
+            }
+            // The largest values that fit are kept as they are.
+            let mut i = issued();
+            i.new_pipeline_id = i64::MAX as u64;
+            i.forge_calls = i32::MAX as u32;
+            let r = row(&event("issued", Body::RetryIssued(i)));
+            assert_eq!(
+                (r.new_pipeline_id, r.forge_calls),
+                (Some(i64::MAX), Some(i32::MAX))
+            );
+        }
     }
 
     mod runners {

@@ -8,7 +8,7 @@ use std::time::Duration;
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use runyard_bus::{Bus, Outgoing, StreamSettings, TraceParent};
-use runyard_events::{Event, JobStatus, Namespace};
+use runyard_events::{Body, Event, JobStatus, Namespace};
 use runyard_job_tracker::{App, Config, rebuild};
 use runyard_testkit::proxy::TcpProxy;
 use runyard_testkit::{TestDb, TestNats, eventually, synth, unique_namespace};
@@ -986,4 +986,541 @@ async fn rebuild_command_reproduces_the_runners_table() {
     .await;
     admin.close().await;
     live.drop_db().await;
+}
+
+// ---------------------------------------------------------------------------
+// Retries: the scaler's retry events projected into `retries`, one row each.
+
+mod retry_events {
+    use runyard_events::{
+        Body, Event, Forge, JobKey, RetryIssued, RetryJob, RetryRefused, RetryRequested,
+        RetryTarget, Source, ids, timestamp,
+    };
+
+    const GL: &str = "gitlab.example.com";
+    const GH: &str = "github.com";
+
+    fn instance(forge: Forge) -> &'static str {
+        if forge == Forge::Github { GH } else { GL }
+    }
+
+    fn target(forge: Forge, unit: &str, pipeline_id: u64, run_attempt: u32) -> Option<RetryTarget> {
+        Some(RetryTarget {
+            forge: forge as i32,
+            instance: instance(forge).into(),
+            project_id: 12,
+            project: "acme/app".into(),
+            pipeline_id,
+            run_attempt,
+            r#ref: "main".into(),
+            sha: "abc123".into(),
+            unit: unit.into(),
+        })
+    }
+
+    pub fn job(forge: Forge, job_id: u64, attempt: u32) -> RetryJob {
+        RetryJob {
+            job: Some(JobKey {
+                forge: forge as i32,
+                instance: instance(forge).into(),
+                job_id,
+            }),
+            attempt,
+            name: format!("build {job_id}"),
+            workload_key: "package=py-torch".into(),
+            oom_streak: 1,
+            memory_limit_bytes: Some(4 << 30),
+            peak_memory_bytes: (4 << 30) - 1,
+            exit_code: Some(137),
+        }
+    }
+
+    /// A retry event about `unit`, `secs` after the base time, with its
+    /// contract id (`what` = `requested`, `job:<id>:issued`, ...).
+    pub fn at(forge: Forge, unit: &str, what: &str, secs: i64, body: Body) -> Event {
+        let t = runyard_testkit::synth::base_time() + time::Duration::seconds(secs);
+        Event {
+            id: ids::retry(forge, instance(forge), unit, what),
+            occurred_at: Some(timestamp(t)),
+            received_at: Some(timestamp(t + time::Duration::milliseconds(3))),
+            source: Some(Source {
+                forge: forge as i32,
+                instance: instance(forge).into(),
+                producer: "scaler".into(),
+                ..Source::default()
+            }),
+            body: Some(body),
+        }
+    }
+
+    /// GitLab pipeline 900: two OOM-killed jobs, a new pipeline created
+    /// after one transient error.
+    pub fn gitlab_pipeline_issued(new_pipeline_id: u64) -> Vec<Event> {
+        let unit = ids::retry_unit_pipeline(900);
+        let jobs = vec![job(Forge::Gitlab, 41, 1), job(Forge::Gitlab, 42, 1)];
+        vec![
+            at(
+                Forge::Gitlab,
+                &unit,
+                "requested",
+                0,
+                Body::RetryRequested(RetryRequested {
+                    target: target(Forge::Gitlab, &unit, 900, 0),
+                    strategy: "pipeline".into(),
+                    jobs: jobs.clone(),
+                }),
+            ),
+            at(
+                Forge::Gitlab,
+                &unit,
+                "issued",
+                2,
+                Body::RetryIssued(RetryIssued {
+                    target: target(Forge::Gitlab, &unit, 900, 0),
+                    strategy: "pipeline".into(),
+                    jobs,
+                    new_pipeline_id,
+                    new_job_ids: vec![],
+                    new_sha: "def456".into(),
+                    new_run_attempt: 0,
+                    web_url: "https://gitlab.example.com/acme/app/-/pipelines/901".into(),
+                    forge_calls: 2,
+                    errors: vec!["502 Bad Gateway".into()],
+                    adopted: false,
+                }),
+            ),
+        ]
+    }
+
+    /// GitLab job 43, attempt 4: refused, the streak is over.
+    pub fn gitlab_job_refused() -> Event {
+        let unit = ids::retry_unit_job(43, 4);
+        at(
+            Forge::Gitlab,
+            &unit,
+            "refused",
+            5,
+            Body::RetryRefused(RetryRefused {
+                target: target(Forge::Gitlab, &unit, 905, 4),
+                reason: "max_attempts".into(),
+                detail: "4th consecutive OOM kill".into(),
+                jobs: vec![job(Forge::Gitlab, 43, 4)],
+                forge_status: None,
+                forge_calls: 0,
+            }),
+        )
+    }
+
+    /// GitHub run 555 attempt 1: job 77 re-run on its own (adopted after a
+    /// restart), and run 556 refused by the forge.
+    pub fn github_runs() -> Vec<Event> {
+        let unit = ids::retry_unit_run(555, 1);
+        let refused = ids::retry_unit_run(556, 1);
+        vec![
+            at(
+                Forge::Github,
+                &unit,
+                "job:77:requested",
+                10,
+                Body::RetryRequested(RetryRequested {
+                    target: target(Forge::Github, &unit, 555, 1),
+                    strategy: "rerun_job".into(),
+                    jobs: vec![job(Forge::Github, 77, 1)],
+                }),
+            ),
+            at(
+                Forge::Github,
+                &unit,
+                "job:77:issued",
+                11,
+                Body::RetryIssued(RetryIssued {
+                    target: target(Forge::Github, &unit, 555, 1),
+                    strategy: "rerun_job".into(),
+                    jobs: vec![job(Forge::Github, 77, 1)],
+                    new_job_ids: vec![78],
+                    new_run_attempt: 2,
+                    forge_calls: 1,
+                    adopted: true,
+                    ..RetryIssued::default()
+                }),
+            ),
+            at(
+                Forge::Github,
+                &refused,
+                "refused",
+                12,
+                Body::RetryRefused(RetryRefused {
+                    target: target(Forge::Github, &refused, 556, 1),
+                    reason: "forge_rejected".into(),
+                    detail: "403: re-runs are disabled".into(),
+                    jobs: vec![job(Forge::Github, 79, 1)],
+                    forge_status: Some(403),
+                    forge_calls: 1,
+                }),
+            ),
+        ]
+    }
+
+    /// Six retry events of every kind, both forges.
+    pub fn all() -> Vec<Event> {
+        let mut events = gitlab_pipeline_issued(901);
+        events.push(gitlab_job_refused());
+        events.extend(github_runs());
+        events
+    }
+}
+
+/// Every retry row as it is stored, by event id.
+async fn retry_rows(p: &PgPool) -> Vec<runyard_store::entities::retry::Model> {
+    use runyard_store::entities::retry;
+    use sea_orm::{EntityTrait as _, QueryOrder as _};
+    let db = sea_orm::SqlxPostgresConnector::from_sqlx_postgres_pool(p.clone());
+    retry::Entity::find()
+        .order_by_asc(retry::Column::EventId)
+        .all(&db)
+        .await
+        .unwrap()
+}
+
+/// The rows `events` project to, folded in memory, by event id.
+fn folded_retries(events: &[Event]) -> Vec<runyard_store::entities::retry::Model> {
+    let mut delta = runyard_job_tracker::projection::Delta::default();
+    for e in events {
+        delta.add(e).unwrap();
+    }
+    delta.retries.into_values().collect()
+}
+
+#[tokio::test]
+async fn retry_events_are_one_row_each_and_duplicates_change_nothing() {
+    let nats = TestNats::get().await;
+    let ns = unique_namespace();
+    let db = TestDb::new();
+    let bus = bus(&nats, &ns).await;
+    let events = retry_events::all();
+    publish(&bus, &events).await;
+    let t = start(config(&nats.url(), &ns, &db.url)).await;
+    let p = wait_applied(&db.url, 6).await;
+
+    // Every column as Rust maps it, Postgres stores it.
+    let rows = retry_rows(&p).await;
+    assert_eq!(rows.len(), 6);
+    let mut want = folded_retries(&events);
+    want.sort_by(|a, b| a.event_id.cmp(&b.event_id));
+    assert_eq!(rows, want);
+    type Row = (
+        String,
+        String,
+        String,
+        Option<i64>,
+        Option<String>,
+        Option<String>,
+        Option<i32>,
+        Option<i64>,
+        Option<serde_json::Value>,
+        Option<bool>,
+    );
+    let got: Vec<Row> = sqlx::query_as(
+        "SELECT event_id, kind, unit, pipeline_id, strategy, reason, forge_status,
+                new_pipeline_id, new_job_ids, adopted
+         FROM retries ORDER BY occurred_at",
+    )
+    .fetch_all(&p)
+    .await
+    .unwrap();
+    let gl = "retry:gitlab:gitlab.example.com";
+    let gh = "retry:github:github.com";
+    let expected: Vec<Row> = vec![
+        (
+            format!("{gl}:pipeline:900:requested"),
+            "requested".into(),
+            "pipeline:900".into(),
+            Some(900),
+            Some("pipeline".into()),
+            None,
+            None,
+            None,
+            None,
+            None,
+        ),
+        (
+            format!("{gl}:pipeline:900:issued"),
+            "issued".into(),
+            "pipeline:900".into(),
+            Some(900),
+            Some("pipeline".into()),
+            None,
+            None,
+            Some(901),
+            Some(serde_json::json!([])),
+            Some(false),
+        ),
+        (
+            format!("{gl}:job:43:4:refused"),
+            "refused".into(),
+            "job:43:4".into(),
+            Some(905),
+            None,
+            Some("max_attempts".into()),
+            None,
+            None,
+            None,
+            None,
+        ),
+        (
+            format!("{gh}:run:555:1:job:77:requested"),
+            "requested".into(),
+            "run:555:1".into(),
+            Some(555),
+            Some("rerun_job".into()),
+            None,
+            None,
+            None,
+            None,
+            None,
+        ),
+        (
+            format!("{gh}:run:555:1:job:77:issued"),
+            "issued".into(),
+            "run:555:1".into(),
+            Some(555),
+            Some("rerun_job".into()),
+            None,
+            None,
+            None,
+            Some(serde_json::json!([78])),
+            Some(true),
+        ),
+        (
+            format!("{gh}:run:556:1:refused"),
+            "refused".into(),
+            "run:556:1".into(),
+            Some(556),
+            None,
+            Some("forge_rejected".into()),
+            Some(403),
+            None,
+            None,
+            None,
+        ),
+    ];
+    assert_eq!(got, expected);
+    // One `retry_jobs` row per job attempt covered.
+    type JobRow = (String, i64, i32, Option<i64>, Option<i32>);
+    let jobs: Vec<JobRow> = sqlx::query_as(
+        "SELECT kind, job_id, attempt, memory_limit_bytes, exit_code FROM retry_jobs
+         WHERE forge = 'gitlab' ORDER BY occurred_at, job_id",
+    )
+    .fetch_all(&p)
+    .await
+    .unwrap();
+    let limit = Some(4_i64 << 30);
+    assert_eq!(
+        jobs,
+        vec![
+            ("requested".into(), 41, 1, limit, Some(137)),
+            ("requested".into(), 42, 1, limit, Some(137)),
+            ("issued".into(), 41, 1, limit, Some(137)),
+            ("issued".into(), 42, 1, limit, Some(137)),
+            ("refused".into(), 43, 4, limit, Some(137)),
+        ]
+    );
+
+    // Every event again past the dedup window, one of them changed under
+    // the same id, then one new event: only the new one adds a row.
+    for (n, e) in events.iter().enumerate() {
+        publish_again(&bus, e, n).await;
+    }
+    let mut changed = events[0].clone();
+    if let Some(Body::RetryRequested(r)) = changed.body.as_mut() {
+        r.strategy = "job".into();
+        r.jobs.clear();
+    }
+    publish_again(&bus, &changed, 99).await;
+    let mut new = retry_events::gitlab_job_refused();
+    new.id = new.id.replace(":refused", ":refused:again");
+    publish(&bus, &[new.clone()]).await;
+    let p2 = wait_applied(&db.url, 7).await;
+    let http = reqwest::Client::new();
+    let metrics = format!("http://{}/metrics", t.addr);
+    let counted = eventually(Duration::from_secs(20), || {
+        let (http, url) = (http.clone(), metrics.clone());
+        async move {
+            let text = http.get(url).send().await.ok()?.text().await.ok()?;
+            text.contains(r#"runyard_tracker_events_total{result="duplicate"} 7"#)
+                .then_some(())
+        }
+    })
+    .await;
+    assert!(counted.is_some(), "the seven duplicates were seen");
+    t.stop().await;
+    let after = retry_rows(&p2).await;
+    assert_eq!(after.len(), 7);
+    let before: Vec<_> = after.into_iter().filter(|r| r.event_id != new.id).collect();
+    assert_eq!(before, rows, "duplicates changed nothing");
+    p.close().await;
+    p2.close().await;
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn rebuild_reproduces_the_retries_table() {
+    let nats = TestNats::get().await;
+    let ns = unique_namespace();
+    let live = TestDb::new();
+    let bus = bus(&nats, &ns).await;
+    let mut events = shuffled_lifecycles(20, 31);
+    events.extend(retry_events::all());
+    events.shuffle(&mut rand::rngs::StdRng::seed_from_u64(8));
+    publish(&bus, &events).await;
+    for (n, e) in events.iter().step_by(3).enumerate() {
+        publish_again(&bus, e, n).await;
+    }
+    let t = start(config(&nats.url(), &ns, &live.url)).await;
+    let p = wait_applied(&live.url, events.len() as i64).await;
+    t.stop().await;
+    let live_dump = runyard_store::canonical_dump(&p).await.unwrap();
+    assert!(live_dump.contains("-- retries (6 rows)"), "{live_dump}");
+    assert!(live_dump.contains("-- jobs (20 rows)"), "{live_dump}");
+    p.close().await;
+
+    // Small batches so retry rows and duplicates meet across transactions.
+    let target = format!("{}_rb", live.name);
+    let opts = rebuild::RebuildOptions {
+        live_url: live.url.clone(),
+        into: Some(target.clone()),
+        swap: false,
+        batch_size: 4,
+    };
+    let (url, done) = rebuild::rebuild(&bus, &opts).await.unwrap();
+    assert_eq!(done.applied, events.len() as u64);
+    let rebuilt = pool(&url).await;
+    assert_eq!(
+        runyard_store::canonical_dump(&rebuilt).await.unwrap(),
+        live_dump
+    );
+    assert_eq!(
+        retry_rows(&rebuilt).await.len(),
+        6,
+        "the rebuilt database has the rows, not only the dump"
+    );
+    rebuilt.close().await;
+    let admin = pool(&live.sibling("postgres")).await;
+    let _ = sqlx::query(&format!(
+        "DROP DATABASE IF EXISTS \"{target}\" WITH (FORCE)"
+    ))
+    .execute(&admin)
+    .await;
+    admin.close().await;
+    live.drop_db().await;
+}
+
+#[tokio::test]
+async fn a_retry_event_with_an_id_that_cannot_be_stored_is_dead_lettered() {
+    let nats = TestNats::get().await;
+    let ns = unique_namespace();
+    let db = TestDb::new();
+    let bus = bus(&nats, &ns).await;
+    // The request is fine; its issue names a new pipeline beyond bigint.
+    let events = retry_events::gitlab_pipeline_issued(u64::MAX);
+    let bad = events[1].id.clone();
+    let mut all = events.clone();
+    all.push(retry_events::gitlab_job_refused());
+    publish(&bus, &all).await;
+    let t = start(config(&nats.url(), &ns, &db.url)).await;
+    // A refused event is recorded as applied, so it is not retried forever.
+    let p = wait_applied(&db.url, 3).await;
+    let client = async_nats::connect(nats.url()).await.unwrap();
+    let dead = eventually(Duration::from_secs(20), || {
+        let client = client.clone();
+        let ns = ns.clone();
+        async move {
+            let msgs = runyard_testkit::stream_messages(&client, &ns.events_stream()).await;
+            msgs.into_iter()
+                .find(|m| m.subject.as_str() == ns.deadletter_subject())
+        }
+    })
+    .await
+    .expect("dead-lettered");
+    t.stop().await;
+    let headers = dead.headers.as_ref().unwrap();
+    let reason = headers
+        .get("Runyard-Deadletter-Reason")
+        .unwrap()
+        .as_str()
+        .to_owned();
+    assert!(reason.contains("new_pipeline_id"), "{reason}");
+    assert_eq!(
+        headers.get("Runyard-Original-Subject").unwrap().as_str(),
+        ns.retry_subject(runyard_events::Forge::Gitlab)
+    );
+    let decoded = <Event as prost::Message>::decode(dead.payload.clone()).unwrap();
+    assert_eq!(decoded.id, bad);
+    // Nothing of it was written; the others were.
+    let ids: Vec<String> = sqlx::query_scalar("SELECT event_id FROM retries ORDER BY event_id")
+        .fetch_all(&p)
+        .await
+        .unwrap();
+    assert_eq!(ids.len(), 2, "{ids:?}");
+    assert!(!ids.contains(&bad), "{ids:?}");
+    let huge: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM retries WHERE new_pipeline_id IS NOT NULL OR kind = 'issued'",
+    )
+    .fetch_one(&p)
+    .await
+    .unwrap();
+    assert_eq!(huge, 0);
+    p.close().await;
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn exit_137_near_the_limit_counts_as_an_oom_kill_only_without_cgroup_data() {
+    let nats = TestNats::get().await;
+    let ns = unique_namespace();
+    let db = TestDb::new();
+    let bus = bus(&nats, &ns).await;
+    let limit: u64 = 2_000_000_000;
+    // (job, cgroup, the cgroup's oom flag, exit code, peak share of the limit)
+    let cases = [
+        (1, "", false, 137, 97),
+        (2, "v2", false, 137, 97),
+        (3, "v1", true, 0, 50),
+        (4, "", false, 137, 50),
+    ];
+    let events: Vec<Event> = cases
+        .iter()
+        .map(|&(job, cgroup, oom, exit, share)| {
+            let mut e = synth::usage_event(job, synth::base_time());
+            if let Some(Body::UsageReported(u)) = e.body.as_mut() {
+                u.cgroup = cgroup.into();
+                u.oom_killed = oom;
+                u.exit_code = Some(exit);
+                u.memory_limit_bytes = Some(limit);
+                u.peak_memory_bytes = limit / 100 * share;
+            }
+            e
+        })
+        .collect();
+    publish(&bus, &events).await;
+    let t = start(config(&nats.url(), &ns, &db.url)).await;
+    let p = wait_applied(&db.url, 4).await;
+    t.stop().await;
+    let rows: Vec<(i64, bool, Option<String>, Option<i32>)> = sqlx::query_as(
+        "SELECT job_id, oom_killed, cgroup, exit_code FROM job_usage ORDER BY job_id",
+    )
+    .fetch_all(&p)
+    .await
+    .unwrap();
+    assert_eq!(
+        rows,
+        vec![
+            (1, true, None, Some(137)),
+            (2, false, Some("v2".into()), Some(137)),
+            (3, true, Some("v1".into()), Some(0)),
+            (4, false, None, Some(137)),
+        ]
+    );
+    p.close().await;
+    db.drop_db().await;
 }

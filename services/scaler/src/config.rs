@@ -147,9 +147,9 @@ pub struct ScalerFile {
     /// Missed-event reconciliation.
     #[serde(default)]
     pub reconciler: Option<ReconcilerSection>,
-    /// OOM retries.
+    /// OOM retries (on by default with the defaults below).
     #[serde(default)]
-    pub retry: Option<RetrySection>,
+    pub retry: RetrySection,
     /// The scaler's own timers.
     #[serde(default)]
     pub scaler: Timers,
@@ -275,22 +275,121 @@ pub fn split_repo(repo: &str) -> Option<(&str, &str)> {
     (!owner.is_empty() && !name.is_empty() && !name.contains('/')).then_some((owner, name))
 }
 
-/// `[retry]`.
+/// The lease key of the replica that retries OOM-killed jobs (a `.` no pool
+/// name can hold, so it never meets a pool's lease).
+pub const RETRIER_LEASE: &str = "task.retrier";
+
+/// How an OOM-killed job is retried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Strategy {
+    /// GitLab: a new pipeline for the ref, whose generate step asks the
+    /// allocator again.
+    Pipeline,
+    /// GitLab: the job is retried (`POST .../jobs/:id/retry`).
+    Job,
+    /// GitHub: `rerun-failed-jobs` when every failed job was OOM-killed,
+    /// else the OOM-killed jobs one at a time.
+    Auto,
+    /// No retries (`RetryRefused` with reason `strategy_off`).
+    Off,
+}
+
+/// `[retry.projects.<key>]`: a GitLab project id or a GitHub `owner/repo`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
+pub struct ProjectRetry {
+    /// GitLab: `pipeline` | `job` | `off`; GitHub: `auto` | `off`.
+    pub strategy: Strategy,
+}
+
+/// `[retry]`: OOM-killed jobs come back with more memory.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
 pub struct RetrySection {
     /// How long a failed job waits for its usage report.
-    #[serde(with = "humantime_serde", default)]
-    pub wait_for_report: Option<Duration>,
-    /// `pipeline` or `job`.
-    #[serde(default)]
-    pub gitlab_strategy: Option<String>,
-    /// Most retries in a row.
-    #[serde(default)]
-    pub max_retries: Option<u32>,
-    /// Per-project overrides.
-    #[serde(default)]
-    pub projects: BTreeMap<String, toml::Value>,
+    #[serde(with = "humantime_serde")]
+    pub wait_for_report: Duration,
+    /// GitLab: `pipeline` (default), `job` or `off`.
+    pub gitlab_strategy: Strategy,
+    /// GitHub: `auto` (default) or `off`.
+    pub github_strategy: Strategy,
+    /// Consecutive OOM kills of a workload that each get one retry.
+    pub max_retries: u32,
+    /// How often the state of a failed pipeline or run is read from the
+    /// forge while a retry waits for it to finish.
+    #[serde(with = "humantime_serde")]
+    pub poll_interval: Duration,
+    /// Per-project strategies.
+    pub projects: BTreeMap<String, ProjectRetry>,
+}
+
+impl Default for RetrySection {
+    fn default() -> Self {
+        Self {
+            wait_for_report: Duration::from_secs(120),
+            gitlab_strategy: Strategy::Pipeline,
+            github_strategy: Strategy::Auto,
+            max_retries: 3,
+            poll_interval: Duration::from_secs(15),
+            projects: BTreeMap::new(),
+        }
+    }
+}
+
+impl RetrySection {
+    /// The section's own rules.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if !matches!(
+            self.gitlab_strategy,
+            Strategy::Pipeline | Strategy::Job | Strategy::Off
+        ) {
+            return Err(err(
+                "retry.gitlab_strategy",
+                "must be \"pipeline\", \"job\" or \"off\"",
+            ));
+        }
+        if !matches!(self.github_strategy, Strategy::Auto | Strategy::Off) {
+            return Err(err("retry.github_strategy", "must be \"auto\" or \"off\""));
+        }
+        if self.max_retries > 10 {
+            return Err(err("retry.max_retries", "must be at most 10"));
+        }
+        if self.poll_interval < Duration::from_millis(100) {
+            return Err(err("retry.poll_interval", "must be at least 100ms"));
+        }
+        for (key, project) in &self.projects {
+            let field = format!("retry.projects.{key}.strategy");
+            if key.parse::<u64>().is_ok() {
+                if project.strategy == Strategy::Auto {
+                    return Err(err(field, "a GitLab project takes pipeline, job or off"));
+                }
+            } else if split_repo(key).is_some() {
+                if !matches!(project.strategy, Strategy::Auto | Strategy::Off) {
+                    return Err(err(field, "a GitHub repository takes auto or off"));
+                }
+            } else {
+                return Err(err(
+                    format!("retry.projects.{key}"),
+                    "must be a GitLab project id or a GitHub owner/repo",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The strategy for a GitLab project (by id) or a GitHub repository.
+    pub fn strategy(&self, forge: runyard_events::Forge, project_id: u64, repo: &str) -> Strategy {
+        let key = match forge {
+            runyard_events::Forge::Gitlab => project_id.to_string(),
+            _ => repo.to_owned(),
+        };
+        match (self.projects.get(&key), forge) {
+            (Some(p), _) => p.strategy,
+            (None, runyard_events::Forge::Gitlab) => self.gitlab_strategy,
+            (None, _) => self.github_strategy,
+        }
+    }
 }
 
 /// `[scaler]`: timers and limits of the scaling loop. Every one is
@@ -638,6 +737,7 @@ impl ScalerFile {
         if let Some(r) = &self.reconciler {
             r.validate(&self.pools)?;
         }
+        self.retry.validate()?;
         Ok(())
     }
 }

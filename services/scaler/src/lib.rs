@@ -4,6 +4,7 @@
 //! right-sized runner per queued job (claimed once, named deterministically)
 //! and removes runners that are done, idle past their time or never came up.
 
+mod background;
 pub mod config;
 pub mod engine;
 pub mod forges;
@@ -12,6 +13,7 @@ mod metrics;
 pub mod policy;
 pub mod provider;
 pub mod reconciler;
+pub mod retry;
 pub mod simulate;
 pub mod sizing;
 pub mod world;
@@ -73,6 +75,7 @@ pub struct App {
     registry: Metrics,
     listener: TcpListener,
     reconciler: Option<reconciler::Reconciler>,
+    retrier: retry::Retrier,
 }
 
 fn forge_host(pool: &config::PoolConfig, config: &Config) -> String {
@@ -257,11 +260,13 @@ impl App {
             )),
             None => None,
         };
+        let retrier = retry::Retrier::new(shared.clone(), file.retry.clone());
         Ok(Self {
             shared,
             registry,
             listener,
             reconciler,
+            retrier,
         })
     }
 
@@ -328,6 +333,7 @@ impl App {
             tokio::spawn(async move { engine.run(events_rx, caught_up, stop).await })
         };
         let reconciler = self.reconciler.map(|r| tokio::spawn(r.run(stop.clone())));
+        let retrier = tokio::spawn(self.retrier.run(stop.clone()));
         let http_state = HttpState {
             shared: self.shared.clone(),
             registry: self.registry.clone(),
@@ -355,6 +361,7 @@ impl App {
         if let Some(reconciler) = reconciler {
             let _ = reconciler.await;
         }
+        let _ = retrier.await;
         let _ = http.await;
         let _ =
             tokio::time::timeout(Duration::from_secs(5), self.shared.bus.client().flush()).await;

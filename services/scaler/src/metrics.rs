@@ -66,6 +66,17 @@ pub struct CycleLabel {
     pub outcome: &'static str,
 }
 
+/// An OOM retry decision.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RetryLabel {
+    /// `github` or `gitlab`.
+    pub forge: &'static str,
+    /// `issued`, `adopted` or `refused`.
+    pub outcome: &'static str,
+    /// The refusal reason; empty otherwise.
+    pub reason: &'static str,
+}
+
 /// Handles to the metrics the scaler updates.
 #[derive(Clone, Debug)]
 pub struct ScalerMetrics {
@@ -101,6 +112,8 @@ pub struct ScalerMetrics {
     pub reconciler_api_calls: Family<ForgeLabel, Counter>,
     /// Reconciler cycles by outcome.
     pub reconciler_cycles: Family<CycleLabel, Counter>,
+    /// OOM retry decisions by forge and outcome.
+    pub retries: Family<RetryLabel, Counter>,
 }
 
 impl ScalerMetrics {
@@ -125,6 +138,7 @@ impl ScalerMetrics {
             reconciler_found: Family::default(),
             reconciler_api_calls: Family::default(),
             reconciler_cycles: Family::default(),
+            retries: Family::default(),
         };
         registry.register(|r| {
             let r = r.sub_registry_with_prefix("scaler");
@@ -193,6 +207,11 @@ impl ScalerMetrics {
                 "reconciler_found",
                 "Lost webhook events the reconciler made up for, by kind",
                 m.reconciler_found.clone(),
+            );
+            r.register(
+                "oom_retries",
+                "OOM retry decisions, by forge, outcome and refusal reason",
+                m.retries.clone(),
             );
             r.register(
                 "reconciler_api_calls",

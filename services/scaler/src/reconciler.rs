@@ -30,7 +30,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use runyard_bus::TraceParent;
-use runyard_bus::consumer::{Consumer, ConsumerConfig, Deliver, Delivery, Handler, HandlerError};
+use runyard_bus::consumer::{Delivery, Handler, HandlerError};
 use runyard_events::{
     Body, Conclusion, Event, Forge, JobKey, JobObserved, JobStatus, Source, ids, status_token,
     timestamp,
@@ -44,10 +44,10 @@ use time::format_description::well_known::Rfc3339;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use crate::background::{follow_log, held, keep_lease};
 use crate::config::{GitHubHook, RECONCILER_LEASE, ReconcilerSection, split_repo};
 use crate::engine::Shared;
 use crate::forges::Forges;
-use crate::kv::Coordination;
 use crate::metrics::{CycleLabel, ForgeLabel, FoundLabel};
 use crate::world::JobId;
 
@@ -518,9 +518,13 @@ impl Reconciler {
     /// on the way out).
     pub async fn run(mut self, stop: CancellationToken) {
         let (caught_up_tx, mut caught_up) = watch::channel(false);
-        let follower = tokio::spawn(follow(
+        let follower = tokio::spawn(follow_log(
             self.shared.clone(),
-            self.seen.clone(),
+            "runyard scaler reconciler",
+            &["job.>"],
+            Follow {
+                seen: self.seen.clone(),
+            },
             caught_up_tx,
             stop.clone(),
         ));
@@ -536,6 +540,7 @@ impl Reconciler {
         let (lease_tx, mut lease) = watch::channel(None);
         let keeper = tokio::spawn(keep_lease(
             self.shared.coord.clone(),
+            RECONCILER_LEASE,
             ttl,
             lease_tx,
             stop.clone(),
@@ -927,62 +932,6 @@ impl Reconciler {
     }
 }
 
-fn held(lease: &watch::Receiver<Option<Instant>>) -> bool {
-    lease.borrow().is_some_and(|until| until > Instant::now())
-}
-
-/// Holds the `reconciler` lease while it can: renews every `ttl / 4` and
-/// says until when it may be trusted (80% of the TTL from before the call,
-/// as the pool leases); releases it on `stop`.
-async fn keep_lease(
-    coord: Coordination,
-    ttl: Duration,
-    tx: watch::Sender<Option<Instant>>,
-    stop: CancellationToken,
-) {
-    let mut held: Option<u64> = None;
-    let mut tick = tokio::time::interval(ttl / 4);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            () = stop.cancelled() => break,
-            _ = tick.tick() => {}
-        }
-        let started = Instant::now();
-        match tokio::time::timeout(ttl / 4, coord.lease(RECONCILER_LEASE, held)).await {
-            Ok(Ok(Some(revision))) => {
-                if held.is_none() {
-                    tracing::info!("reconciler lease taken");
-                }
-                held = Some(revision);
-                tx.send_replace(Some(started + ttl.mul_f64(0.8)));
-            }
-            Ok(Ok(None)) => {
-                if held.take().is_some() {
-                    tracing::warn!("reconciler lease lost");
-                }
-                tx.send_replace(None);
-            }
-            Ok(Err(error)) => {
-                tracing::warn!(%error, "reconciler lease renewal failed");
-                tx.send_modify(|_| {});
-            }
-            Err(_) => {
-                tracing::warn!("reconciler lease renewal timed out");
-                tx.send_modify(|_| {});
-            }
-        }
-    }
-    if let Some(revision) = held {
-        // Bounded: with NATS gone the lease simply expires.
-        let _ = tokio::time::timeout(
-            Duration::from_secs(2),
-            coord.release(RECONCILER_LEASE, revision),
-        )
-        .await;
-    }
-}
-
 /// Folds the log's job events into [`Seen`].
 #[derive(Debug)]
 struct Follow {
@@ -999,50 +948,6 @@ impl Handler for Follow {
             }
         }
         Ok(Vec::new())
-    }
-}
-
-/// Follows `<ns>.v1.job.>` from `now - lookback`; says caught up the first
-/// time nothing more is waiting.
-async fn follow(
-    shared: Arc<Shared>,
-    seen: Arc<Mutex<Seen>>,
-    caught_up: watch::Sender<bool>,
-    stop: CancellationToken,
-) {
-    let bus = &shared.bus;
-    let start = OffsetDateTime::now_utc() - shared.timers.lookback;
-    let config = ConsumerConfig {
-        durable: None,
-        description: "runyard scaler reconciler".into(),
-        filter_subjects: vec![format!("{}.v1.job.>", bus.namespace().as_str())],
-        deliver: Deliver::ByStartTime(start),
-        batch_size: 500,
-        batch_wait: Duration::from_millis(2),
-        ..ConsumerConfig::default()
-    };
-    let mut consumer = Consumer::new(bus, config, None).with_shutdown(stop.clone());
-    let handler = Follow { seen };
-    let mut backoff = Duration::from_millis(250);
-    while !stop.is_cancelled() {
-        match consumer
-            .process_next(&handler, Duration::from_millis(500))
-            .await
-        {
-            Ok(None) => {
-                backoff = Duration::from_millis(250);
-                caught_up.send_if_modified(|c| !std::mem::replace(c, true));
-            }
-            Ok(Some(_)) => backoff = Duration::from_millis(250),
-            Err(error) => {
-                tracing::warn!(%error, retry_ms = backoff.as_millis() as u64, "reconciler cannot follow the log; retrying");
-                tokio::select! {
-                    () = stop.cancelled() => {}
-                    () = tokio::time::sleep(backoff) => {}
-                }
-                backoff = (backoff * 2).min(Duration::from_secs(10));
-            }
-        }
     }
 }
 

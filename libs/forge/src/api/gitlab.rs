@@ -13,7 +13,7 @@ use serde::de::DeserializeOwned;
 use time::OffsetDateTime;
 
 use super::ratelimit::Bucket;
-use super::{ApiError, CallCounts, ClientOptions, Core, Raw, lenient_time, null_default};
+use super::{ApiError, CallCounts, ClientOptions, Core, Raw, lenient_time, null_default, seg};
 
 /// Largest page GitLab serves.
 const PER_PAGE: u32 = 100;
@@ -38,6 +38,12 @@ pub mod endpoint {
     pub const RETRY_JOB: &str = "gitlab_retry_job";
     /// `POST /projects/:id/pipelines/:pipeline_id/retry`.
     pub const RETRY_PIPELINE: &str = "gitlab_retry_pipeline";
+    /// `GET /projects/:id/pipelines/:pipeline_id`.
+    pub const GET_PIPELINE: &str = "gitlab_get_pipeline";
+    /// `GET /projects/:id/pipelines?ref=...&source=...`.
+    pub const LIST_PIPELINES: &str = "gitlab_list_pipelines";
+    /// `GET /projects/:id/pipelines/:pipeline_id/variables`.
+    pub const PIPELINE_VARIABLES: &str = "gitlab_pipeline_variables";
 
     /// Every kind.
     pub const ALL: &[&str] = &[
@@ -48,6 +54,9 @@ pub mod endpoint {
         CREATE_PIPELINE,
         RETRY_JOB,
         RETRY_PIPELINE,
+        GET_PIPELINE,
+        LIST_PIPELINES,
+        PIPELINE_VARIABLES,
     ];
 }
 
@@ -336,6 +345,58 @@ impl GitLabClient {
         .await?
         .success(ep)?
         .json(ep, false)
+    }
+
+    /// One pipeline (a missing one is a `404` [`ApiError::Status`]).
+    pub async fn get_pipeline(
+        &self,
+        project_id: u64,
+        pipeline_id: u64,
+    ) -> Result<GitLabPipeline, ApiError> {
+        self.get_json(
+            endpoint::GET_PIPELINE,
+            &format!("/projects/{project_id}/pipelines/{pipeline_id}"),
+        )
+        .await
+    }
+
+    /// The newest pipelines (one page of up to 100, newest first) of
+    /// `git_ref` started by `source` (`api`, `push`, ...).
+    pub async fn list_pipelines(
+        &self,
+        project_id: u64,
+        git_ref: &str,
+        source: &str,
+        per_page: u32,
+    ) -> Result<Vec<GitLabPipeline>, ApiError> {
+        let path = format!(
+            "/projects/{project_id}/pipelines?ref={}&source={}&order_by=id&sort=desc&per_page={}",
+            seg(git_ref),
+            seg(source),
+            per_page.clamp(1, 100)
+        );
+        self.get_json(endpoint::LIST_PIPELINES, &path).await
+    }
+
+    /// The variables a pipeline was created with, as `(key, value)`.
+    pub async fn pipeline_variables(
+        &self,
+        project_id: u64,
+        pipeline_id: u64,
+    ) -> Result<Vec<(String, String)>, ApiError> {
+        #[derive(Deserialize)]
+        struct Variable {
+            key: String,
+            #[serde(default, deserialize_with = "null_default")]
+            value: String,
+        }
+        let vars: Vec<Variable> = self
+            .get_json(
+                endpoint::PIPELINE_VARIABLES,
+                &format!("/projects/{project_id}/pipelines/{pipeline_id}/variables"),
+            )
+            .await?;
+        Ok(vars.into_iter().map(|v| (v.key, v.value)).collect())
     }
 
     /// Retries one job; returns the new job.

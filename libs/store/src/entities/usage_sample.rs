@@ -40,10 +40,14 @@ pub struct Model {
     pub wall_seconds: f64,
     /// CPU request.
     pub cpu_request_millicores: Option<i64>,
-    /// OOM-killed.
+    /// OOM-killed: the report's flag, or (only without cgroup data) exit
+    /// code 137 with a peak at 95 % of the limit or more.
     pub oom_killed: bool,
     /// Exit code.
     pub exit_code: Option<i32>,
+    /// `v1` | `v2`: the cgroup the memory figures came from; `None` when the
+    /// report had none.
+    pub cgroup: Option<String>,
     /// When it was reported.
     pub reported_at: TimeDateTimeWithTimeZone,
 }

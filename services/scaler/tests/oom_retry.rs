@@ -1,0 +1,502 @@
+//! OOM-killed jobs come back with more memory: the whole loop, with every
+//! service as a real process (see `retry/mod.rs`).
+
+mod retry;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use retry::{Stack, WAIT, kind};
+use runyard_events::Body;
+use runyard_testkit::eventually;
+use serde_json::json;
+
+/// Short timers; no pools needed for GitLab pipeline retries.
+const GITLAB_ONLY: &str = r#"
+[retry]
+wait_for_report = "3s"
+poll_interval = "200ms"
+
+[scaler]
+lease_ttl = "2s"
+tick = "100ms"
+forge_timeout = "2s"
+"#;
+
+fn spack() -> BTreeMap<String, String> {
+    [
+        ("package", "py-torch"),
+        ("version", "2.3.1"),
+        ("compiler", "gcc"),
+        ("compiler_version", "12.3.0"),
+        ("variants", "+cuda~rocm"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .collect()
+}
+
+/// A usage report of GitLab job `job_id` for the Spack workload.
+fn report(job_id: u64, peak: u64, limit: u64, oom: bool) -> serde_json::Value {
+    json!({
+        "forge": "gitlab", "instance": "gitlab.example.com", "job_id": job_id,
+        "attempt": 1, "ref": "develop", "workload": spack(),
+        "peak_memory_bytes": peak, "memory_limit_bytes": limit,
+        "memory_request_bytes": limit / 2,
+        "cpu_seconds": 100.0, "wall_seconds": 60.0,
+        "oom_killed": oom, "exit_code": if oom { 137 } else { 0 },
+        "cgroup": "v1",
+    })
+}
+
+/// POSTs of a new pipeline the fake GitLab received.
+fn pipeline_posts(stack: &Stack) -> Vec<(u64, String)> {
+    stack
+        .gitlab
+        .pipelines()
+        .into_iter()
+        .filter(|p| p.created_by_api)
+        .map(|p| {
+            let of = p
+                .variables
+                .iter()
+                .find(|(k, _)| k == "RUNYARD_RETRY_OF")
+                .map(|(_, v)| v.clone())
+                .unwrap_or_default();
+            (p.id, of)
+        })
+        .collect()
+}
+
+async fn wait_for_posts(stack: &Stack, n: usize) -> Vec<(u64, String)> {
+    let got = eventually(WAIT, || async {
+        let posts = pipeline_posts(stack);
+        (posts.len() >= n).then_some(posts)
+    })
+    .await;
+    match got {
+        Some(p) => p,
+        None => panic!(
+            "expected {n} retry pipelines, got {:?}\n--- scaler log ---\n{}",
+            pipeline_posts(stack),
+            stack.log("scaler")
+        ),
+    }
+}
+
+/// Kills `job_id` of `pipeline_id` at `limit`: the hook and the report, each
+/// delivered three times, in the order given.
+async fn kill(stack: &Stack, pipeline_id: u64, job_id: u64, limit: u64, report_first: bool) {
+    for _ in 0..3 {
+        if report_first {
+            stack.usage(&report(job_id, limit, limit, true)).await;
+            stack
+                .gitlab_pipeline(
+                    pipeline_id,
+                    "failed",
+                    &[(job_id, "failed", Some("script_failure"))],
+                )
+                .await;
+        } else {
+            stack
+                .gitlab_pipeline(
+                    pipeline_id,
+                    "failed",
+                    &[(job_id, "failed", Some("script_failure"))],
+                )
+                .await;
+            stack.usage(&report(job_id, limit, limit, true)).await;
+        }
+    }
+}
+
+#[tokio::test]
+async fn gitlab_oom_kills_get_one_new_pipeline_each_with_more_memory_until_the_limit() {
+    let stack = Stack::start(GITLAB_ONLY).await;
+    let workload = spack();
+    // History: three good builds around 1 GB.
+    for (i, peak) in [900_000_000u64, 1_000_000_000, 950_000_000]
+        .into_iter()
+        .enumerate()
+    {
+        stack
+            .usage(&report(9000 + i as u64, peak, 4_000_000_000, false))
+            .await;
+    }
+    let first = eventually(WAIT, || async {
+        let r = stack.recommend(&workload, "develop").await;
+        (r.basis.as_ref().is_some_and(|b| b.samples >= 3)).then_some(r)
+    })
+    .await
+    .expect("the allocator learned the history");
+    assert_eq!(first.retry_count, 0);
+
+    // Kills 1..=3: one new pipeline each, for the failed one, with a limit
+    // that grows by at least 20% each time.
+    let mut limit = first.memory_limit_bytes;
+    let mut pipeline = 1234u64;
+    for n in 1..=3u32 {
+        let job = 4700 + u64::from(n);
+        kill(&stack, pipeline, job, limit, n % 2 == 0).await;
+        let posts = wait_for_posts(&stack, n as usize).await;
+        let (new_pipeline, retry_of) = posts.last().cloned().expect("a post");
+        assert_eq!(
+            retry_of,
+            pipeline.to_string(),
+            "RUNYARD_RETRY_OF names the failed pipeline"
+        );
+        let bumped = eventually(WAIT, || async {
+            let r = stack.recommend(&workload, "develop").await;
+            (r.retry_count == n).then_some(r)
+        })
+        .await
+        .unwrap_or_else(|| panic!("retry_count never reached {n}"));
+        assert!(
+            bumped.memory_limit_bytes as f64 >= limit as f64 * 1.2,
+            "kill {n}: limit {} after {limit}",
+            bumped.memory_limit_bytes
+        );
+        assert!(bumped.basis.as_ref().is_some_and(|b| b.oom_bump));
+        limit = bumped.memory_limit_bytes;
+        pipeline = new_pipeline;
+    }
+    // Kill 4: refused, no pipeline.
+    kill(&stack, pipeline, 4704, limit, false).await;
+    let refused = eventually(WAIT, || async {
+        let events = stack.retry_events().await;
+        events.iter().find_map(|e| match &e.body {
+            Some(Body::RetryRefused(r)) if r.reason == "limit_reached" => Some(r.clone()),
+            _ => None,
+        })
+    })
+    .await
+    .expect("the fourth kill is refused");
+    assert_eq!(refused.jobs.len(), 1);
+    assert_eq!(refused.jobs[0].oom_streak, 4);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(pipeline_posts(&stack).len(), 3, "never a fourth pipeline");
+
+    // Each failed pipeline: exactly one request and one issue on the log,
+    // whatever the duplicates; both shas recorded.
+    let events = stack.retry_events().await;
+    let kinds: Vec<String> = events.iter().map(kind).collect();
+    assert_eq!(
+        kinds.iter().filter(|k| *k == "issued").count(),
+        3,
+        "{kinds:?}"
+    );
+    assert_eq!(kinds.iter().filter(|k| *k == "requested").count(), 3);
+    for e in &events {
+        if let Some(Body::RetryIssued(i)) = &e.body {
+            let t = i.target.as_ref().expect("target");
+            assert!(!t.sha.is_empty() && !i.new_sha.is_empty(), "{i:?}");
+            assert!(i.new_pipeline_id > 0);
+            assert_eq!(i.strategy, "pipeline");
+        }
+    }
+
+    // The job-tracker projected every decision into `retries`.
+    let db = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&stack.db.url)
+        .await
+        .expect("database");
+    let rows = eventually(WAIT, || async {
+        let rows: Vec<(String, i64)> =
+            sqlx::query_as("SELECT kind, count(*) FROM retries GROUP BY kind ORDER BY kind")
+                .fetch_all(&db)
+                .await
+                .ok()?;
+        (rows.iter().map(|(_, n)| n).sum::<i64>() >= 7).then_some(rows)
+    })
+    .await
+    .expect("retries projected");
+    assert_eq!(
+        rows,
+        [
+            ("issued".to_owned(), 3),
+            ("refused".to_owned(), 1),
+            ("requested".to_owned(), 3)
+        ]
+    );
+    db.close().await;
+
+    // A success ends the streak: the bump stops.
+    stack
+        .usage(&report(4800, 1_000_000_000, limit, false))
+        .await;
+    let after = eventually(WAIT, || async {
+        let r = stack.recommend(&workload, "develop").await;
+        (r.retry_count == 0).then_some(r)
+    })
+    .await
+    .expect("a success resets retry_count");
+    assert!(
+        !after
+            .basis
+            .as_ref()
+            .is_some_and(|b| b.oom_bump || b.retries_exhausted)
+    );
+    stack.stop().await;
+}
+
+#[tokio::test]
+async fn failures_that_are_not_oom_kills_are_refused_with_the_reason_and_never_retried() {
+    let stack = Stack::start(GITLAB_ONLY).await;
+    // Exit 1, a timeout, and one whose report never comes.
+    stack
+        .gitlab_pipeline(
+            2001,
+            "failed",
+            &[
+                (5001, "failed", Some("script_failure")),
+                (5002, "failed", Some("job_execution_timeout")),
+                (5003, "failed", Some("script_failure")),
+            ],
+        )
+        .await;
+    let mut exit1 = report(5001, 500_000_000, 4_000_000_000, false);
+    exit1["exit_code"] = json!(1);
+    stack.usage(&exit1).await;
+    // The timed-out job's report says OOM-killed: the timeout still decides.
+    stack
+        .usage(&report(5002, 4_000_000_000, 4_000_000_000, true))
+        .await;
+    let refused = eventually(WAIT, || async {
+        let events = stack.retry_events().await;
+        let mut reasons: Vec<(u64, String)> = events
+            .iter()
+            .filter_map(|e| match &e.body {
+                Some(Body::RetryRefused(r)) => Some((
+                    r.jobs
+                        .first()
+                        .and_then(|j| j.job.as_ref())
+                        .map_or(0, |k| k.job_id),
+                    r.reason.clone(),
+                )),
+                _ => None,
+            })
+            .collect();
+        reasons.sort();
+        (reasons.len() >= 3).then_some(reasons)
+    })
+    .await
+    .unwrap_or_else(|| panic!("three refusals\n{}", stack.log("scaler")));
+    assert_eq!(
+        refused,
+        [
+            (5001, "not_oom".to_owned()),
+            (5002, "not_oom".to_owned()),
+            (5003, "no_usage_report".to_owned()),
+        ]
+    );
+    assert!(pipeline_posts(&stack).is_empty());
+    assert!(stack.gitlab.retries().is_empty());
+    stack.stop().await;
+}
+
+/// A GitHub pool of two flavors, short timers.
+const GITHUB_POOL: &str = r#"
+[providers.local]
+kind = "process"
+command = ["/bin/sleep", "60"]
+
+[[pools]]
+name = "linux"
+forge = "github"
+scope = { org = "acme" }
+labels = ["self-hosted", "linux", "x64"]
+provider = "local"
+flavors = [{ name = "small", memory = "4GiB", cpus = 2 }, { name = "large", memory = "16GiB", cpus = 8 }]
+max_runners = 5
+bootstrap_timeout = "60s"
+
+[retry]
+wait_for_report = "5s"
+poll_interval = "200ms"
+
+[scaler]
+lease_ttl = "2s"
+tick = "100ms"
+sync_interval = "1s"
+forge_timeout = "2s"
+allocator_timeout = "2s"
+"#;
+
+const GIB: u64 = 1 << 30;
+
+fn gh_report(
+    job_id: u64,
+    attempt: u32,
+    name: &str,
+    peak: u64,
+    limit: u64,
+    exit: i32,
+) -> serde_json::Value {
+    json!({
+        "forge": "github", "instance": "github.com", "job_id": job_id,
+        "attempt": attempt, "ref": "main",
+        "workload": {"repo": "acme/app", "workflow": "CI", "job": name},
+        "peak_memory_bytes": peak, "memory_limit_bytes": limit,
+        "cpu_seconds": 100.0, "wall_seconds": 60.0,
+        "oom_killed": exit == 137, "exit_code": exit, "cgroup": "v2",
+    })
+}
+
+fn gh_job(
+    id: u64,
+    attempt: u32,
+    name: &str,
+    status: &str,
+    conclusion: Option<&str>,
+) -> serde_json::Value {
+    json!({
+        "id": id, "run_id": 777, "run_attempt": attempt, "name": name,
+        "workflow_name": "CI", "head_branch": "main",
+        "labels": ["self-hosted", "linux", "x64"],
+        "status": status, "conclusion": conclusion,
+        "runner_id": null, "runner_name": null,
+    })
+}
+
+#[tokio::test]
+async fn github_reruns_only_the_oom_killed_job_once_the_run_completed_on_a_larger_runner() {
+    let stack = Stack::start(GITHUB_POOL).await;
+    let build = "build (x64)";
+    let workload: BTreeMap<String, String> =
+        [("repo", "acme/app"), ("workflow", "CI"), ("job", build)]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect();
+    for (i, peak) in [900_000_000u64, 1_000_000_000, 950_000_000]
+        .into_iter()
+        .enumerate()
+    {
+        stack
+            .usage(&gh_report(70_001 + i as u64, 1, build, peak, 4 * GIB, 0))
+            .await;
+    }
+    eventually(WAIT, || async {
+        let r = stack.recommend(&workload, "main").await;
+        (r.basis.as_ref().is_some_and(|b| b.samples >= 3)).then_some(())
+    })
+    .await
+    .expect("the allocator learned the history");
+
+    // Run 777: the build (OOM-killed later), a lint job (fails on its own)
+    // and a docs job still running.
+    let gh = &stack.github;
+    let fake = |name: &str| {
+        let mut j = runyard_testkit::fake_github::FakeJob::queued(
+            777,
+            name,
+            &["self-hosted", "linux", "x64"],
+        );
+        j.workflow_name = "CI".into();
+        gh.add_job("acme", "app", j)
+    };
+    let (j, k, l) = (fake(build), fake("lint"), fake("docs"));
+    stack
+        .github_job(&gh_job(j, 1, build, "queued", None), "queued", "d-j-queued")
+        .await;
+    let first = eventually(WAIT, || async {
+        stack.runner_requests().await.into_iter().find(|r| r.0 == j)
+    })
+    .await
+    .unwrap_or_else(|| panic!("a runner for the build\n{}", stack.log("scaler")));
+    assert_eq!(first.2, "small", "sized from a ~1 GB history");
+
+    gh.set_job_status(l, "in_progress", None);
+    gh.set_job_status(j, "completed", Some("failure"));
+    gh.set_job_status(k, "completed", Some("failure"));
+    stack
+        .github_job(
+            &gh_job(j, 1, build, "completed", Some("failure")),
+            "completed",
+            "d-j-done",
+        )
+        .await;
+    stack
+        .github_job(
+            &gh_job(k, 1, "lint", "completed", Some("failure")),
+            "completed",
+            "d-k-done",
+        )
+        .await;
+    stack
+        .usage(&gh_report(j, 1, build, 4 * GIB, 4 * GIB, 137))
+        .await;
+    stack
+        .usage(&gh_report(k, 1, "lint", 100_000_000, 4 * GIB, 1))
+        .await;
+
+    // The run is still in progress: nothing is re-run.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(gh.reruns().is_empty(), "{:?}", gh.reruns());
+
+    gh.set_job_status(l, "completed", Some("success"));
+    let reruns = eventually(WAIT, || async {
+        let r = gh.reruns();
+        (!r.is_empty()).then_some(r)
+    })
+    .await
+    .unwrap_or_else(|| panic!("a re-run\n{}", stack.log("scaler")));
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert_eq!(
+        gh.reruns(),
+        [runyard_testkit::fake_github::FakeRerun::Job {
+            repo: "acme/app".into(),
+            job_id: j
+        }],
+        "only the OOM-killed job, once, never rerun-failed-jobs (first: {reruns:?})"
+    );
+
+    // GitHub queues the re-run as a new job of attempt 2: its runner is
+    // the larger flavor, covering the bumped limit.
+    let run = gh.run(777).expect("run");
+    assert_eq!(run.run_attempt, 2);
+    let rerun = *run
+        .jobs
+        .iter()
+        .find(|id| {
+            gh.job(**id)
+                .is_some_and(|x| x.name == build && x.run_attempt == 2)
+        })
+        .expect("the re-run job");
+    stack
+        .github_job(
+            &gh_job(rerun, 2, build, "queued", None),
+            "queued",
+            "d-rerun-queued",
+        )
+        .await;
+    let second = eventually(WAIT, || async {
+        stack
+            .runner_requests()
+            .await
+            .into_iter()
+            .find(|r| r.0 == rerun)
+    })
+    .await
+    .unwrap_or_else(|| panic!("a runner for the re-run\n{}", stack.log("scaler")));
+    assert_eq!((second.1, second.2.as_str()), (2, "large"));
+
+    let events = stack.retry_events().await;
+    let kinds: Vec<String> = events.iter().map(kind).collect();
+    assert_eq!(
+        kinds.iter().filter(|k| *k == "issued").count(),
+        1,
+        "{kinds:?}"
+    );
+    assert!(kinds.contains(&"refused:not_oom".to_owned()), "{kinds:?}");
+    let issued = events.iter().find_map(|e| match &e.body {
+        Some(Body::RetryIssued(i)) => Some(i.clone()),
+        _ => None,
+    });
+    let issued = issued.expect("issued");
+    assert_eq!(
+        (issued.strategy.as_str(), issued.new_run_attempt),
+        ("rerun_job", 2)
+    );
+    stack.stop().await;
+}
