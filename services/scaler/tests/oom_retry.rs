@@ -500,3 +500,67 @@ async fn github_reruns_only_the_oom_killed_job_once_the_run_completed_on_a_large
     );
     stack.stop().await;
 }
+
+#[tokio::test]
+async fn gitlab_errors_are_retried_without_ever_making_two_pipelines() {
+    let stack = Stack::start(GITLAB_ONLY).await;
+    let issued = |pipeline: u64| {
+        let stack = &stack;
+        async move {
+            eventually(WAIT, || async {
+                stack
+                    .retry_events()
+                    .await
+                    .into_iter()
+                    .find_map(|e| match e.body {
+                        Some(Body::RetryIssued(i))
+                            if i.target.as_ref().is_some_and(|t| t.pipeline_id == pipeline) =>
+                        {
+                            Some(i)
+                        }
+                        _ => None,
+                    })
+            })
+            .await
+            .unwrap_or_else(|| panic!("pipeline {pipeline} retried\n{}", stack.log("scaler")))
+        }
+    };
+    // (Pipeline ids below the fake's first, 500: GitLab numbers pipelines in
+    // creation order, and the retrier looks only at newer ones.)
+    // The answer to the create is lost after GitLab made the pipeline: the
+    // retrier finds it (RUNYARD_RETRY_OF) instead of making another.
+    stack.gitlab.lose_next_answers(1, 502);
+    kill(&stack, 301, 6001, 2_000_000_000, false).await;
+    let lost = issued(301).await;
+    assert!(lost.adopted, "{lost:?}");
+    assert_eq!(lost.errors.len(), 1, "{lost:?}");
+    assert_eq!(pipeline_posts(&stack).len(), 1);
+
+    // Two 503s before GitLab takes it: retried with back-off, recorded.
+    stack.gitlab.fail_next_with(2, 503);
+    kill(&stack, 302, 6002, 2_400_000_000, false).await;
+    let flaky = issued(302).await;
+    assert!(!flaky.adopted);
+    assert_eq!(flaky.errors.len(), 2, "{flaky:?}");
+    assert_eq!(pipeline_posts(&stack).len(), 2);
+
+    // A 4xx is an answer: refused, not retried.
+    stack.gitlab.fail_next_with(1, 400);
+    kill(&stack, 303, 6003, 2_900_000_000, false).await;
+    let refused = eventually(WAIT, || async {
+        stack
+            .retry_events()
+            .await
+            .into_iter()
+            .find_map(|e| match e.body {
+                Some(Body::RetryRefused(r)) if r.reason == "forge_rejected" => Some(r),
+                _ => None,
+            })
+    })
+    .await
+    .expect("a refusal");
+    assert_eq!(refused.forge_status, Some(400));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(pipeline_posts(&stack).len(), 2);
+    stack.stop().await;
+}
