@@ -141,6 +141,7 @@ mod tests {
         assert_eq!(u.cpu_request_millicores, Some(8000));
         assert!(!u.oom_killed);
         assert_eq!(u.exit_code, Some(0));
+        assert_eq!(u.cgroup, "v2");
         assert_eq!(u.project, "");
     }
 
@@ -248,6 +249,8 @@ mod tests {
             ("/exit_code", json!("0"), "exit_code"),
             ("/exit_code", json!(0.5), "exit_code"),
             ("/ref", json!(5), "ref"),
+            ("/cgroup", json!("v3"), "cgroup"),
+            ("/cgroup", json!(2), "cgroup"),
             ("/workload", json!(["py-torch"]), "workload"),
             ("/workload/version", json!(2.3), "workload.version"),
             ("/workload/package", Json::Null, "workload.package"),
