@@ -564,3 +564,103 @@ async fn gitlab_errors_are_retried_without_ever_making_two_pipelines() {
     assert_eq!(pipeline_posts(&stack).len(), 2);
     stack.stop().await;
 }
+
+/// A `RetryRequested` for pipeline `pipeline_id` as a replica that stopped
+/// before it recorded the outcome left it, a minute ago.
+async fn orphaned_request(stack: &Stack, pipeline_id: u64) {
+    use runyard_events::{Event, Forge, JobKey, RetryJob, RetryRequested, RetryTarget, Source};
+    let bus = runyard_bus::Bus::connect(&stack.nats.url(), stack.ns.clone(), "test", false)
+        .await
+        .expect("bus");
+    let unit = runyard_events::ids::retry_unit_pipeline(pipeline_id);
+    let id = runyard_events::ids::retry(Forge::Gitlab, "gitlab.example.com", &unit, "requested");
+    let at =
+        runyard_events::timestamp(time::OffsetDateTime::now_utc() - time::Duration::minutes(1));
+    let event = Event {
+        id: id.clone(),
+        occurred_at: Some(at),
+        received_at: Some(at),
+        source: Some(Source {
+            forge: Forge::Gitlab as i32,
+            instance: "gitlab.example.com".into(),
+            delivery_id: id,
+            producer: "scaler".into(),
+            ..Source::default()
+        }),
+        body: Some(Body::RetryRequested(RetryRequested {
+            target: Some(RetryTarget {
+                forge: Forge::Gitlab as i32,
+                instance: "gitlab.example.com".into(),
+                project_id: 34,
+                project: "ci/spack-packages".into(),
+                pipeline_id,
+                r#ref: "develop".into(),
+                sha: "abc".into(),
+                unit,
+                ..RetryTarget::default()
+            }),
+            strategy: "pipeline".into(),
+            jobs: vec![RetryJob {
+                job: Some(JobKey {
+                    forge: Forge::Gitlab as i32,
+                    instance: "gitlab.example.com".into(),
+                    job_id: pipeline_id * 10,
+                }),
+                attempt: 1,
+                oom_streak: 1,
+                ..RetryJob::default()
+            }],
+        })),
+    };
+    bus.publish_event(&event, &runyard_bus::TraceParent::new_root())
+        .await
+        .expect("published");
+}
+
+#[tokio::test]
+async fn a_retry_left_half_done_by_a_stopped_replica_is_finished_exactly_once() {
+    let stack = Stack::start(GITLAB_ONLY).await;
+    // Pipeline 401: the stopped replica's POST had landed.
+    let landed = reqwest::Client::new()
+        .post(format!(
+            "{}/api/v4/projects/34/pipeline",
+            stack.gitlab.url()
+        ))
+        .header("private-token", "t")
+        .json(
+            &json!({"ref": "develop", "variables": [{"key": "RUNYARD_RETRY_OF", "value": "401"}]}),
+        )
+        .send()
+        .await
+        .expect("post");
+    assert!(landed.status().is_success());
+    orphaned_request(&stack, 401).await;
+    // Pipeline 402: it had not.
+    orphaned_request(&stack, 402).await;
+    let issued = eventually(WAIT, || async {
+        let mut issued: Vec<(u64, bool)> = stack
+            .retry_events()
+            .await
+            .into_iter()
+            .filter_map(|e| match e.body {
+                Some(Body::RetryIssued(i)) => {
+                    Some((i.target.map_or(0, |t| t.pipeline_id), i.adopted))
+                }
+                _ => None,
+            })
+            .collect();
+        issued.sort_unstable();
+        (issued.len() >= 2).then_some(issued)
+    })
+    .await
+    .unwrap_or_else(|| panic!("both finished\n{}", stack.log("scaler")));
+    assert_eq!(issued, [(401, true), (402, false)]);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut of: Vec<String> = pipeline_posts(&stack)
+        .into_iter()
+        .map(|(_, of)| of)
+        .collect();
+    of.sort();
+    assert_eq!(of, ["401", "402"], "one pipeline each");
+    stack.stop().await;
+}
