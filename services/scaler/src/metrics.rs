@@ -260,6 +260,23 @@ impl ScalerMetrics {
         for kind in ["github_job", "gitlab_job", "redelivery"] {
             let _ = self.reconciler_found.get_or_create(&FoundLabel { kind });
         }
+        // Every retry outcome exists from the start, at zero.
+        for forge in ["github", "gitlab"] {
+            for outcome in ["issued", "adopted"] {
+                let _ = self.retries.get_or_create(&RetryLabel {
+                    forge,
+                    outcome,
+                    reason: "",
+                });
+            }
+            for reason in runyard_events::RETRY_REFUSAL_REASONS {
+                let _ = self.retries.get_or_create(&RetryLabel {
+                    forge,
+                    outcome: "refused",
+                    reason,
+                });
+            }
+        }
         for forge in ["github", "gitlab"] {
             let _ = self
                 .reconciler_api_calls
