@@ -46,6 +46,16 @@ pub struct Config {
     /// `RUNYARD_GITLAB_TOKEN` (or `_FILE`).
     #[serde(skip_serializing)]
     pub gitlab_token: Option<SecretString>,
+    /// `RUNYARD_SCALER_METADATA_LISTEN`: the instance callback/metadata API
+    /// garm's install templates call.
+    pub scaler_metadata_listen: SocketAddr,
+    /// `RUNYARD_SCALER_METADATA_URL`: how instances reach that API
+    /// (default `http://<host name>:<metadata port>`).
+    pub scaler_metadata_url: Option<String>,
+    /// `RUNYARD_SCALER_INSTANCE_TOKEN_KEY` (or `_FILE`): signs instance
+    /// tokens; the same on every replica. Required with external providers.
+    #[serde(skip_serializing)]
+    pub scaler_instance_token_key: Option<SecretString>,
 }
 
 impl Default for Config {
@@ -65,6 +75,9 @@ impl Default for Config {
             github_app_installation_id: None,
             gitlab_api_url: None,
             gitlab_token: None,
+            scaler_metadata_listen: SocketAddr::from(([0, 0, 0, 0], 8084)),
+            scaler_metadata_url: None,
+            scaler_instance_token_key: None,
         }
     }
 }
@@ -84,10 +97,18 @@ const ENV_KEYS: &[&str] = &[
     "github_app_installation_id",
     "gitlab_api_url",
     "gitlab_token",
+    "scaler_metadata_listen",
+    "scaler_metadata_url",
+    "scaler_instance_token_key",
 ];
 
 /// Secrets that may come from `RUNYARD_<NAME>_FILE`.
-const SECRET_FILES: &[&str] = &["allocator_client_token", "github_token", "gitlab_token"];
+const SECRET_FILES: &[&str] = &[
+    "allocator_client_token",
+    "github_token",
+    "gitlab_token",
+    "scaler_instance_token_key",
+];
 
 impl Config {
     /// Loads defaults, then `file` (TOML) if given, then the environment;
@@ -103,6 +124,7 @@ impl Config {
             let slot = match *name {
                 "allocator_client_token" => &mut config.allocator_client_token,
                 "github_token" => &mut config.github_token,
+                "scaler_instance_token_key" => &mut config.scaler_instance_token_key,
                 _ => &mut config.gitlab_token,
             };
             if slot.is_none() {
@@ -116,6 +138,7 @@ impl Config {
             &mut config.allocator_client_token,
             &mut config.github_token,
             &mut config.gitlab_token,
+            &mut config.scaler_instance_token_key,
         ] {
             if slot
                 .as_ref()

@@ -68,6 +68,9 @@ pub struct Shared {
     pub db_down_until: std::sync::Mutex<Option<Instant>>,
     /// Creates under way at once.
     pub create_slots: tokio::sync::Semaphore,
+    /// The instance metadata API's tokens and secrets (set when
+    /// `RUNYARD_SCALER_INSTANCE_TOKEN_KEY` is).
+    pub metadata: Option<crate::metadata::Metadata>,
 }
 
 /// Wall clock now.

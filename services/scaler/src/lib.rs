@@ -9,6 +9,7 @@ pub mod config;
 pub mod engine;
 pub mod forges;
 pub mod kv;
+pub mod metadata;
 mod metrics;
 pub mod policy;
 pub mod provider;
@@ -140,6 +141,53 @@ fn forges(config: &Config, file: &ScalerFile) -> anyhow::Result<Forges> {
     Ok(Forges { github, gitlab })
 }
 
+/// Tokens, the secret store and the URLs instances are given, when the
+/// instance token key is set; external providers need them.
+async fn metadata_parts(
+    config: &Config,
+    file: &ScalerFile,
+    bus: &Bus,
+) -> anyhow::Result<Option<metadata::Metadata>> {
+    let external = file
+        .providers
+        .values()
+        .any(|p| matches!(p, config::ProviderConfig::External { .. }));
+    let Some(key) = &config.scaler_instance_token_key else {
+        anyhow::ensure!(
+            !external,
+            "RUNYARD_SCALER_INSTANCE_TOKEN_KEY (or _FILE) is required with external providers: it signs the instance tokens"
+        );
+        return Ok(None);
+    };
+    let keep = file
+        .pools
+        .iter()
+        .map(|p| p.bootstrap_timeout)
+        .max()
+        .unwrap_or_default()
+        .max(Duration::from_secs(3600));
+    let store = wait_for(|| metadata::SecretStore::open(bus, keep))
+        .await
+        .context("opening the instance secrets bucket")?;
+    let base = match &config.scaler_metadata_url {
+        Some(url) => url.clone(),
+        None => {
+            let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .or_else(|_| std::fs::read_to_string("/etc/hostname"))
+                .map(|h| h.trim().to_owned())
+                .ok()
+                .filter(|h| !h.is_empty())
+                .unwrap_or_else(|| "localhost".into());
+            format!("http://{host}:{}", config.scaler_metadata_listen.port())
+        }
+    };
+    Ok(Some(metadata::Metadata::new(
+        metadata::InstanceTokens::new(key),
+        store,
+        &base,
+    )))
+}
+
 impl App {
     /// Checks the configuration, connects to NATS and binds the listener.
     /// `file` overrides `RUNYARD_SCALER_CONFIG` (tests pass it in).
@@ -212,6 +260,7 @@ impl App {
             .acquire_timeout(Duration::from_millis(250))
             .connect_lazy(&config.database_url)
             .ok();
+        let metadata = self::metadata_parts(&config, &file, &bus).await?;
         let registry = Metrics::new();
         let metrics = ScalerMetrics::register(&registry);
         let provider_names: Vec<&str> = file.providers.keys().map(String::as_str).collect();
@@ -238,6 +287,7 @@ impl App {
             status: RwLock::new(Vec::new()),
             db_down_until: std::sync::Mutex::new(None),
             create_slots: tokio::sync::Semaphore::new(CREATES_IN_FLIGHT),
+            metadata,
         });
         // Every endpoint's series exists from the start, at zero.
         if let Some(gh) = &shared.forges.github {

@@ -177,6 +177,8 @@ command = ["/bin/sleep", "3600"]
             github_token: Some("test-token".to_owned().into()),
             // Nothing listens there: sizing falls back to the first flavor.
             allocator_url: "http://127.0.0.1:1".into(),
+            scaler_metadata_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            scaler_instance_token_key: Some("test-instance-token-key".to_owned().into()),
             ..Config::default()
         }
     }
