@@ -1,12 +1,19 @@
-//! `runyard-report`: reads a CI job's usage from cgroup v2 and posts it to
-//! ingest's `POST /v1/usage`.
+//! `runyard-report`: reads a CI job's usage from its cgroup (v1 or v2) and
+//! posts it to ingest's `POST /v1/usage`; `runyard-report run -- CMD` runs a
+//! command in a fresh cgroup of its own (optionally with a memory limit) and
+//! reports that command's usage.
 //!
-//! The pieces are pure where they can be — [`read_cgroup`] only reads files,
-//! [`build_report`] takes the environment as a lookup function and "now" as
-//! a value, [`detect_oom`], [`parse_quantity`] and [`parse_cpu`] are plain
-//! functions — and [`run`] wires them to the process: the flags in [`Args`],
-//! `/proc/self/cgroup`, the clock and the network ([`post`]).
+//! The pieces are pure where they can be — [`read_cgroup_v1`],
+//! [`read_cgroup_v2`] and [`read_cgroup`] only read files from the
+//! directories they are given, [`locate_cgroup`] only parses
+//! `/proc/self/cgroup` and `/proc/self/mountinfo`, [`build_report`] takes the
+//! environment as a lookup function and "now" as a value, [`detect_oom`],
+//! [`parse_quantity`] and [`parse_cpu`] are plain functions — and [`run`] and
+//! [`run_and_report`] wire them to the process: the flags in [`Args`], the
+//! cgroup filesystem ([`create_child_group`], [`run_command`]), the clock and
+//! the network ([`post`]).
 
+use std::ffi::OsString;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -15,13 +22,19 @@ use clap::Parser;
 use secrecy::SecretString;
 
 mod cgroup;
+mod child;
+mod command;
 mod post;
 mod quantity;
 mod report;
 
 pub use cgroup::{
-    CGROUP_MOUNT, CgroupUsage, ancestor_memory_limit, cgroup_dir_from_proc, own_cgroup_dir,
-    read_cgroup,
+    CGROUP_MOUNT, CgroupDirs, CgroupUsage, CgroupVersion, ancestor_memory_limit, locate_cgroup,
+    own_cgroup, read_cgroup, read_cgroup_v1, read_cgroup_v2,
+};
+pub use child::{ChildGroup, create_child_group};
+pub use command::{
+    CommandRun, EXEC_HELPER_ARG, exec_failure_code, exit_code_of, run_command, stop_then_exec,
 };
 pub use post::{IngestAnswer, RetryPolicy, USAGE_PATH, http_client, post, usage_url};
 pub use quantity::{parse_cpu, parse_duration, parse_quantity};
@@ -137,6 +150,41 @@ pub enum Error {
         #[source]
         source: reqwest::Error,
     },
+    /// No cgroup could be found for this process.
+    #[error(
+        "cannot find this process's cgroup: neither a mounted cgroup v1 memory hierarchy nor a \
+         mounted cgroup v2 hierarchy in /proc/self/cgroup and /proc/self/mountinfo"
+    )]
+    NoCgroup,
+    /// A cgroup file or directory can't be made, written or removed.
+    #[error("cannot {action} {path}")]
+    Cgroup {
+        /// What was being done (`create`, `set the memory limit in`, ...).
+        action: &'static str,
+        /// The file or directory.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// `run`: the command can't be started.
+    #[error("cannot start {program:?}")]
+    Spawn {
+        /// The program.
+        program: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// `run`: the command can't be waited for.
+    #[error("cannot {action} the command")]
+    Command {
+        /// What was being done.
+        action: &'static str,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
     /// The total deadline passed.
     #[error("gave up after {timeout:?} and {attempts} attempts; last error: {last}")]
     Deadline {
@@ -147,6 +195,19 @@ pub enum Error {
         /// The last failure seen.
         last: String,
     },
+}
+
+/// `error` and its sources, joined by `: ` (`cannot create /x: Permission
+/// denied (os error 13)`).
+pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 fn parse_secret(value: &str) -> Result<SecretString, std::convert::Infallible> {
@@ -160,103 +221,172 @@ fn parse_secret(value: &str) -> Result<SecretString, std::convert::Infallible> {
 #[command(
     name = "runyard-report",
     version,
-    about = "Report a CI job's memory and CPU usage (cgroup v2) to runyard ingest",
-    long_about = "Report a CI job's memory and CPU usage (cgroup v2) to runyard ingest.\n\n\
-        Run it as a job's last step or from the runner after the job. By default it \
-        never fails the job: errors are logged as warnings and it exits 0; pass \
-        --fail-on-error to exit 1 instead."
+    about = "Report a CI job's memory and CPU usage (cgroup v1 or v2) to runyard ingest",
+    long_about = "Report a CI job's memory and CPU usage (cgroup v1 or v2) to runyard ingest.\n\n\
+        Run it as a job's last step or from the runner after the job, or wrap the job's \
+        command with `runyard-report run [flags] -- CMD ARGS...`. By default it never fails \
+        the job: errors are logged as warnings and it exits 0 (with `run`: the command's \
+        exit code); pass --fail-on-error to exit 1 instead."
 )]
 pub struct Args {
-    /// cgroup v2 directory of the job [default: this process's cgroup, from /proc/self/cgroup]
-    #[arg(long, value_name = "PATH")]
+    /// `run -- CMD`: run a command in a cgroup of its own and report it.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+
+    /// cgroup directory of the job: a cgroup v2 group, or a cgroup v1 memory group (CPU time is then read from the same directory) [default: this process's cgroup, from /proc/self/cgroup and /proc/self/mountinfo]
+    #[arg(long, global = true, value_name = "PATH")]
     pub cgroup_dir: Option<PathBuf>,
 
     /// Forge [default: GitLab if GITLAB_CI=true, GitHub if GITHUB_ACTIONS=true]
-    #[arg(long, value_enum)]
+    #[arg(long, global = true, value_enum)]
     pub forge: Option<Forge>,
     /// Forge host [default: GitLab CI_SERVER_URL/CI_SERVER_HOST; GitHub GITHUB_SERVER_URL or github.com]
-    #[arg(long)]
+    #[arg(long, global = true)]
     pub instance: Option<String>,
     /// Job id [default on GitLab: CI_JOB_ID; required on GitHub, e.g. ${{ job.check_run_id }}]
-    #[arg(long, env = "RUNYARD_JOB_ID")]
+    #[arg(long, global = true, env = "RUNYARD_JOB_ID")]
     pub job_id: Option<String>,
     /// Attempt number [default: GitHub GITHUB_RUN_ATTEMPT; 1]
-    #[arg(long)]
+    #[arg(long, global = true)]
     pub attempt: Option<u32>,
     /// Git ref [default: GitLab CI_COMMIT_REF_NAME; GitHub GITHUB_REF_NAME]
-    #[arg(long = "ref", value_name = "REF")]
+    #[arg(long = "ref", global = true, value_name = "REF")]
     pub git_ref: Option<String>,
     /// Project path [default: GitLab CI_PROJECT_PATH; GitHub GITHUB_REPOSITORY]
-    #[arg(long)]
+    #[arg(long, global = true)]
     pub project: Option<String>,
     /// Workload attributes `k=v,k=v` (repeatable; `\,` for a literal comma)
     /// [default: GitLab project,job; GitHub repo,workflow,job]
-    #[arg(long, env = "RUNYARD_WORKLOAD", value_name = "K=V,...")]
+    #[arg(long, global = true, env = "RUNYARD_WORKLOAD", value_name = "K=V,...")]
     pub workload: Vec<String>,
 
     /// Memory request, bytes or a Kubernetes quantity (4Gi, 4000M)
-    #[arg(long, env = "KUBERNETES_MEMORY_REQUEST", value_name = "QUANTITY")]
+    #[arg(
+        long,
+        global = true,
+        env = "KUBERNETES_MEMORY_REQUEST",
+        value_name = "QUANTITY"
+    )]
     pub memory_request_bytes: Option<String>,
-    /// Memory limit, used only when the cgroup has none (memory.max is `max` or missing)
-    #[arg(long, env = "KUBERNETES_MEMORY_LIMIT", value_name = "QUANTITY")]
+    /// Memory limit to report, used only when the cgroup shows none (the limit is not enforced; see `run --memory-limit`)
+    #[arg(
+        long,
+        global = true,
+        env = "KUBERNETES_MEMORY_LIMIT",
+        value_name = "QUANTITY"
+    )]
     pub memory_limit_bytes: Option<String>,
     /// CPU request (1200m, 2, 0.5)
-    #[arg(long, env = "KUBERNETES_CPU_REQUEST", value_name = "CPU")]
+    #[arg(
+        long,
+        global = true,
+        env = "KUBERNETES_CPU_REQUEST",
+        value_name = "CPU"
+    )]
     pub cpu_request: Option<String>,
-    /// Peak memory measured elsewhere (by the runner); overrides memory.peak
-    #[arg(long, value_name = "QUANTITY")]
+    /// Peak memory measured elsewhere (by the runner); overrides the cgroup's peak
+    #[arg(long, global = true, value_name = "QUANTITY")]
     pub peak_memory_bytes: Option<String>,
-    /// CPU seconds measured elsewhere; overrides cpu.stat
-    #[arg(long, value_name = "SECONDS")]
+    /// CPU seconds measured elsewhere; overrides the cgroup's CPU time
+    #[arg(long, global = true, value_name = "SECONDS")]
     pub cpu_seconds: Option<f64>,
     /// The job is known to have been OOM-killed (e.g. the runner saw OOMKilled)
-    #[arg(long)]
+    #[arg(long, global = true)]
     pub oom_killed: bool,
-    /// The job's exit code (137 + peak ≥ 95% of the limit counts as OOM when memory.events is missing)
-    #[arg(long, env = "RUNYARD_JOB_EXIT_CODE", value_name = "CODE")]
+    /// The job's exit code (137 + peak ≥ 95% of the limit counts as OOM when the cgroup's oom_kill count is unknown); `run` uses CMD's
+    #[arg(
+        long,
+        global = true,
+        env = "RUNYARD_JOB_EXIT_CODE",
+        value_name = "CODE"
+    )]
     pub exit_code: Option<String>,
-    /// Wall-clock seconds of the job
-    #[arg(long, value_name = "SECONDS")]
+    /// Wall-clock seconds of the job [default with `run`: CMD's]
+    #[arg(long, global = true, value_name = "SECONDS")]
     pub wall_seconds: Option<f64>,
     /// When the job started (RFC 3339); wall_seconds = now - this
-    #[arg(long, env = "CI_JOB_STARTED_AT", value_name = "RFC3339")]
+    #[arg(long, global = true, env = "CI_JOB_STARTED_AT", value_name = "RFC3339")]
     pub started_at: Option<String>,
 
     /// Ingest base URL; /v1/usage is appended
-    #[arg(long, env = "RUNYARD_INGEST_URL")]
+    #[arg(long, global = true, env = "RUNYARD_INGEST_URL")]
     pub url: Option<String>,
     /// Usage token (prefer the env variable or a file: flags show in `ps`)
-    #[arg(long, env = "RUNYARD_USAGE_TOKEN", hide_env_values = true, value_parser = parse_secret)]
+    #[arg(long, global = true, env = "RUNYARD_USAGE_TOKEN", hide_env_values = true, value_parser = parse_secret)]
     pub token: Option<SecretString>,
     /// File holding the usage token
-    #[arg(long, env = "RUNYARD_USAGE_TOKEN_FILE", value_name = "PATH")]
+    #[arg(
+        long,
+        global = true,
+        env = "RUNYARD_USAGE_TOKEN_FILE",
+        value_name = "PATH"
+    )]
     pub token_file: Option<PathBuf>,
 
     /// Deadline for the whole post, retries included
-    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    #[arg(long, global = true, default_value = "60s", value_parser = parse_duration)]
     pub timeout: Duration,
     /// Timeout of one request
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, global = true, default_value = "10s", value_parser = parse_duration)]
     pub request_timeout: Duration,
     /// First retry delay (doubles each retry, with jitter)
-    #[arg(long, default_value = "500ms", value_parser = parse_duration)]
+    #[arg(long, global = true, default_value = "500ms", value_parser = parse_duration)]
     pub retry_min_delay: Duration,
     /// Longest retry delay
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, global = true, default_value = "10s", value_parser = parse_duration)]
     pub retry_max_delay: Duration,
     /// Retries after the first attempt
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, global = true, default_value_t = 10)]
     pub max_retries: usize,
     /// Longest wait honoured from a Retry-After header
-    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    #[arg(long, global = true, default_value = "30s", value_parser = parse_duration)]
     pub retry_after_cap: Duration,
 
     /// Print the report as JSON on stdout and post nothing
-    #[arg(long)]
+    #[arg(long, global = true)]
     pub dry_run: bool,
     /// Exit 1 when the report can't be built or posted (default: warn and exit 0)
-    #[arg(long)]
+    #[arg(long, global = true)]
     pub fail_on_error: bool,
+}
+
+/// Subcommands.
+#[derive(Debug, clap::Subcommand)]
+pub enum Command {
+    /// Run CMD in a fresh cgroup of its own, then report its usage; exits with CMD's exit code
+    #[command(
+        long_about = "Run CMD in a fresh cgroup of its own, then report its usage.\n\n\
+            The group is a child of this process's cgroup: on cgroup v2 where that group hands \
+            the memory controller down (memory in cgroup.subtree_control), else on cgroup v1 in \
+            the memory (and cpuacct) hierarchy. Where no group can be made, CMD runs in this \
+            process's cgroup, which is read after CMD ends, and a warning says why.\n\n\
+            The report's exit_code is CMD's (128+N when signal N killed it: 137 for an OOM \
+            kill), and runyard-report exits with that same code, so a CI step fails as CMD \
+            did. With --fail-on-error a report that can't be posted turns a 0 into 1."
+    )]
+    Run(RunArgs),
+}
+
+/// Flags of `run`. The report flags of [`Args`] may also be given after
+/// `run`.
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    /// Memory limit to enforce on CMD, bytes or a quantity (64Mi, 4Gi); swap is not allowed on top [default: none, the group only measures]
+    #[arg(long, value_name = "QUANTITY", value_parser = parse_memory_limit)]
+    pub memory_limit: Option<u64>,
+    /// The command to run and its arguments, after `--`
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub command: Vec<OsString>,
+}
+
+fn parse_memory_limit(value: &str) -> Result<u64, Error> {
+    match parse_quantity(value)? {
+        0 => Err(Error::Quantity {
+            input: value.to_owned(),
+            reason: "a memory limit must be more than 0 bytes".to_owned(),
+        }),
+        bytes => Ok(bytes),
+    }
 }
 
 impl Args {
@@ -323,42 +453,77 @@ pub fn resolve_token(
     Ok(SecretString::from(token))
 }
 
+/// What [`run_and_report`] did.
+#[derive(Debug)]
+pub struct RunOutcome {
+    /// The command's exit code (`128 + N` when signal N killed it).
+    pub exit_code: i32,
+    /// What became of the report.
+    pub report: Result<Outcome, Error>,
+}
+
 /// Reads the cgroup, builds the report and posts it (or prints it with
 /// `--dry-run`). `env` looks up the CI variables that have no flag of their
 /// own (`CI_JOB_ID`, `GITHUB_RUN_ATTEMPT`, ...).
 pub async fn run(args: &Args, env: impl Fn(&str) -> Option<String>) -> Result<Outcome, Error> {
-    let cgroup_dir = match &args.cgroup_dir {
-        Some(dir) => Some(dir.clone()),
-        None => own_cgroup_dir(),
-    };
-    let usage = match &cgroup_dir {
-        Some(dir) => {
-            let mut usage = read_cgroup(dir);
-            if usage.memory_limit_bytes.is_none() {
-                usage.memory_limit_bytes = ancestor_memory_limit(dir, Path::new(CGROUP_MOUNT));
-            }
-            tracing::info!(
-                dir = %dir.display(),
-                peak_memory_bytes = usage.peak_memory_bytes,
-                memory_limit_bytes = usage.memory_limit_bytes,
-                oom_kills = usage.oom_kills,
-                cpu_usage_usec = usage.cpu_usage_usec,
-                "read cgroup"
-            );
-            usage
-        }
-        None => {
-            tracing::warn!("no cgroup v2 directory found; reporting without cgroup data");
-            CgroupUsage::default()
-        }
-    };
+    let usage = read_usage(args.cgroup_dir.as_deref());
+    deliver(args, &args.report_inputs(), &usage, env).await
+}
 
-    let report = build_report(
-        &args.report_inputs(),
-        &usage,
-        env,
-        time::OffsetDateTime::now_utc(),
-    )?;
+/// `runyard-report run`: runs the command in a cgroup of its own
+/// ([`run_command`]), then reports its usage with its exit code and, unless
+/// `--wall-seconds` says otherwise, its wall-clock time. An error means the
+/// command could not be started or waited for; a report that fails is in
+/// [`RunOutcome::report`].
+pub async fn run_and_report(
+    args: &Args,
+    run: &RunArgs,
+    env: impl Fn(&str) -> Option<String>,
+) -> Result<RunOutcome, Error> {
+    let command = run_command(&run.command, run.memory_limit).await?;
+    let inputs = ReportInputs {
+        exit_code: Some(command.exit_code.to_string()),
+        wall_seconds: args.wall_seconds.or(Some(command.wall_seconds)),
+        ..args.report_inputs()
+    };
+    let report = deliver(args, &inputs, &command.usage, env).await;
+    Ok(RunOutcome {
+        exit_code: command.exit_code,
+        report,
+    })
+}
+
+/// The usage in `--cgroup-dir`, else in this process's cgroup.
+fn read_usage(cgroup_dir: Option<&Path>) -> CgroupUsage {
+    let dirs = match cgroup_dir {
+        Some(dir) => Some(CgroupDirs::from_dir(dir)),
+        None => own_cgroup(),
+    };
+    let Some(dirs) = dirs else {
+        tracing::warn!("no cgroup found; reporting without cgroup data");
+        return CgroupUsage::default();
+    };
+    let usage = read_cgroup(&dirs);
+    tracing::info!(
+        dir = %dirs.memory.display(),
+        version = %dirs.version,
+        peak_memory_bytes = usage.peak_memory_bytes,
+        memory_limit_bytes = usage.memory_limit_bytes,
+        oom_kills = usage.oom_kills,
+        cpu_usage_usec = usage.cpu_usage_usec,
+        "read cgroup"
+    );
+    usage
+}
+
+/// Builds the report and posts it, or prints it with `--dry-run`.
+async fn deliver(
+    args: &Args,
+    inputs: &ReportInputs,
+    usage: &CgroupUsage,
+    env: impl Fn(&str) -> Option<String>,
+) -> Result<Outcome, Error> {
+    let report = build_report(inputs, usage, env, time::OffsetDateTime::now_utc())?;
 
     if args.dry_run {
         let json = serde_json::to_string_pretty(&report).map_err(Error::Encode)?;
@@ -371,8 +536,9 @@ pub async fn run(args: &Args, env: impl Fn(&str) -> Option<String>) -> Result<Ou
     if report.peak_memory_bytes.is_none() {
         return Err(Error::Missing {
             what: "peak_memory_bytes",
-            hint: "memory.peak is not readable in the cgroup (cgroup v2 has it from Linux 5.19); \
-                   pass --cgroup-dir, or --peak-memory-bytes if the runner measured it",
+            hint: "the cgroup shows no peak (memory.peak on cgroup v2, from Linux 5.19; \
+                   memory.max_usage_in_bytes on cgroup v1); pass --cgroup-dir, or \
+                   --peak-memory-bytes if the runner measured it",
         });
     }
     let url = usage_url(args.url.as_deref().ok_or(Error::MissingUrl)?)?;
@@ -385,6 +551,7 @@ pub async fn run(args: &Args, env: impl Fn(&str) -> Option<String>) -> Result<Ou
         duplicate = answer.duplicate,
         job_id = report.job_id,
         oom_killed = report.oom_killed,
+        cgroup = report.cgroup.map(|version| version.to_string()),
         "usage report accepted"
     );
     Ok(Outcome::Accepted(answer))
@@ -414,6 +581,67 @@ mod tests {
         assert_eq!(args.retry_min_delay, Duration::from_millis(10));
         assert_eq!(args.timeout, Duration::from_secs(60));
         assert!(args.dry_run && !args.fail_on_error);
+    }
+
+    #[test]
+    fn run_takes_report_flags_before_and_after_it() {
+        let args = Args::try_parse_from([
+            "runyard-report",
+            "--forge",
+            "gitlab",
+            "run",
+            "--memory-limit",
+            "64Mi",
+            "--job-id",
+            "4711",
+            "--dry-run",
+            "--",
+            "python3",
+            "-c",
+            "print('--forge github')",
+        ])
+        .expect("valid flags");
+        let Some(Command::Run(run)) = &args.command else {
+            panic!("not run: {args:?}");
+        };
+        assert_eq!(run.memory_limit, Some(64 << 20));
+        assert_eq!(run.command, ["python3", "-c", "print('--forge github')"]);
+        assert_eq!(args.forge, Some(Forge::Gitlab));
+        assert_eq!(args.job_id.as_deref(), Some("4711"));
+        assert!(args.dry_run);
+
+        let args = Args::try_parse_from(["runyard-report", "run", "--", "true"]).expect("flags");
+        let Some(Command::Run(run)) = &args.command else {
+            panic!("not run: {args:?}");
+        };
+        assert_eq!(run.memory_limit, None, "no limit unless asked");
+    }
+
+    #[test]
+    fn run_needs_a_command_and_a_real_limit() {
+        assert!(Args::try_parse_from(["runyard-report", "run"]).is_err());
+        assert!(Args::try_parse_from(["runyard-report", "run", "--"]).is_err());
+        for limit in ["0", "lots", "-1"] {
+            let flag = format!("--memory-limit={limit}");
+            let err = Args::try_parse_from(["runyard-report", "run", &flag, "--", "true"])
+                .expect_err(limit);
+            assert!(err.to_string().contains("--memory-limit"), "{err}");
+        }
+        // Without `run` there is nothing to limit.
+        assert!(Args::try_parse_from(["runyard-report", "--memory-limit", "1Gi"]).is_err());
+    }
+
+    #[test]
+    fn error_chain_names_the_cause() {
+        let error = Error::Cgroup {
+            action: "create",
+            path: PathBuf::from("/sys/fs/cgroup/memory/runyard-1"),
+            source: std::io::Error::from(std::io::ErrorKind::PermissionDenied),
+        };
+        assert_eq!(
+            error_chain(&error),
+            "cannot create /sys/fs/cgroup/memory/runyard-1: permission denied"
+        );
     }
 
     #[test]

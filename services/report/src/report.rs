@@ -10,7 +10,7 @@ use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
 use crate::Error;
-use crate::cgroup::CgroupUsage;
+use crate::cgroup::{CgroupUsage, CgroupVersion};
 use crate::quantity::{parse_cpu, parse_quantity};
 
 /// The forge a job ran on.
@@ -79,6 +79,11 @@ pub struct Report {
     /// The job's exit code, when the caller passed it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub exit_code: Option<i32>,
+    /// The cgroup hierarchy (`v1` or `v2`) the memory figures came from;
+    /// absent when there was no cgroup data. With it, `oom_killed` is the
+    /// cgroup's own verdict.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cgroup: Option<CgroupVersion>,
 }
 
 /// What the caller said explicitly (flags, or the runyard/Kubernetes
@@ -221,7 +226,8 @@ fn host_of(value: &str) -> Option<String> {
 /// Precedence: an explicit input wins over the CI variables; for the memory
 /// limit the cgroup's `memory.max` wins over the input, because it is what
 /// the kernel enforced; for peak and CPU time the input wins, because it is
-/// only given when the caller measured them itself.
+/// only given when the caller measured them itself. `cgroup` names the
+/// hierarchy the cgroup figures came from ([`CgroupUsage::version`]).
 pub fn build_report(
     inputs: &ReportInputs,
     cgroup: &CgroupUsage,
@@ -385,6 +391,7 @@ pub fn build_report(
         cpu_request_millicores,
         oom_killed,
         exit_code,
+        cgroup: cgroup.version,
     })
 }
 
@@ -523,6 +530,7 @@ mod tests {
     #[test]
     fn gitlab_defaults_from_environment() {
         let cgroup = CgroupUsage {
+            version: Some(CgroupVersion::V2),
             peak_memory_bytes: Some(9_123_456_789),
             memory_limit_bytes: Some(12_000_000_000),
             oom_kills: Some(0),
@@ -557,8 +565,61 @@ mod tests {
                 cpu_request_millicores: Some(8000),
                 oom_killed: false,
                 exit_code: Some(0),
+                cgroup: Some(CgroupVersion::V2),
             }
         );
+    }
+
+    #[test]
+    fn cgroup_version_is_named_only_with_cgroup_data() {
+        let env = env_of(GITLAB_ENV);
+        let inputs = ReportInputs::default();
+        let v1 = CgroupUsage {
+            version: Some(CgroupVersion::V1),
+            peak_memory_bytes: Some(GIB),
+            ..CgroupUsage::default()
+        };
+        let report = build_report(&inputs, &v1, &env, now()).expect("report");
+        let json = serde_json::to_value(&report).expect("json");
+        assert_eq!(json["cgroup"], "v1");
+        let v2 = CgroupUsage {
+            version: Some(CgroupVersion::V2),
+            ..v1
+        };
+        let json = serde_json::to_value(build_report(&inputs, &v2, &env, now()).expect("report"))
+            .expect("json");
+        assert_eq!(json["cgroup"], "v2");
+        let json = serde_json::to_value(
+            build_report(&inputs, &CgroupUsage::default(), &env, now()).expect("report"),
+        )
+        .expect("json");
+        assert!(json.get("cgroup").is_none(), "{json}");
+    }
+
+    #[test]
+    fn cgroup_oom_kill_wins_over_the_exit_code_fallback() {
+        let env = env_of(GITLAB_ENV);
+        // The command was OOM-killed: the cgroup counted a kill.
+        let killed = CgroupUsage {
+            version: Some(CgroupVersion::V1),
+            peak_memory_bytes: Some(64 << 20),
+            memory_limit_bytes: Some(64 << 20),
+            oom_kills: Some(1),
+            cpu_usage_usec: None,
+        };
+        let inputs = ReportInputs {
+            exit_code: Some("137".to_owned()),
+            ..ReportInputs::default()
+        };
+        let report = build_report(&inputs, &killed, &env, now()).expect("report");
+        assert!(report.oom_killed);
+        // A plain SIGKILL at the limit, no kill counted: not an OOM kill.
+        let not_killed = CgroupUsage {
+            oom_kills: Some(0),
+            ..killed
+        };
+        let report = build_report(&inputs, &not_killed, &env, now()).expect("report");
+        assert!(!report.oom_killed);
     }
 
     #[test]
@@ -615,6 +676,7 @@ mod tests {
             "wall_seconds",
             "cpu_request_millicores",
             "exit_code",
+            "cgroup",
         ] {
             assert!(json.get(absent).is_none(), "{absent} should be omitted");
         }
@@ -692,6 +754,7 @@ mod tests {
     fn oom_fallback_through_build_report() {
         let env = env_of(GITLAB_ENV);
         let cgroup = CgroupUsage {
+            version: None,
             peak_memory_bytes: Some(GIB / 100 * 97),
             memory_limit_bytes: Some(GIB),
             oom_kills: None,

@@ -11,8 +11,8 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post as post_route;
 use runyard_report::{
-    CgroupUsage, Error, Forge, ReportInputs, RetryPolicy, build_report, http_client, post,
-    usage_url,
+    CgroupUsage, CgroupVersion, Error, Forge, ReportInputs, RetryPolicy, build_report, http_client,
+    post, usage_url,
 };
 use secrecy::SecretString;
 use serde_json::{Value, json};
@@ -164,6 +164,7 @@ fn assert_usage_shape(body: &Value) {
         "cpu_request_millicores",
         "oom_killed",
         "exit_code",
+        "cgroup",
     ];
     for key in object.keys() {
         assert!(known.contains(&key.as_str()), "unexpected key {key}");
@@ -174,6 +175,11 @@ fn assert_usage_shape(body: &Value) {
     assert!(body["attempt"].is_u64());
     assert!(body["workload"].is_object());
     assert!(body["oom_killed"].is_boolean());
+    assert!(
+        body.get("cgroup")
+            .is_none_or(|c| matches!(c.as_str(), Some("v1" | "v2"))),
+        "cgroup is v1, v2 or absent"
+    );
     for key in [
         "peak_memory_bytes",
         "memory_request_bytes",
@@ -205,6 +211,7 @@ fn sample_report() -> runyard_report::Report {
         ..ReportInputs::default()
     };
     let cgroup = CgroupUsage {
+        version: Some(CgroupVersion::V2),
         peak_memory_bytes: Some(1_000_000),
         memory_limit_bytes: Some(2_000_000),
         oom_kills: Some(0),
@@ -460,7 +467,7 @@ async fn binary_posts_cgroup_usage() {
             "peak_memory_bytes": 9123456789u64, "memory_request_bytes": 8000000000u64,
             "memory_limit_bytes": 12000000000u64, "cpu_seconds": 5400.5,
             "wall_seconds": 900.2, "cpu_request_millicores": 8000,
-            "oom_killed": false, "exit_code": 0
+            "oom_killed": false, "exit_code": 0, "cgroup": "v2"
         })
     );
     let bytes = serde_json::to_vec(body).expect("json");
@@ -607,4 +614,213 @@ fn report_is_what_ingest_accepts() {
         usage.workload.get("package").map(String::as_str),
         Some("zlib")
     );
+}
+
+// ---- `runyard-report run -- CMD` -------------------------------------------
+
+const MIB: u64 = 1 << 20;
+
+/// Whether `run` can give a command a cgroup of its own here (it needs a
+/// writable cgroup v1 memory hierarchy, or a cgroup v2 group that hands the
+/// memory controller down): probes by making and removing a child group the
+/// way `run` does. The error says why not.
+fn child_cgroup_possible() -> Result<runyard_report::CgroupVersion, String> {
+    let own = runyard_report::own_cgroup().ok_or("no cgroup found for this process")?;
+    let name = format!("runyard-probe-{}", std::process::id());
+    let group = runyard_report::create_child_group(&own, &name, Some(64 * MIB))
+        .map_err(|e| runyard_report::error_chain(&e))?;
+    group
+        .remove()
+        .map_err(|e| runyard_report::error_chain(&e))?;
+    Ok(own.version)
+}
+
+/// `runyard-report run [flags] -- command` against `fake`, with JSON logs so
+/// the test can see which cgroup was read.
+async fn run_binary(fake: &FakeIngest, flags: &[&str], command: &[&str]) -> std::process::Output {
+    binary(&[
+        ("RUNYARD_USAGE_TOKEN", TOKEN),
+        ("RUNYARD_LOG_FORMAT", "json"),
+        ("PATH", "/usr/local/bin:/usr/bin:/bin"),
+    ])
+    .arg("run")
+    .args([
+        "--url",
+        &fake.base_url,
+        "--forge",
+        "gitlab",
+        "--instance",
+        "gitlab.example.com",
+        "--job-id",
+        "4711",
+        "--retry-min-delay",
+        "10ms",
+    ])
+    .args(flags)
+    .arg("--")
+    .args(command)
+    .output()
+    .await
+    .expect("run runyard-report")
+}
+
+/// The directory `runyard-report` logged as read ("read cgroup").
+fn cgroup_read(stderr: &str) -> Option<std::path::PathBuf> {
+    stderr
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .find(|log| log["message"] == "read cgroup")
+        .and_then(|log| log["dir"].as_str().map(std::path::PathBuf::from))
+}
+
+/// The command's group was read and is gone again (removed if the binary
+/// left it, so a failing test leaves nothing behind).
+fn assert_group_removed(stderr: &str) {
+    let dir = cgroup_read(stderr).expect("the binary logs the cgroup it read");
+    let name = dir.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    assert!(
+        name.starts_with("runyard-"),
+        "read its own group, not {dir:?}"
+    );
+    let left = dir.exists();
+    if left {
+        let _ = std::fs::remove_dir(&dir);
+    }
+    assert!(!left, "{dir:?} was not removed");
+}
+
+fn accepted_by_ingest(body: &Value) {
+    assert_usage_shape(body);
+    let bytes = serde_json::to_vec(body).expect("json");
+    runyard_forge::normalize_usage(
+        Some("application/json"),
+        &bytes,
+        time::OffsetDateTime::now_utc(),
+    )
+    .expect("ingest's normalizer accepts the posted body");
+}
+
+#[tokio::test]
+async fn run_oom_kill_under_memory_limit_is_reported() {
+    let version = match child_cgroup_possible() {
+        Ok(version) => version,
+        Err(reason) => {
+            eprintln!("skipped: `run` cannot make a child cgroup here ({reason})");
+            return;
+        }
+    };
+    let fake = FakeIngest::start(vec![Reply::accepted()]).await;
+    // 200 MiB of bytes actually written, under a 64 MiB limit.
+    let output = run_binary(
+        &fake,
+        &["--memory-limit", "64Mi"],
+        &["python3", "-c", "b = b'x' * (200 << 20); print(len(b))"],
+    )
+    .await;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(
+        output.status.code(),
+        Some(137),
+        "runyard-report exits as the OOM-killed command did: {stderr}"
+    );
+    assert!(output.stdout.is_empty(), "killed before printing: {stderr}");
+    assert_group_removed(&stderr);
+
+    let seen = fake.seen();
+    assert_eq!(seen.len(), 1, "one report posted: {stderr}");
+    let body = &seen[0].body;
+    accepted_by_ingest(body);
+    eprintln!("posted: {body}");
+    assert_eq!(body["oom_killed"], true, "{body}");
+    assert_eq!(body["exit_code"], 137, "{body}");
+    assert_eq!(body["cgroup"], json!(version), "{body}");
+    assert_eq!(body["memory_limit_bytes"], 64 * MIB, "{body}");
+    let peak = body["peak_memory_bytes"].as_u64().expect("peak");
+    assert!(
+        peak * 100 >= 64 * MIB * 95 && peak <= 64 * MIB,
+        "peak {peak} at the 64 MiB limit"
+    );
+}
+
+#[tokio::test]
+async fn run_normal_command_reports_no_oom() {
+    let possible = child_cgroup_possible();
+    let fake = FakeIngest::start(vec![Reply::accepted()]).await;
+    let output = run_binary(
+        &fake,
+        &["--memory-limit", "256Mi"],
+        &["python3", "-c", "b = b'x' * (8 << 20); print(len(b))"],
+    )
+    .await;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout).trim(),
+        "8388608",
+        "the command's own output passes through"
+    );
+    let version = match possible {
+        Ok(version) => version,
+        Err(reason) => {
+            eprintln!("report not checked: `run` cannot make a child cgroup here ({reason})");
+            assert!(stderr.contains("no cgroup of its own"), "{stderr}");
+            return;
+        }
+    };
+    assert_group_removed(&stderr);
+    let seen = fake.seen();
+    assert_eq!(seen.len(), 1, "one report posted: {stderr}");
+    let body = &seen[0].body;
+    accepted_by_ingest(body);
+    assert_eq!(body["oom_killed"], false, "{body}");
+    assert_eq!(body["exit_code"], 0, "{body}");
+    assert_eq!(body["cgroup"], json!(version), "{body}");
+    assert_eq!(body["memory_limit_bytes"], 256 * MIB, "{body}");
+    let peak = body["peak_memory_bytes"].as_u64().expect("peak");
+    assert!(
+        (8 * MIB..256 * MIB).contains(&peak),
+        "peak {peak} covers the 8 MiB written"
+    );
+    assert!(
+        body["wall_seconds"].as_f64().is_some_and(|s| s > 0.0),
+        "{body}"
+    );
+}
+
+#[tokio::test]
+async fn run_exits_with_the_commands_exit_code() {
+    let possible = child_cgroup_possible();
+    let fake = FakeIngest::start(vec![Reply::accepted()]).await;
+    let output = run_binary(&fake, &["--fail-on-error"], &["sh", "-c", "exit 3"]).await;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(3), "{stderr}");
+    if let Err(reason) = possible {
+        eprintln!("report not checked: `run` cannot make a child cgroup here ({reason})");
+        return;
+    }
+    assert_group_removed(&stderr);
+    let seen = fake.seen();
+    assert_eq!(seen.len(), 1, "one report posted: {stderr}");
+    accepted_by_ingest(&seen[0].body);
+    assert_eq!(seen[0].body["exit_code"], 3);
+    assert_eq!(seen[0].body["oom_killed"], false);
+}
+
+#[tokio::test]
+async fn run_reports_a_command_that_is_not_found_as_127() {
+    let fake = FakeIngest::start(vec![Reply::accepted()]).await;
+    let output = run_binary(&fake, &[], &["runyard-no-such-command"]).await;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(127), "{stderr}");
+    assert!(stderr.contains("runyard-no-such-command"), "{stderr}");
+}
+
+#[tokio::test]
+async fn run_rejects_cgroup_dir() {
+    let fake = FakeIngest::start(vec![Reply::accepted()]).await;
+    let output = run_binary(&fake, &["--cgroup-dir", "/tmp"], &["true"]).await;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--cgroup-dir"), "{stderr}");
+    assert!(fake.seen().is_empty());
 }
