@@ -5,8 +5,19 @@
 //! For each job in time order the method is asked for a recommendation, then
 //! the job's actual peak is revealed. A job whose peak exceeds its limit is
 //! OOM-killed (the model observes the attempt with `oom_killed` and the limit
-//! as its peak) and retried with the next recommendation, at most 3 times.
-//! Metrics count the jobs after a warm-up share of the trace:
+//! as its peak) and retried the way runyard retries: while the workload's
+//! consecutive OOM kills (any ref, any job; a success ends them) number at
+//! most 3, the kill gets a retry — the same build, so the same need — with
+//! the model's next recommendation (its OOM bump; for gantry, which has no
+//! retry rule of its own, `max(limit × 1.2, limit + 100 MiB, peak × 1.2)`);
+//! the 4th consecutive kill is refused. Retries are observed like first
+//! attempts. gantry runs twice: with every job getting up to 3 retries
+//! (`gantry (mean of 5; max × 1.2)`), and with the kills counted per
+//! workload across jobs as runyard counts them (`gantry, retries counted per
+//! workload`) — gantry learns only from successes, so there a workload whose
+//! streak ran out keeps its limit and has every later kill refused until a
+//! job happens to fit. Metrics count the jobs after a warm-up share of the
+//! trace:
 //!
 //! - **OOM rate**: jobs whose first attempt was killed (peak > limit);
 //! - **avg limit slack**: mean `(limit − peak) / limit` over first attempts
@@ -15,8 +26,13 @@
 //! - **avg request slack**: mean `(request − peak) / request` over first
 //!   attempts that succeeded;
 //! - **retries** spent, **first-retry success** (share of killed jobs whose
-//!   first retry succeeded), **failed** jobs (out of retries);
-//! - **mean limit** of first attempts.
+//!   first retry succeeded), **failed** jobs (refused a retry);
+//! - **mean limit** of first attempts;
+//! - the **OOM retries** table: jobs whose first attempt was killed, jobs
+//!   that succeeded on retry 1, 2 and 3, jobs refused (count and share of
+//!   all jobs), first-retry success over killed first attempts, and the
+//!   killed attempts' time and reserved memory·time (as if each was killed
+//!   at its end, an upper bound).
 //!
 //! # Trace CSV
 //!
@@ -50,7 +66,10 @@ use figment::Figment;
 use figment::providers::{Format as _, Serialized, Toml};
 
 pub use generate::{GenConfig, generate};
-pub use replay::{LevelOutcome, MAX_RETRIES, Outcome, frontier, replay_gantry, replay_model};
+pub use replay::{
+    LevelOutcome, MAX_RETRIES, OomStreaks, Outcome, RetryScope, frontier, oom_bump, replay_gantry,
+    replay_model,
+};
 pub use trace::{Job, Trace, TraceBuilder, read_csv, write_csv};
 
 use crate::model::Params;
@@ -185,7 +204,8 @@ pub struct Report {
     pub protected_jobs: usize,
     /// Jobs excluded as warm-up.
     pub warmup: usize,
-    /// runyard, gantry, then the frontier rows.
+    /// runyard, gantry (retries counted per job, then per workload as
+    /// runyard counts them), then the frontier rows.
     pub rows: Vec<Outcome>,
     /// Seconds the model replay took.
     pub model_seconds: f64,
@@ -211,7 +231,11 @@ pub fn compare(
     let started = Instant::now();
     let model = replay_model(trace, &protected, params, warmup);
     let model_seconds = started.elapsed().as_secs_f64();
-    let mut rows = vec![model, replay_gantry(trace, &protected, ceiling, warmup)];
+    let mut rows = vec![
+        model,
+        replay_gantry(trace, &protected, ceiling, warmup, RetryScope::Job),
+        replay_gantry(trace, &protected, ceiling, warmup, RetryScope::Workload),
+    ];
     for q in [0.95, 0.98, 0.99] {
         rows.push(frontier(trace, q, ceiling, warmup));
     }
@@ -277,6 +301,7 @@ impl Report {
                 row.mean_limit() / 1e9,
             ));
         }
+        s.push_str(&self.retries_markdown());
         if let Some(model) = self.rows.first().filter(|r| !r.by_level.is_empty()) {
             s.push_str("\nrunyard by ladder level used (first attempts):\n\n| level | jobs | OOM rate | avg limit slack |\n|---|---:|---:|---:|\n");
             for (i, l) in model
@@ -312,6 +337,59 @@ impl Report {
                     percent(l.slack / (l.jobs - l.ooms).max(1) as f64),
                 ));
             }
+        }
+        s
+    }
+}
+
+impl Report {
+    /// The OOM retry table: what happened to OOM-killed jobs under each
+    /// method that retries.
+    pub fn retries_markdown(&self) -> String {
+        let mut s = String::from(
+            "\nOOM retries (a workload's 1st–3rd consecutive OOM kill gets a retry with a bumped limit, the 4th is refused; goal: < 0.1% of jobs refused):\n\n\
+             | method | OOM-killed first attempts | ok on retry 1 | ok on retry 2 | ok on retry 3 | refused | refused, % of jobs | first-retry success | retries | killed attempts | killed attempts' hours (≤) | killed share of reserved memory·time (≤) |\n\
+             |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        );
+        let retrying: Vec<&Outcome> = self.rows.iter().filter(|r| r.retries_apply).collect();
+        for row in &retrying {
+            s.push_str(&format!(
+                "| {} | {} ({:.2}%) | {} | {} | {} | {} | {:.3}% | {} | {} | {} | {:.0} | {:.2}% |\n",
+                row.name,
+                row.first_ooms,
+                100.0 * row.oom_rate(),
+                row.ok_on_attempt[1],
+                row.ok_on_attempt[2],
+                row.ok_on_attempt[3],
+                row.failed,
+                100.0 * row.refused_rate(),
+                if row.first_ooms > 0 {
+                    format!("{:.1}%", 100.0 * row.first_retry_success_of_killed())
+                } else {
+                    "—".to_owned()
+                },
+                row.retries,
+                row.killed_attempts,
+                row.killed_seconds / 3600.0,
+                100.0 * row.killed_memory_time_share(),
+            ));
+        }
+        for row in retrying.iter().filter(|r| {
+            r.refused_after[..MAX_RETRIES as usize]
+                .iter()
+                .any(|&n| n > 0)
+        }) {
+            let [none, one, two, three] = row.refused_after;
+            s.push_str(&format!(
+                "\n{}: refused after 3 retries (the job's own 4th kill) {three}; after 2 {two}, 1 {one}, 0 {none} (the workload's streak ran on from earlier jobs).\n",
+                row.name,
+            ));
+        }
+        for row in retrying.iter().filter(|r| r.policy_mismatches > 0) {
+            s.push_str(&format!(
+                "\n{}: the model's recommendation disagreed with the retry count {} times.\n",
+                row.name, row.policy_mismatches,
+            ));
         }
         s
     }
@@ -383,7 +461,7 @@ mod tests {
         let trace = generate(&config);
         let refs = vec!["develop".to_owned()];
         let report = compare(&trace, "test".to_owned(), Params::default(), &refs, 0.2);
-        assert_eq!(report.rows.len(), 5);
+        assert_eq!(report.rows.len(), 6);
         assert_eq!(report.warmup, 4000);
         let (model, gantry) = (&report.rows[0], &report.rows[1]);
         assert_eq!(model.jobs, 16_000);
@@ -391,10 +469,25 @@ mod tests {
         assert!(model.first_retry_success() >= 0.9, "{model:?}");
         assert!(model.avg_limit_slack() > 0.0 && model.avg_limit_slack() < 0.6);
         // The frontier tightens as q falls.
-        assert!(report.rows[2].avg_limit_slack() < report.rows[4].avg_limit_slack());
+        assert!(report.rows[3].avg_limit_slack() < report.rows[5].avg_limit_slack());
         let text = report.markdown();
         assert!(text.contains("| gantry (mean of 5; max × 1.2) |"), "{text}");
         assert!(text.contains("| hindsight q=0.98 |"), "{text}");
+        assert!(
+            text.contains("| method | OOM-killed first attempts |"),
+            "{text}"
+        );
+        for row in &report.rows[..3] {
+            // Every killed first attempt ends on a retry or refused.
+            let [first, one, two, three] = row.ok_on_attempt;
+            assert_eq!(one + two + three + row.failed, row.first_ooms, "{row:?}");
+            assert_eq!(first + row.first_ooms, row.jobs, "{row:?}");
+            assert_eq!(row.refused_after.iter().sum::<u64>(), row.failed);
+            assert!(row.killed_attempts >= row.first_ooms);
+            assert!(row.killed_memory_time_share() > 0.0 && row.killed_memory_time_share() < 1.0);
+        }
+        assert_eq!(model.policy_mismatches, 0, "{model:?}");
+        assert!(model.first_retry_success_of_killed() >= 0.9, "{model:?}");
     }
 
     #[test]

@@ -6,10 +6,79 @@ use std::collections::HashMap;
 use runyard_store::workload;
 
 use super::trace::Trace;
-use crate::model::{GANTRY_LEVELS, MB, Model, Observation, Params, Workload, sub_key};
+use crate::model::{
+    GANTRY_LEVELS, MB, Model, OOM_ADD_BYTES, OOM_FACTOR, Observation, Params, Workload, sub_key,
+};
 
-/// Retries a job gets after an OOM kill (gantry and runyard alike).
+/// Consecutive OOM kills of a workload that each get a retry (gantry and
+/// runyard alike): the 1st, 2nd and 3rd consecutive kill are retried, the
+/// 4th is refused.
 pub const MAX_RETRIES: u32 = 3;
+
+/// Consecutive OOM kills per workload of a trace, the way runyard counts
+/// them: kills on any ref count, a successful attempt ends the streak, and a
+/// kill is retried while the streak (this kill included) is at most
+/// [`MAX_RETRIES`]. A streak that ran out stays out until a success, so the
+/// next job of that workload to be killed is refused at once.
+#[derive(Debug, Clone, Default)]
+pub struct OomStreaks {
+    kills: Vec<u32>,
+}
+
+impl OomStreaks {
+    /// Streaks for `workloads` workloads, all at zero.
+    pub fn new(workloads: usize) -> Self {
+        Self {
+            kills: vec![0; workloads],
+        }
+    }
+
+    /// Records an OOM kill of `workload`; whether it gets a retry.
+    pub fn killed(&mut self, workload: u32) -> bool {
+        let kills = &mut self.kills[workload as usize];
+        *kills = (*kills + 1).min(MAX_RETRIES + 1);
+        *kills <= MAX_RETRIES
+    }
+
+    /// Records a successful attempt of `workload`: its streak ends.
+    pub fn succeeded(&mut self, workload: u32) {
+        self.kills[workload as usize] = 0;
+    }
+
+    /// Starts `workload`'s streak afresh (a new job under
+    /// [`RetryScope::Job`]).
+    pub fn reset(&mut self, workload: u32) {
+        self.kills[workload as usize] = 0;
+    }
+
+    /// The current streak of `workload`.
+    pub fn streak(&self, workload: u32) -> u32 {
+        self.kills[workload as usize]
+    }
+}
+
+/// What the consecutive OOM kills that get a retry are counted over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetryScope {
+    /// The workload, across jobs, as runyard counts them: a workload whose
+    /// streak ran out has its next kills refused until a job succeeds.
+    Workload,
+    /// Each job on its own: every job gets up to [`MAX_RETRIES`] retries.
+    Job,
+}
+
+/// runyard's OOM bump of a killed attempt's limit, applied to gantry's
+/// retries too (gantry's own retry logic never merged): `max(limit × 1.2,
+/// limit + 100 MiB, peak × 1.2)`, rounded up to whole megabytes, at most
+/// `ceiling`. `peak` is the usage at the kill.
+pub fn oom_bump(limit: u64, peak: u64, ceiling: u64) -> u64 {
+    let (limit, peak) = (limit as f64, peak as f64);
+    let bumped = (limit * OOM_FACTOR)
+        .max(limit + OOM_ADD_BYTES as f64)
+        .max(peak * OOM_FACTOR);
+    let mb = (bumped / MB as f64).ceil() as u64;
+    mb.saturating_mul(MB).min(ceiling)
+}
 
 /// Quality of one method over the measured (post-warm-up) jobs.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -28,8 +97,29 @@ pub struct Outcome {
     pub first_retries: u64,
     /// ... of which the first retry succeeded.
     pub first_retry_ok: u64,
-    /// Jobs that never succeeded (retries exhausted).
+    /// Jobs that never succeeded: refused a retry at a kill beyond the
+    /// workload's [`MAX_RETRIES`] consecutive ones.
     pub failed: u64,
+    /// Jobs by the attempt that succeeded (0 = the first, 1–3 = that retry).
+    pub ok_on_attempt: [u64; MAX_RETRIES as usize + 1],
+    /// Refused jobs by the retries they had had before the refusal (3: the
+    /// job's own 4th kill; fewer: the workload's streak was already running
+    /// from earlier jobs).
+    pub refused_after: [u64; MAX_RETRIES as usize + 1],
+    /// OOM-killed attempts, first attempts and retries.
+    pub killed_attempts: u64,
+    /// Σ wall seconds of the killed attempts, as if each was killed at its
+    /// end (an upper bound: a kill comes when the peak is reached).
+    pub killed_seconds: f64,
+    /// Σ limit × wall seconds of the killed attempts (byte-seconds, the same
+    /// upper bound).
+    pub killed_byte_seconds: f64,
+    /// Σ limit × wall seconds of every attempt.
+    pub reserved_byte_seconds: f64,
+    /// The model only: kills where its recommendation disagreed with the
+    /// retry policy ([`OomStreaks`]): a bump for a refused kill, or none for
+    /// a retried one.
+    pub policy_mismatches: u64,
     /// Σ (limit − peak) / limit over first attempts that succeeded.
     pub limit_slack: f64,
     /// Σ (request − peak) / request over first attempts that succeeded.
@@ -131,6 +221,61 @@ impl Outcome {
         self.first_retry_ok as f64 / self.first_retries.max(1) as f64
     }
 
+    /// Jobs that succeeded on retry 1 over OOM-killed first attempts.
+    pub fn first_retry_success_of_killed(&self) -> f64 {
+        self.ok_on_attempt[1] as f64 / self.first_ooms.max(1) as f64
+    }
+
+    /// Share of all jobs refused a retry.
+    pub fn refused_rate(&self) -> f64 {
+        self.failed as f64 / self.jobs.max(1) as f64
+    }
+
+    /// Killed attempts' share of all reserved memory·time.
+    pub fn killed_memory_time_share(&self) -> f64 {
+        self.killed_byte_seconds / self.reserved_byte_seconds.max(1.0)
+    }
+
+    /// Books one attempt that ran with `limit` for `wall` seconds.
+    fn attempt(&mut self, limit: u64, wall: f64, killed: bool) {
+        if !wall.is_finite() {
+            if killed {
+                self.killed_attempts += 1;
+            }
+            return;
+        }
+        let byte_seconds = limit as f64 * wall;
+        self.reserved_byte_seconds += byte_seconds;
+        if killed {
+            self.killed_attempts += 1;
+            self.killed_seconds += wall;
+            self.killed_byte_seconds += byte_seconds;
+        }
+    }
+
+    /// Books the end of a measured job's attempts: success on `attempt`, or
+    /// refused after `attempt` retries.
+    fn finished(&mut self, attempt: u32, ok: bool) {
+        let i = (attempt as usize).min(MAX_RETRIES as usize);
+        if ok {
+            self.ok_on_attempt[i] += 1;
+            if attempt == 1 {
+                self.first_retry_ok += 1;
+            }
+        } else {
+            self.failed += 1;
+            self.refused_after[i] += 1;
+        }
+    }
+
+    /// Books a retry (the `attempt`th).
+    fn retried(&mut self, attempt: u32) {
+        self.retries += 1;
+        if attempt == 1 {
+            self.first_retries += 1;
+        }
+    }
+
     /// Mean first-attempt limit in bytes.
     pub fn mean_limit(&self) -> f64 {
         self.limit_bytes / self.jobs.max(1) as f64
@@ -139,11 +284,14 @@ impl Outcome {
 
 /// Replays `trace` through the runyard model: for each job in time order,
 /// ask for a recommendation, then reveal the job's need. A killed attempt is
-/// observed with its limit as its peak (usage at the kill) and retried with
-/// the next recommendation while it carries an OOM bump, at most
-/// [`MAX_RETRIES`] times.
+/// observed with its limit as its peak (usage at the kill); while the
+/// workload's consecutive kills number at most [`MAX_RETRIES`]
+/// ([`OomStreaks`]) the job is retried — the same build, so the same need —
+/// with the model's next recommendation (its OOM bump), and the retry is
+/// observed like any attempt. The next kill is refused.
 pub fn replay_model(trace: &Trace, protected: &[bool], params: Params, warmup: usize) -> Outcome {
     let mut model = Model::new(params);
+    let mut streaks = OomStreaks::new(trace.workloads.len());
     let mut out = Outcome::new(
         if model.params().oom_cost > 0.0 {
             format!("runyard (lognormal, OOM cost {})", model.params().oom_cost)
@@ -196,7 +344,11 @@ pub fn replay_model(trace: &Trace, protected: &[bool], params: Params, warmup: u
                     protected: is_protected,
                 },
             );
+            if measured {
+                out.attempt(limit, job.wall_seconds, killed);
+            }
             if !killed {
+                streaks.succeeded(job.workload);
                 if measured {
                     out.success(
                         attempt,
@@ -204,28 +356,33 @@ pub fn replay_model(trace: &Trace, protected: &[bool], params: Params, warmup: u
                         rec.memory_request_bytes,
                         job.peak_memory_bytes,
                     );
-                    if attempt == 1 {
-                        out.first_retry_ok += 1;
-                    }
+                    out.finished(attempt, true);
                 }
                 break;
             }
             if measured && attempt == 0 {
                 out.first_ooms += 1;
             }
+            let retry = streaks.killed(job.workload);
+            // The recommendation once the kill has been observed: bumped
+            // while the model's own streak allows a retry.
             let next = model.recommend(w);
-            if !next.basis.oom_bump || attempt >= MAX_RETRIES {
+            let agrees = if retry {
+                next.basis.oom_bump
+            } else {
+                next.basis.retries_exhausted
+            };
+            if !retry {
                 if measured {
-                    out.failed += 1;
+                    out.policy_mismatches += u64::from(!agrees);
+                    out.finished(attempt, false);
                 }
                 break;
             }
             attempt += 1;
             if measured {
-                out.retries += 1;
-                if attempt == 1 {
-                    out.first_retries += 1;
-                }
+                out.policy_mismatches += u64::from(!agrees);
+                out.retried(attempt);
             }
             rec = next;
         }
@@ -239,12 +396,14 @@ const GANTRY_SAMPLE: usize = 5;
 const GANTRY_MIN: usize = GANTRY_SAMPLE - 1;
 const GANTRY_REQUEST: u64 = 2_000_000_000;
 const GANTRY_LIMIT: u64 = 5_000_000_000;
-const GANTRY_BUMP: f64 = 1.2;
+/// gantry's headroom on the max of its samples.
+const GANTRY_HEADROOM: f64 = 1.2;
 
 /// gantry's published rule: the newest 5 `develop` samples of the first of
 /// six levels with at least 4; request = their mean usage (the trace has
 /// peaks only, so the mean of peaks), limit = max of peaks × 1.2 (PR 106);
-/// defaults 2 GB / 5 GB; after an OOM kill the previous limit × 1.2.
+/// defaults 2 GB / 5 GB. gantry has no retry rule of its own (its retry
+/// logic never merged); [`replay_gantry`] retries with runyard's.
 #[derive(Debug, Default)]
 struct Gantry {
     samples: HashMap<String, Vec<(f64, u64)>>,
@@ -274,7 +433,7 @@ impl Gantry {
             if let Some(s) = self.samples.get(&key).filter(|s| s.len() >= GANTRY_MIN) {
                 let mean = s.iter().map(|x| x.1 as f64).sum::<f64>() / s.len() as f64;
                 let max = s.iter().map(|x| x.1).max().unwrap_or(0) as f64;
-                return (mean as u64, (max * GANTRY_BUMP) as u64);
+                return (mean as u64, (max * GANTRY_HEADROOM) as u64);
             }
         }
         (GANTRY_REQUEST, GANTRY_LIMIT)
@@ -293,13 +452,32 @@ impl Gantry {
 }
 
 /// Replays `trace` through gantry's rule (successful `develop`-ref jobs
-/// train it; limits are capped at `ceiling` like runyard's).
-pub fn replay_gantry(trace: &Trace, protected: &[bool], ceiling: u64, warmup: usize) -> Outcome {
+/// train it; limits are capped at `ceiling` like runyard's). OOM kills are
+/// retried while the consecutive kills counted over `scope` number at most
+/// [`MAX_RETRIES`] ([`OomStreaks`]), each retry with [`oom_bump`] of the
+/// killed limit: gantry's own retry logic never merged.
+pub fn replay_gantry(
+    trace: &Trace,
+    protected: &[bool],
+    ceiling: u64,
+    warmup: usize,
+    scope: RetryScope,
+) -> Outcome {
     let mut gantry = Gantry::default();
-    let mut out = Outcome::new("gantry (mean of 5; max × 1.2)", true);
+    let mut streaks = OomStreaks::new(trace.workloads.len());
+    let mut out = Outcome::new(
+        match scope {
+            RetryScope::Job => "gantry (mean of 5; max × 1.2)",
+            RetryScope::Workload => "gantry, retries counted per workload",
+        },
+        true,
+    );
     for (i, job) in trace.jobs.iter().enumerate() {
         let w = &trace.workloads[job.workload as usize];
         let measured = i >= warmup;
+        if scope == RetryScope::Job {
+            streaks.reset(job.workload);
+        }
         let (request, first_limit) = gantry.recommend(w);
         let mut limit = first_limit.min(ceiling);
         let request = request.min(limit);
@@ -309,12 +487,15 @@ pub fn replay_gantry(trace: &Trace, protected: &[bool], ceiling: u64, warmup: us
         }
         let mut attempt = 0u32;
         loop {
-            if job.peak_memory_bytes <= limit {
+            let killed = job.peak_memory_bytes > limit;
+            if measured {
+                out.attempt(limit, job.wall_seconds, killed);
+            }
+            if !killed {
+                streaks.succeeded(job.workload);
                 if measured {
                     out.success(attempt, limit, request, job.peak_memory_bytes);
-                    if attempt == 1 {
-                        out.first_retry_ok += 1;
-                    }
+                    out.finished(attempt, true);
                 }
                 if protected[job.git_ref as usize] {
                     gantry.observe(w, job.at, job.peak_memory_bytes);
@@ -324,19 +505,17 @@ pub fn replay_gantry(trace: &Trace, protected: &[bool], ceiling: u64, warmup: us
             if measured && attempt == 0 {
                 out.first_ooms += 1;
             }
-            if attempt >= MAX_RETRIES || limit >= ceiling {
+            if !streaks.killed(job.workload) {
                 if measured {
-                    out.failed += 1;
+                    out.finished(attempt, false);
                 }
                 break;
             }
             attempt += 1;
-            limit = ((limit as f64 * GANTRY_BUMP) as u64).min(ceiling);
+            // Killed at its limit: that is its usage at the kill.
+            limit = oom_bump(limit, limit, ceiling);
             if measured {
-                out.retries += 1;
-                if attempt == 1 {
-                    out.first_retries += 1;
-                }
+                out.retried(attempt);
             }
         }
     }
@@ -420,7 +599,7 @@ mod tests {
     fn gantry_uses_max_of_five_and_bumps_by_a_fifth() {
         // Defaults (5 GB) for four jobs, then max of the newest 5 × 1.2.
         let t = trace(&[1_000_000_000; 6]);
-        let out = replay_gantry(&t, &[true], 64 << 30, 0);
+        let out = replay_gantry(&t, &[true], 64 << 30, 0, RetryScope::Job);
         assert_eq!(out.first_ooms, 0);
         let expected = 4.0 * 5e9 + 2.0 * 1.2e9;
         assert!(
@@ -430,8 +609,123 @@ mod tests {
         );
         // 5 GB default, a 6.5 GB job: 5 → 6 → 7.2 GB; the first retry fails.
         let t = trace(&[6_500_000_000]);
-        let out = replay_gantry(&t, &[true], 64 << 30, 0);
+        let out = replay_gantry(&t, &[true], 64 << 30, 0, RetryScope::Job);
         assert_eq!((out.first_ooms, out.retries, out.first_retry_ok), (1, 2, 0));
+        assert_eq!(out.ok_on_attempt, [0, 0, 1, 0]);
+    }
+
+    #[test]
+    fn oom_streaks_retry_three_kills_in_a_row_and_refuse_the_fourth() {
+        let mut s = OomStreaks::new(2);
+        assert!(s.killed(0) && s.killed(0) && s.killed(0));
+        assert_eq!(s.streak(0), 3);
+        assert!(!s.killed(0), "the 4th consecutive kill is refused");
+        assert!(!s.killed(0), "and so is the next until a success");
+        assert_eq!(s.streak(0), MAX_RETRIES + 1);
+        assert!(s.killed(1), "streaks are per workload");
+        s.succeeded(0);
+        assert_eq!(s.streak(0), 0);
+        assert!(s.killed(0));
+    }
+
+    #[test]
+    fn oom_bump_is_the_largest_of_the_three_rules() {
+        let gib = 1u64 << 30;
+        // × 1.2 dominates large limits, + 100 MiB small ones.
+        assert_eq!(
+            oom_bump(5_000_000_000, 5_000_000_000, 64 * gib),
+            6_000_000_000
+        );
+        assert_eq!(oom_bump(120_000_000, 120_000_000, 64 * gib), 225_000_000);
+        // A peak above the limit (reported usage) counts × 1.2.
+        assert_eq!(
+            oom_bump(1_000_000_000, 2_000_000_000, 64 * gib),
+            2_400_000_000
+        );
+        assert_eq!(oom_bump(60 * gib, 60 * gib, 64 * gib), 64 * gib);
+    }
+
+    #[test]
+    fn gantry_retries_with_runyards_bump() {
+        // Four jobs at the 5 GB default, then max of 5 × 1.2 = 120 MB. A
+        // 230 MB job: 120 → 225 (+100 MiB) → 330 MB, ok on retry 2 (× 1.2
+        // alone would need four retries).
+        let t = trace(&[
+            100_000_000,
+            100_000_000,
+            100_000_000,
+            100_000_000,
+            100_000_000,
+            230_000_000,
+        ]);
+        let out = replay_gantry(&t, &[true], 64 << 30, 0, RetryScope::Job);
+        assert_eq!(out.ok_on_attempt, [5, 0, 1, 0]);
+        assert_eq!((out.first_ooms, out.retries, out.failed), (1, 2, 0));
+        // A 10 GB job: 120 → 225 → 330 → 436 MB, refused at its 4th kill;
+        // the next 10 GB job (the streak still running) at its 1st; a
+        // success ends the streak.
+        let mut peaks = vec![100_000_000; 5];
+        peaks.extend([10_000_000_000, 10_000_000_000, 100_000_000, 10_000_000_000]);
+        let t = trace(&peaks);
+        let out = replay_gantry(&t, &[true], 64 << 30, 0, RetryScope::Workload);
+        assert_eq!(out.refused_after, [1, 0, 0, 2]);
+        assert_eq!((out.first_ooms, out.retries, out.failed), (3, 6, 3));
+        assert_eq!(out.killed_attempts, 9);
+        assert_eq!(out.ok_on_attempt, [6, 0, 0, 0]);
+        // Counted per job, the second 10 GB job gets its three retries too.
+        let out = replay_gantry(&t, &[true], 64 << 30, 0, RetryScope::Job);
+        assert_eq!(out.refused_after, [0, 0, 0, 3]);
+        assert_eq!((out.first_ooms, out.retries, out.failed), (3, 9, 3));
+    }
+
+    /// The first limit the model gives the job after `history`.
+    fn first_limit_after(history: &[u64]) -> u64 {
+        let mut peaks = history.to_vec();
+        peaks.push(1);
+        let out = replay_model(&trace(&peaks), &[true], Params::default(), history.len());
+        assert_eq!(out.jobs, 1);
+        out.limit_bytes as u64
+    }
+
+    #[test]
+    fn model_replay_retries_a_job_just_above_its_limit_once() {
+        let history = vec![1_000_000_000; 10];
+        let limit = first_limit_after(&history);
+        assert!(limit > 1_000_000_000, "{limit}");
+        let mut peaks = history.clone();
+        peaks.push(limit + MB);
+        let out = replay_model(&trace(&peaks), &[true], Params::default(), history.len());
+        assert_eq!(
+            (out.jobs, out.first_ooms, out.retries, out.failed),
+            (1, 1, 1, 0)
+        );
+        assert_eq!(out.ok_on_attempt, [0, 1, 0, 0]);
+        assert_eq!(out.first_retry_success_of_killed(), 1.0);
+        assert_eq!(out.policy_mismatches, 0);
+    }
+
+    #[test]
+    fn model_replay_refuses_the_fourth_kill_in_a_row() {
+        // A 50 GB job after 1 GB ones: three bumps don't reach it, so its
+        // 4th kill is refused; the next 50 GB job finds the streak still
+        // running and is refused at its first kill; a success ends the
+        // streak, and the next 50 GB job gets its three retries again.
+        let mut peaks = vec![1_000_000_000; 10];
+        peaks.extend([
+            50_000_000_000,
+            50_000_000_000,
+            1_000_000_000,
+            50_000_000_000,
+        ]);
+        let out = replay_model(&trace(&peaks), &[true], Params::default(), 10);
+        assert_eq!(out.jobs, 4);
+        assert_eq!((out.first_ooms, out.retries, out.failed), (3, 6, 3));
+        assert_eq!(out.refused_after, [1, 0, 0, 2]);
+        assert_eq!(out.ok_on_attempt, [1, 0, 0, 0]);
+        assert_eq!(out.killed_attempts, 9);
+        assert_eq!(out.refused_rate(), 0.75);
+        assert_eq!(out.policy_mismatches, 0);
+        assert!(out.killed_memory_time_share() > 0.5);
     }
 
     #[test]
