@@ -75,6 +75,8 @@ pub struct App {
     shared: Arc<Shared>,
     registry: Metrics,
     listener: TcpListener,
+    /// The instance callback/metadata API's listener (with a token key).
+    metadata_listener: Option<TcpListener>,
     reconciler: Option<reconciler::Reconciler>,
     retrier: retry::Retrier,
 }
@@ -188,6 +190,25 @@ async fn metadata_parts(
     )))
 }
 
+/// Binds the HTTP listener and, when the metadata API is served, its own.
+async fn bind_listeners(
+    config: &Config,
+    metadata: bool,
+) -> anyhow::Result<(TcpListener, Option<TcpListener>)> {
+    let listener = TcpListener::bind(config.scaler_http_listen)
+        .await
+        .with_context(|| format!("binding {}", config.scaler_http_listen))?;
+    if !metadata {
+        return Ok((listener, None));
+    }
+    let addr = config.scaler_metadata_listen;
+    let metadata = TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding {addr}"))?;
+    tracing::info!(addr = %metadata.local_addr()?, "instance metadata API listening");
+    Ok((listener, Some(metadata)))
+}
+
 impl App {
     /// Checks the configuration, connects to NATS and binds the listener.
     /// `file` overrides `RUNYARD_SCALER_CONFIG` (tests pass it in).
@@ -266,9 +287,8 @@ impl App {
         let provider_names: Vec<&str> = file.providers.keys().map(String::as_str).collect();
         let pool_names: Vec<&str> = file.pools.iter().map(|p| p.name.as_str()).collect();
         metrics.init(&provider_names, &pool_names);
-        let listener = TcpListener::bind(config.scaler_http_listen)
-            .await
-            .with_context(|| format!("binding {}", config.scaler_http_listen))?;
+        let (listener, metadata_listener) =
+            Box::pin(bind_listeners(&config, metadata.is_some())).await?;
         tracing::info!(addr = %listener.local_addr()?, namespace = %bus.namespace(), %replica, pools = specs.len(), "scaler listening");
         let shared = Arc::new(Shared {
             pools,
@@ -315,6 +335,7 @@ impl App {
             shared,
             registry,
             listener,
+            metadata_listener,
             reconciler,
             retrier,
         })
@@ -324,6 +345,14 @@ impl App {
     pub fn local_addr(&self) -> SocketAddr {
         #[allow(clippy::expect_used)]
         self.listener.local_addr().expect("bound listener")
+    }
+
+    /// The instance callback/metadata API's address (`None` without an
+    /// instance token key: the API is not served then).
+    pub fn metadata_addr(&self) -> Option<SocketAddr> {
+        self.metadata_listener
+            .as_ref()
+            .and_then(|l| l.local_addr().ok())
     }
 
     /// Runs until `shutdown` resolves: operations under way finish, leases
@@ -404,7 +433,31 @@ impl App {
                 .with_graceful_shutdown(async move { http_stop.cancelled().await })
                 .await
         });
+        let metadata_tasks = tokio_util::task::TaskTracker::new();
+        let metadata_http = match (
+            self.metadata_listener,
+            metadata::api::router(self.shared.clone(), metadata_tasks.clone()),
+        ) {
+            (Some(listener), Some(router)) => {
+                let stop = stop.clone();
+                Some(tokio::spawn(async move {
+                    axum::serve(listener, router)
+                        .with_graceful_shutdown(async move { stop.cancelled().await })
+                        .await
+                }))
+            }
+            _ => None,
+        };
         stop.cancelled().await;
+        // Instances are untrusted clients: one holding its connection open
+        // does not hold the shutdown up for long.
+        if let Some(h) = metadata_http {
+            let _ = tokio::time::timeout(Duration::from_secs(10), h).await;
+        }
+        // Failed instances being removed: a bounded wait, then the
+        // bootstrap timeout reaps what is left.
+        metadata_tasks.close();
+        let _ = tokio::time::timeout(Duration::from_secs(10), metadata_tasks.wait()).await;
         let _ = engine.await;
         let _ = consumer.await;
         let _ = claims.await;

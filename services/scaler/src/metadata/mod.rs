@@ -9,6 +9,9 @@
 //! - [`SecretStore`]: the instance's JIT config (or GitLab runner token) in
 //!   the KV bucket `<NS>_INSTANCES`, written by the engine before the
 //!   provider is asked to create the instance.
+//! - [`api`]: the routes themselves (what each answers, and the runner
+//!   events the status callbacks become); [`script`]: the install script,
+//!   systemd unit and service name they hand out.
 
 use std::time::Duration;
 
@@ -18,6 +21,9 @@ use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use runyard_bus::Bus;
 use secrecy::{ExposeSecret as _, SecretString};
 use serde::{Deserialize, Serialize};
+
+pub mod api;
+pub mod script;
 
 /// What an instance token says.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -32,6 +38,10 @@ pub struct Claims {
     pub iat: u64,
     /// Always `runyard-instance`.
     pub aud: String,
+    /// The create attempt the instance was made for (1-based; 0 when the
+    /// minter did not say): a failure it reports is that attempt's.
+    #[serde(default)]
+    pub attempt: u32,
 }
 
 /// The audience of instance tokens (a token of another kind never passes).
@@ -71,8 +81,22 @@ impl InstanceTokens {
         }
     }
 
-    /// A token for `instance` of `pool`, valid for `ttl`.
+    /// A token for `instance` of `pool`, valid for `ttl` (the attempt left
+    /// unsaid: prefer [`InstanceTokens::mint_for_attempt`]).
     pub fn mint(&self, instance: &str, pool: &str, ttl: Duration) -> Result<String, TokenError> {
+        self.mint_for_attempt(instance, pool, 0, ttl)
+    }
+
+    /// A token for create attempt `attempt` (1-based) of `instance` of
+    /// `pool`, valid for `ttl`. A `failed` status the instance reports with
+    /// it becomes `RunnerFailed` of that attempt.
+    pub fn mint_for_attempt(
+        &self,
+        instance: &str,
+        pool: &str,
+        attempt: u32,
+        ttl: Duration,
+    ) -> Result<String, TokenError> {
         let iat = now_secs();
         let claims = Claims {
             sub: instance.to_owned(),
@@ -80,6 +104,7 @@ impl InstanceTokens {
             exp: iat + ttl.as_secs().max(1),
             iat,
             aud: AUDIENCE.to_owned(),
+            attempt,
         };
         jsonwebtoken::encode(&Header::new(Algorithm::HS256), &claims, &self.encoding)
             .map_err(|e| TokenError(e.to_string()))
