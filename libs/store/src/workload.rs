@@ -71,6 +71,17 @@ pub fn key<'a>(attributes: impl IntoIterator<Item = (&'a str, &'a str)>) -> Stri
         .join(";")
 }
 
+/// The workload of a GitHub job: `{repo, workflow, job}`, `job` being the
+/// display name its webhooks carry (`workflow_job.name`, matrix values
+/// included). Usage samples of GitHub jobs are keyed by this whatever the
+/// report sent, so a report and the scaler's sizing always meet.
+pub fn github(repo: &str, workflow: &str, job: &str) -> BTreeMap<String, String> {
+    [("repo", repo), ("workflow", workflow), ("job", job)]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
+}
+
 /// Undoes [`escape`].
 fn unescape(s: &str) -> String {
     if !s.contains('%') {

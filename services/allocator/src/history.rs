@@ -2,7 +2,7 @@
 //! `UsageReported` events followed live on NATS (`runyard_bus::consumer`),
 //! so a new usage report changes the next recommendation within a second.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::str::FromStr as _;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -165,18 +165,30 @@ fn decode(row: &sqlx::postgres::PgRow, chunk: &mut Chunk) -> Result<Option<Strin
 }
 
 /// Converts a usage event into the model's terms.
-pub fn observation(state: &State, u: &UsageReported, event: &Event) -> (Workload, Observation) {
+/// `job`: what the job's own (signed) webhooks said of a GitHub job; its
+/// workload and ref win over the report's (ARCHITECTURE: GitHub samples are
+/// keyed from the job).
+pub fn observation(
+    state: &State,
+    u: &UsageReported,
+    event: &Event,
+    job: Option<&GithubJob>,
+) -> (Workload, Observation) {
     let at = event
         .occurred_at
         .as_ref()
         .or(event.received_at.as_ref())
         .and_then(from_timestamp)
         .unwrap_or_else(time::OffsetDateTime::now_utc);
-    let workload: Workload = u
-        .workload
-        .iter()
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
+    let workload: Workload = match job {
+        Some(j) => j.workload.clone(),
+        None => u
+            .workload
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+    };
+    let git_ref = job.map_or(u.r#ref.as_str(), |j| j.git_ref.as_str());
     let obs = Observation {
         at: at.unix_timestamp() as f64,
         peak_memory_bytes: u.peak_memory_bytes,
@@ -185,7 +197,7 @@ pub fn observation(state: &State, u: &UsageReported, event: &Event) -> (Workload
         cpu_seconds: u.cpu_seconds,
         wall_seconds: u.wall_seconds,
         oom_killed: runyard_events::oom_killed(u),
-        protected: state.is_protected(&u.r#ref),
+        protected: state.is_protected(git_ref),
     };
     (workload, obs)
 }
@@ -203,7 +215,11 @@ pub async fn follow(
     let config = ConsumerConfig {
         durable: None,
         description: "runyard allocator: usage reports followed live".into(),
-        filter_subjects: vec![format!("{}.v1.usage.>", state.bus.namespace())],
+        // GitHub jobs too: their samples are keyed from the job.
+        filter_subjects: vec![
+            format!("{}.v1.usage.>", state.bus.namespace()),
+            format!("{}.v1.job.github.>", state.bus.namespace()),
+        ],
         deliver: Deliver::ByStartTime(since - OVERLAP),
         batch_size: 256,
         // A new report should change the next recommendation at once.
@@ -227,6 +243,7 @@ pub async fn follow(
         state: state.clone(),
         skip: Mutex::new(skip),
         fed_through: AtomicU64::new(0),
+        github_jobs: Mutex::default(),
     };
     tokio::select! {
         () = consumer.run(follower, stop) => {}
@@ -243,6 +260,21 @@ struct UsageFollower {
     /// The highest sequence fed: a message at or below it is a redelivery
     /// (an ack that did not arrive), since a consumer delivers in order.
     fed_through: AtomicU64,
+    /// GitHub jobs seen, by `(instance, job id)`.
+    github_jobs: Mutex<HashMap<(String, u64), GithubJob>>,
+}
+
+/// GitHub jobs remembered for keying their usage (the oldest are forgotten
+/// past this many).
+const GITHUB_JOBS_KEPT: usize = 200_000;
+
+/// What a GitHub job's webhooks say its usage is keyed by.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GithubJob {
+    /// `{repo, workflow, job}`.
+    pub workload: Workload,
+    /// The webhook's branch.
+    pub git_ref: String,
 }
 
 impl Handler for UsageFollower {
@@ -251,8 +283,31 @@ impl Handler for UsageFollower {
             if self.fed_through.fetch_max(d.seq, Ordering::SeqCst) >= d.seq {
                 continue;
             }
-            let Some(Body::UsageReported(u)) = &d.event.body else {
-                continue;
+            let u = match &d.event.body {
+                Some(Body::UsageReported(u)) => u,
+                Some(Body::JobObserved(j)) => {
+                    if let Some(key) = &j.job
+                        && !j.name.is_empty()
+                    {
+                        let mut jobs = self.github_jobs.lock().unwrap_or_else(|e| e.into_inner());
+                        if jobs.len() >= GITHUB_JOBS_KEPT {
+                            jobs.clear();
+                        }
+                        jobs.insert(
+                            (key.instance.clone(), key.job_id),
+                            GithubJob {
+                                workload: runyard_store::workload::github(
+                                    &j.project,
+                                    &j.workflow_name,
+                                    &j.name,
+                                ),
+                                git_ref: j.r#ref.clone(),
+                            },
+                        );
+                    }
+                    continue;
+                }
+                _ => continue,
             };
             {
                 let mut skip = self.skip.lock().unwrap_or_else(|e| e.into_inner());
@@ -260,7 +315,18 @@ impl Handler for UsageFollower {
                     continue;
                 }
             }
-            let (w, o) = observation(&self.state, u, &d.event);
+            let job = u
+                .job
+                .as_ref()
+                .filter(|k| k.forge() == runyard_events::Forge::Github)
+                .and_then(|k| {
+                    self.github_jobs
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .get(&(k.instance.clone(), k.job_id))
+                        .cloned()
+                });
+            let (w, o) = observation(&self.state, u, &d.event, job.as_ref());
             self.state.model_write().observe(&w, o);
             self.state.metrics.samples_observed.inc();
         }

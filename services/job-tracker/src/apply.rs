@@ -105,6 +105,7 @@ pub async fn apply_in(
     upsert_jobs(tx, &delta).await?;
     upsert_pipelines(tx, &delta).await?;
     insert_usage(tx, &delta).await?;
+    rekey_github_usage(tx, &delta).await?;
     upsert_runners(tx, &delta).await?;
     insert_retries(tx, &delta).await?;
     Ok(applied)
@@ -386,6 +387,85 @@ async fn insert_usage(
     .bind(column!(rows, exit_code))
     .bind(column!(rows, reported_at))
     .bind(column!(rows, cgroup))
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+/// Keys GitHub usage samples from their job's row (ARCHITECTURE: "the
+/// job-tracker keys a GitHub usage sample from its projected job row"): the
+/// workload becomes `{repo, workflow, job}` of the signed webhook and the
+/// ref the webhook's, whatever the report sent. Runs for every GitHub job
+/// or sample in the batch, so the order the job and the report arrive in
+/// does not matter.
+async fn rekey_github_usage(
+    tx: &mut Transaction<'_, Postgres>,
+    delta: &Delta,
+) -> Result<(), sqlx::Error> {
+    let github = |k: &crate::projection::Key| k.0 == "github";
+    let mut pairs: Vec<(&str, i64)> = delta
+        .jobs
+        .keys()
+        .filter(|k| github(k))
+        .chain(delta.usage.keys().map(|(k, _)| k).filter(|k| github(k)))
+        .map(|(_, instance, job_id)| (instance.as_str(), *job_id))
+        .collect();
+    if pairs.is_empty() {
+        return Ok(());
+    }
+    pairs.sort_unstable();
+    pairs.dedup();
+    let (instances, job_ids): (Vec<&str>, Vec<i64>) = pairs.into_iter().unzip();
+    let rows: Vec<(
+        i64,
+        String,
+        Option<String>,
+        String,
+        String,
+        String,
+        Option<String>,
+    )> = sqlx::query_as(
+        "SELECT u.id, u.workload_key, u.ref, j.project, COALESCE(j.workflow_name, ''),
+                    j.name, j.ref
+             FROM usage_samples u
+             JOIN jobs j ON j.forge = u.forge AND j.instance = u.instance AND j.job_id = u.job_id
+             WHERE u.forge = 'github'
+               AND (u.instance, u.job_id) IN (SELECT * FROM unnest($1::text[], $2::int8[]))
+               AND j.project IS NOT NULL AND j.name IS NOT NULL",
+    )
+    .bind(&instances)
+    .bind(&job_ids)
+    .fetch_all(&mut **tx)
+    .await?;
+    let mut ids = Vec::new();
+    let mut workloads = Vec::new();
+    let mut keys = Vec::new();
+    let mut refs = Vec::new();
+    for (id, old_key, old_ref, repo, workflow, name, job_ref) in rows {
+        let attributes = runyard_store::workload::github(&repo, &workflow, &name);
+        let key =
+            runyard_store::workload::key(attributes.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        let git_ref = job_ref.or(old_ref.clone());
+        if key == old_key && git_ref == old_ref {
+            continue;
+        }
+        ids.push(id);
+        workloads.push(serde_json::json!(attributes).to_string());
+        keys.push(key);
+        refs.push(git_ref);
+    }
+    if ids.is_empty() {
+        return Ok(());
+    }
+    sqlx::query(
+        "UPDATE usage_samples u SET workload = t.workload::jsonb, workload_key = t.key, ref = t.ref
+         FROM unnest($1::int8[], $2::text[], $3::text[], $4::text[]) AS t(id, workload, key, ref)
+         WHERE u.id = t.id",
+    )
+    .bind(&ids)
+    .bind(&workloads)
+    .bind(&keys)
+    .bind(&refs)
     .execute(&mut **tx)
     .await?;
     Ok(())

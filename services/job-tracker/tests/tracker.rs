@@ -1524,3 +1524,64 @@ async fn exit_137_near_the_limit_counts_as_an_oom_kill_only_without_cgroup_data(
     p.close().await;
     db.drop_db().await;
 }
+
+#[tokio::test]
+async fn github_usage_is_keyed_from_the_jobs_webhook_whatever_the_report_says() {
+    let nats = TestNats::get().await;
+    let ns = unique_namespace();
+    let db = TestDb::new();
+    let bus = bus(&nats, &ns).await;
+    let t0 = synth::base_time();
+    // The report names the job by its YAML key and claims a protected ref.
+    let report = |job: u64| {
+        let mut e = synth::usage_event(job, t0);
+        if let Some(Body::UsageReported(u)) = e.body.as_mut() {
+            u.workload = [
+                ("repo".to_owned(), "acme/other".to_owned()),
+                ("workflow".to_owned(), "ci.yml".to_owned()),
+                ("job".to_owned(), "build".to_owned()),
+            ]
+            .into();
+            u.r#ref = "main".into();
+        }
+        e
+    };
+    let job = |id: u64| {
+        let mut e = synth::job_event(id, JobStatus::Completed, t0);
+        if let Some(Body::JobObserved(j)) = e.body.as_mut() {
+            j.r#ref = "feature/x".into();
+        }
+        e
+    };
+    // Job 1: its webhook before the report; job 2: the report first, in an
+    // earlier batch.
+    publish(&bus, &[job(1), report(1), report(2)]).await;
+    let t = start(config(&nats.url(), &ns, &db.url)).await;
+    let p = wait_applied(&db.url, 3).await;
+    publish(&bus, &[job(2)]).await;
+    let p2 = wait_applied(&db.url, 4).await;
+    t.stop().await;
+    p2.close().await;
+    let rows: Vec<(i64, String, Option<String>)> =
+        sqlx::query_as("SELECT job_id, workload_key, ref FROM usage_samples ORDER BY job_id")
+            .fetch_all(&p)
+            .await
+            .unwrap();
+    let expected = |id: u64| {
+        let (repo, name) = (
+            format!("acme/repo-{}", id % 17),
+            format!("build ({})", id % 5),
+        );
+        let w = runyard_store::workload::github(&repo, "CI", &name);
+        runyard_store::workload::key(w.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+    };
+    assert_eq!(
+        rows,
+        vec![
+            (1, expected(1), Some("feature/x".into())),
+            (2, expected(2), Some("feature/x".into())),
+        ]
+    );
+    p.close().await;
+    db.drop_db().await;
+}

@@ -16,19 +16,13 @@ use crate::world::Job;
 /// The workload attributes a job is known by, the same names usage reports
 /// are keyed with: GitHub `{repo, workflow, job}`, GitLab `{project, job}`.
 pub fn workload(job: &Job) -> BTreeMap<String, String> {
-    let mut w = BTreeMap::new();
     match job.id.forge {
-        Forge::Github => {
-            w.insert("repo".into(), job.project.clone());
-            w.insert("workflow".into(), job.workflow.clone());
-            w.insert("job".into(), job.name.clone());
-        }
-        _ => {
-            w.insert("project".into(), job.project.clone());
-            w.insert("job".into(), job.name.clone());
-        }
+        Forge::Github => runyard_store::workload::github(&job.project, &job.workflow, &job.name),
+        _ => [("project", &job.project), ("job", &job.name)]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v.clone()))
+            .collect(),
     }
-    w
 }
 
 /// What was chosen and why.

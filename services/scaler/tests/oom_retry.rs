@@ -372,8 +372,17 @@ async fn github_reruns_only_the_oom_killed_job_once_the_run_completed_on_a_large
         .into_iter()
         .enumerate()
     {
+        // The webhook names the job by its display name; the report, as
+        // runyard-report's GitHub default does, by its YAML key
+        // (`GITHUB_JOB`): samples are keyed from the webhook.
+        let id = 70_001 + i as u64;
+        let mut done = gh_job(id, 1, build, "completed", Some("success"));
+        done["run_id"] = json!(600 + i);
         stack
-            .usage(&gh_report(70_001 + i as u64, 1, build, peak, 4 * GIB, 0))
+            .github_job(&done, "completed", &format!("d-hist-{i}"))
+            .await;
+        stack
+            .usage(&gh_report(id, 1, "build", peak, 4 * GIB, 0))
             .await;
     }
     eventually(WAIT, || async {
@@ -424,7 +433,7 @@ async fn github_reruns_only_the_oom_killed_job_once_the_run_completed_on_a_large
         )
         .await;
     stack
-        .usage(&gh_report(j, 1, build, 4 * GIB, 4 * GIB, 137))
+        .usage(&gh_report(j, 1, "build", 4 * GIB, 4 * GIB, 137))
         .await;
     stack
         .usage(&gh_report(k, 1, "lint", 100_000_000, 4 * GIB, 1))

@@ -240,6 +240,9 @@ pub struct Book {
     /// does not count.
     succeeded: HashSet<JobRef>,
     reports: HashMap<(JobRef, u32), Report>,
+    /// GitHub jobs' workload keys, from their webhooks (a GitHub sample is
+    /// keyed from its job, as the allocator and the projection key it).
+    github_keys: HashMap<JobRef, String>,
     streaks: HashMap<String, u32>,
     pipelines: HashMap<UnitRef, PipelineFacts>,
     /// Ids of retry events seen.
@@ -316,6 +319,11 @@ impl Book {
         let Some(key) = j.job.as_ref().map(job_ref) else {
             return;
         };
+        if key.0 == Forge::Github && !j.name.is_empty() && !self.github_keys.contains_key(&key) {
+            let w = workload::github(&j.project, &j.workflow_name, &j.name);
+            let k = workload::key(w.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+            self.github_keys.insert(key.clone(), k);
+        }
         if !j.pipeline_status.is_empty() {
             let p = self
                 .pipelines
@@ -371,7 +379,11 @@ impl Book {
         if self.reports.contains_key(&(job.clone(), attempt)) {
             return;
         }
-        let workload_key = report_workload(u, &job);
+        let workload_key = self
+            .github_keys
+            .get(&job)
+            .cloned()
+            .unwrap_or_else(|| report_workload(u, &job));
         let oom = oom_killed(u);
         let streak = self.streaks.entry(workload_key.clone()).or_default();
         *streak = if oom { streak.saturating_add(1) } else { 0 };
@@ -706,6 +718,9 @@ impl Book {
     /// reports; streaks and decisions stay, they are small).
     pub fn prune(&mut self, now: OffsetDateTime, keep: Duration) {
         self.failed.retain(|_, j| now - j.failed_at < keep);
+        if self.github_keys.len() > 200_000 {
+            self.github_keys.clear();
+        }
     }
 }
 
