@@ -392,6 +392,18 @@ async fn insert_usage(
     Ok(())
 }
 
+/// A GitHub usage sample (id, workload key, ref) and its job's project,
+/// workflow, name and ref.
+type SampleAndJob = (
+    i64,
+    String,
+    Option<String>,
+    String,
+    String,
+    String,
+    Option<String>,
+);
+
 /// Keys GitHub usage samples from their job's row (ARCHITECTURE: "the
 /// job-tracker keys a GitHub usage sample from its projected job row"): the
 /// workload becomes `{repo, workflow, job}` of the signed webhook and the
@@ -416,15 +428,7 @@ async fn rekey_github_usage(
     pairs.sort_unstable();
     pairs.dedup();
     let (instances, job_ids): (Vec<&str>, Vec<i64>) = pairs.into_iter().unzip();
-    let rows: Vec<(
-        i64,
-        String,
-        Option<String>,
-        String,
-        String,
-        String,
-        Option<String>,
-    )> = sqlx::query_as(
+    let rows: Vec<SampleAndJob> = sqlx::query_as(
         "SELECT u.id, u.workload_key, u.ref, j.project, COALESCE(j.workflow_name, ''),
                     j.name, j.ref
              FROM usage_samples u
