@@ -5,9 +5,12 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use runyard_bus::TraceParent;
 use runyard_bus::consumer::{Consumer, ConsumerConfig, Deliver, Handler};
+use runyard_events::{Body, Event, Forge, Source, timestamp};
 use time::OffsetDateTime;
 use tokio::sync::watch;
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::engine::Shared;
@@ -115,4 +118,105 @@ pub(crate) async fn follow_log(
             }
         }
     }
+}
+
+/// A background task's follower and lease, once the log has been read.
+#[derive(Debug)]
+pub(crate) struct Leased {
+    /// Until when the lease may be trusted (see [`held`]).
+    pub(crate) lease: watch::Receiver<Option<Instant>>,
+    follower: JoinHandle<()>,
+    keeper: JoinHandle<()>,
+}
+
+impl Leased {
+    /// Waits for the follower and the lease keeper to stop (after `stop`).
+    pub(crate) async fn finish(self) {
+        let _ = self.keeper.await;
+        let _ = self.follower.await;
+    }
+}
+
+/// Follows `subjects` into `handler` ([`follow_log`]) and, once the log has
+/// been read up to where it stood, keeps the lease `key` ([`keep_lease`]),
+/// waiting up to one TTL for the first answer. `None` when stopped first.
+pub(crate) async fn follow_then_lease(
+    shared: &Arc<Shared>,
+    description: &str,
+    subjects: &[&str],
+    handler: impl Handler + Send + Sync + 'static,
+    key: &'static str,
+    stop: &CancellationToken,
+) -> Option<Leased> {
+    let (caught_up_tx, mut caught_up) = watch::channel(false);
+    let follower = {
+        let (shared, description, stop) = (shared.clone(), description.to_owned(), stop.clone());
+        let subjects: Vec<String> = subjects.iter().map(|s| (*s).to_owned()).collect();
+        tokio::spawn(async move {
+            let subjects: Vec<&str> = subjects.iter().map(String::as_str).collect();
+            follow_log(shared, &description, &subjects, handler, caught_up_tx, stop).await;
+        })
+    };
+    tokio::select! {
+        () = stop.cancelled() => {}
+        _ = caught_up.wait_for(|c| *c) => {}
+    }
+    if stop.is_cancelled() {
+        let _ = follower.await;
+        return None;
+    }
+    let ttl = shared.timers.lease_ttl;
+    let (lease_tx, mut lease) = watch::channel(None);
+    let keeper = tokio::spawn(keep_lease(
+        shared.coord.clone(),
+        key,
+        ttl,
+        lease_tx,
+        stop.clone(),
+    ));
+    // The first round runs as soon as the lease is known either way.
+    let _ = tokio::time::timeout(ttl, lease.changed()).await;
+    Some(Leased {
+        lease,
+        follower,
+        keeper,
+    })
+}
+
+/// Publishes one of the scaler's own events (`Source.producer` `scaler`),
+/// trying up to `tries` times with a growing pause; the event when it is
+/// stored. The id is deterministic, so a second try never doubles it.
+pub(crate) async fn publish_own(
+    shared: &Shared,
+    forge: Forge,
+    instance: &str,
+    id: String,
+    body: Body,
+    tries: u32,
+) -> Option<Event> {
+    let at = timestamp(OffsetDateTime::now_utc());
+    let event = Event {
+        id,
+        occurred_at: Some(at),
+        received_at: Some(at),
+        source: Some(Source {
+            forge: forge as i32,
+            instance: instance.to_owned(),
+            delivery_id: String::new(),
+            hook_id: String::new(),
+            producer: "scaler".into(),
+        }),
+        body: Some(body),
+    };
+    let tp = TraceParent::new_root();
+    for attempt in 0..tries {
+        match shared.bus.publish_event(&event, &tp).await {
+            Ok(_) => return Some(event),
+            Err(error) => {
+                tracing::warn!(%error, attempt, event = %event.id, "publishing a scaler event failed");
+                tokio::time::sleep(Duration::from_millis(100 << attempt.min(6))).await;
+            }
+        }
+    }
+    None
 }

@@ -44,7 +44,7 @@ use time::format_description::well_known::Rfc3339;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::background::{follow_log, held, keep_lease};
+use crate::background::{follow_then_lease, held};
 use crate::config::{GitHubHook, RECONCILER_LEASE, ReconcilerSection, split_repo};
 use crate::engine::Shared;
 use crate::forges::Forges;
@@ -517,36 +517,21 @@ impl Reconciler {
     /// them, reconciles every `interval` while it holds the lease (released
     /// on the way out).
     pub async fn run(mut self, stop: CancellationToken) {
-        let (caught_up_tx, mut caught_up) = watch::channel(false);
-        let follower = tokio::spawn(follow_log(
-            self.shared.clone(),
+        let Some(leased) = follow_then_lease(
+            &self.shared,
             "runyard scaler reconciler",
             &["job.>"],
             Follow {
                 seen: self.seen.clone(),
             },
-            caught_up_tx,
-            stop.clone(),
-        ));
-        tokio::select! {
-            () = stop.cancelled() => {}
-            _ = caught_up.wait_for(|c| *c) => {}
-        }
-        if stop.is_cancelled() {
-            let _ = follower.await;
-            return;
-        }
-        let ttl = self.shared.timers.lease_ttl;
-        let (lease_tx, mut lease) = watch::channel(None);
-        let keeper = tokio::spawn(keep_lease(
-            self.shared.coord.clone(),
             RECONCILER_LEASE,
-            ttl,
-            lease_tx,
-            stop.clone(),
-        ));
-        // The first cycle runs as soon as the lease is known either way.
-        let _ = tokio::time::timeout(ttl, lease.changed()).await;
+            &stop,
+        )
+        .await
+        else {
+            return;
+        };
+        let lease = leased.lease.clone();
         tracing::info!(
             interval_s = self.section.interval.as_secs_f64(),
             repos = self.section.github_repos.len(),
@@ -570,8 +555,7 @@ impl Reconciler {
                 () = self.cycle(&lease) => {}
             }
         }
-        let _ = keeper.await;
-        let _ = follower.await;
+        leased.finish().await;
         tracing::info!("reconciler stopped");
     }
 

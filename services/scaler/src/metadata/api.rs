@@ -27,7 +27,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use axum::Router;
 use axum::body::Bytes;
@@ -37,10 +37,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use base64::Engine as _;
-use runyard_bus::TraceParent;
-use runyard_events::{
-    Body, Event, RunnerFailed, RunnerOnline, RunnerRef, Source, runner_event_id_for, timestamp,
-};
+use runyard_events::{Body, RunnerFailed, RunnerOnline, RunnerRef, runner_event_id_for};
 use serde::Deserialize;
 use serde_json::json;
 use tokio_util::task::TaskTracker;
@@ -230,31 +227,9 @@ fn runner_ref(p: &Pool, name: &str) -> RunnerRef {
 /// engine and told by the instance is stored once. Tries `tries` times.
 async fn publish(shared: &Shared, p: &Pool, body: Body, tries: u32) -> bool {
     let id = runner_event_id_for(&body).unwrap_or_default();
-    let at = timestamp(time::OffsetDateTime::now_utc());
-    let event = Event {
-        id,
-        occurred_at: Some(at),
-        received_at: Some(at),
-        source: Some(Source {
-            forge: p.spec.forge as i32,
-            instance: p.spec.instance.clone(),
-            delivery_id: String::new(),
-            hook_id: String::new(),
-            producer: "scaler".into(),
-        }),
-        body: Some(body),
-    };
-    let tp = TraceParent::new_root();
-    for attempt in 0..tries {
-        match shared.bus.publish_event(&event, &tp).await {
-            Ok(_) => return true,
-            Err(error) => {
-                tracing::warn!(%error, attempt, event = %event.id, "publishing a callback's runner event failed");
-                tokio::time::sleep(Duration::from_millis(100 << attempt.min(6))).await;
-            }
-        }
-    }
-    false
+    crate::background::publish_own(shared, p.spec.forge, &p.spec.instance, id, body, tries)
+        .await
+        .is_some()
 }
 
 async fn status(State(api): State<Api>, caller: Caller, body: Bytes) -> Response {

@@ -32,11 +32,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use backon::BackoffBuilder as _;
-use runyard_bus::TraceParent;
 use runyard_bus::consumer::{Delivery, Handler, HandlerError};
 use runyard_events::{
-    Body, Event, Forge, RetryIssued, RetryJob, RetryRefused, RetryRequested, RetryTarget, Source,
-    forge_token, ids, key_token, timestamp,
+    Body, Event, Forge, RetryIssued, RetryJob, RetryRefused, RetryRequested, RetryTarget,
+    forge_token, ids, key_token,
 };
 use runyard_forge::api::ApiError;
 use time::OffsetDateTime;
@@ -48,7 +47,7 @@ pub use book::{
     RunDecision, RunView,
 };
 
-use crate::background::{follow_log, held, keep_lease};
+use crate::background::{follow_then_lease, held, publish_own};
 use crate::config::{RETRIER_LEASE, RetrySection, split_repo};
 use crate::engine::Shared;
 use crate::kv::Claim;
@@ -56,9 +55,6 @@ use crate::metrics::RetryLabel;
 
 /// The variable a retry pipeline carries: the failed pipeline's id.
 pub const RETRY_OF_VARIABLE: &str = "RUNYARD_RETRY_OF";
-
-/// `Source.producer` of retry events.
-const PRODUCER: &str = "scaler";
 
 /// Folds the log into the book.
 #[derive(Debug)]
@@ -146,35 +142,21 @@ impl Retrier {
     /// Runs until `stop`: follows the log, and once it has read it, acts
     /// while it holds the lease (released on the way out).
     pub async fn run(mut self, stop: CancellationToken) {
-        let (caught_up_tx, mut caught_up) = watch::channel(false);
-        let follower = tokio::spawn(follow_log(
-            self.shared.clone(),
+        let Some(leased) = follow_then_lease(
+            &self.shared,
             "runyard scaler retrier",
             &["job.>", "pipeline.>", "usage.>", "retry.>"],
             Fold {
                 book: self.book.clone(),
             },
-            caught_up_tx,
-            stop.clone(),
-        ));
-        tokio::select! {
-            () = stop.cancelled() => {}
-            _ = caught_up.wait_for(|c| *c) => {}
-        }
-        if stop.is_cancelled() {
-            let _ = follower.await;
-            return;
-        }
-        let ttl = self.shared.timers.lease_ttl;
-        let (lease_tx, mut lease) = watch::channel(None);
-        let keeper = tokio::spawn(keep_lease(
-            self.shared.coord.clone(),
             RETRIER_LEASE,
-            ttl,
-            lease_tx,
-            stop.clone(),
-        ));
-        let _ = tokio::time::timeout(ttl, lease.changed()).await;
+            &stop,
+        )
+        .await
+        else {
+            return;
+        };
+        let lease = leased.lease.clone();
         tracing::info!(
             wait_for_report_s = self.settings.wait_for_report.as_secs_f64(),
             max_retries = self.settings.max_retries,
@@ -208,8 +190,7 @@ impl Retrier {
                 lock(&self.book).prune(OffsetDateTime::now_utc(), self.shared.timers.lookback);
             }
         }
-        let _ = keeper.await;
-        let _ = follower.await;
+        leased.finish().await;
         tracing::info!("OOM retrier stopped");
     }
 
@@ -588,34 +569,9 @@ impl Retrier {
 
     /// Publishes a retry event (a few attempts) and folds it in.
     async fn publish(&self, id: String, forge: Forge, instance: &str, body: Body) -> Option<Event> {
-        let at = timestamp(OffsetDateTime::now_utc());
-        let event = Event {
-            id: id.clone(),
-            occurred_at: Some(at),
-            received_at: Some(at),
-            source: Some(Source {
-                forge: forge as i32,
-                instance: instance.to_owned(),
-                delivery_id: id,
-                hook_id: String::new(),
-                producer: PRODUCER.into(),
-            }),
-            body: Some(body),
-        };
-        let tp = TraceParent::new_root();
-        for attempt in 0..5u32 {
-            match self.shared.bus.publish_event(&event, &tp).await {
-                Ok(_) => {
-                    lock(&self.book).observe(&event);
-                    return Some(event);
-                }
-                Err(error) => {
-                    tracing::warn!(%error, attempt, id = %event.id, "publishing a retry event failed");
-                    tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
-                }
-            }
-        }
-        None
+        let event = publish_own(&self.shared, forge, instance, id, body, 5).await?;
+        lock(&self.book).observe(&event);
+        Some(event)
     }
 
     /// GitLab: one new pipeline for the failed one's ref.

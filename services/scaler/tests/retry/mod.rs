@@ -317,6 +317,8 @@ impl Stack {
     pub async fn retry_events(&self) -> Vec<Event> {
         let client = async_nats::connect(self.nats.url()).await.expect("nats");
         let msgs = runyard_testkit::stream_messages(&client, &self.ns.events_stream()).await;
+        // One per id: an id is one decision (the log dedups by it).
+        let mut seen = std::collections::HashSet::new();
         runyard_testkit::decode_events(&msgs)
             .into_iter()
             .filter(|e| {
@@ -325,6 +327,7 @@ impl Stack {
                     Some(Body::RetryRequested(_) | Body::RetryIssued(_) | Body::RetryRefused(_))
                 )
             })
+            .filter(|e| seen.insert(e.id.clone()))
             .collect()
     }
 
