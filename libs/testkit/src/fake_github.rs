@@ -558,6 +558,7 @@ struct GhState {
     redeliveries: Vec<(FakeHook, u64)>,
 
     requests: Vec<RecordedRequest>,
+    runner_downloads: Vec<Value>,
 }
 
 /// The fake GitHub server. Dropping it stops the server.
@@ -596,6 +597,7 @@ impl FakeGitHub {
             deliveries: Vec::new(),
             redeliveries: Vec::new(),
             requests: Vec::new(),
+            runner_downloads: default_runner_downloads(),
         }));
         let router = Router::new().fallback(handle).with_state(state.clone());
         Self {
@@ -869,6 +871,18 @@ impl FakeGitHub {
 
     // -- request log
 
+    /// What `GET .../actions/runners/downloads` answers (every scope):
+    /// GitHub's objects (`os`, `architecture`, `download_url`, `filename`,
+    /// `sha256_checksum`, optionally `temp_download_token`).
+    pub fn set_runner_downloads(&self, downloads: Vec<Value>) {
+        self.st().runner_downloads = downloads;
+    }
+
+    /// The runner downloads served (see [`FakeGitHub::set_runner_downloads`]).
+    pub fn runner_downloads(&self) -> Vec<Value> {
+        self.st().runner_downloads.clone()
+    }
+
     /// Every request received, in order.
     pub fn requests(&self) -> Vec<RecordedRequest> {
         self.st().requests.clone()
@@ -1050,6 +1064,12 @@ fn route(st: &mut GhState, req: &Req<'_>) -> Response {
                 None => message(404, "Not Found"),
             }
         }
+        [.., "actions", "runners", "downloads"] if m == Method::GET => {
+            match scope_of(&segs[..segs.len() - 3]) {
+                Some(_) => answer(200, &Value::Array(st.runner_downloads.clone())),
+                None => message(404, "Not Found"),
+            }
+        }
         [.., "actions", "runners"] if m == Method::GET => match scope_of(&segs[..segs.len() - 2]) {
             Some(scope) => list_runners(st, &scope, req),
             None => message(404, "Not Found"),
@@ -1062,6 +1082,33 @@ fn route(st: &mut GhState, req: &Req<'_>) -> Response {
         ["repos", o, r, "actions", rest @ ..] => actions(st, &format!("{o}/{r}"), rest, req),
         _ => message(404, "Not Found"),
     }
+}
+
+/// Runner builds as GitHub lists them (the checksums are made up).
+fn default_runner_downloads() -> Vec<Value> {
+    const VERSION: &str = "2.328.0";
+    [
+        ("linux", "x64", "tar.gz"),
+        ("linux", "arm64", "tar.gz"),
+        ("linux", "arm", "tar.gz"),
+        ("osx", "x64", "tar.gz"),
+        ("osx", "arm64", "tar.gz"),
+        ("win", "x64", "zip"),
+        ("win", "arm64", "zip"),
+    ]
+    .iter()
+    .enumerate()
+    .map(|(i, (os, arch, ext))| {
+        let filename = format!("actions-runner-{os}-{arch}-{VERSION}.{ext}");
+        json!({
+            "os": os,
+            "architecture": arch,
+            "download_url": format!("https://github.com/actions/runner/releases/download/v{VERSION}/{filename}"),
+            "filename": filename,
+            "sha256_checksum": format!("{:064x}", i + 1),
+        })
+    })
+    .collect()
 }
 
 /// `/repos/o/r`, `/orgs/o`, `/enterprises/e` from leading segments.

@@ -144,7 +144,7 @@ pub(crate) async fn follow_then_lease(
     shared: &Arc<Shared>,
     description: &str,
     subjects: &[&str],
-    handler: impl Handler + Send + Sync + 'static,
+    handler: impl Handler + 'static,
     key: &'static str,
     stop: &CancellationToken,
 ) -> Option<Leased> {

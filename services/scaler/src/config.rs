@@ -584,9 +584,56 @@ pub struct PoolConfig {
     /// Forge host (default `github.com`, or the GitLab URL's host).
     #[serde(default)]
     pub instance: Option<String>,
-    /// Extra specs handed to the provider as is.
+    /// Extra specs handed to the provider as is (a table). External
+    /// providers also get runyard's default `runner_install_template` in
+    /// them unless the table has one (base64 of a Go text/template, as
+    /// garm's providers read it).
     #[serde(default)]
     pub extra_specs: Option<toml::Value>,
+    /// `linux` (default) or `windows`: the bootstrap JSON's `os_type`.
+    #[serde(default = "default_os_type")]
+    pub os_type: String,
+    /// `amd64` (default), `arm64`, `arm` or `i386`: the bootstrap JSON's
+    /// `arch` (providers pick the runner download from the tools by it).
+    #[serde(default = "default_os_arch")]
+    pub os_arch: String,
+    /// What happens to an instance its provider lists as `stopped`:
+    /// `replace` (default) or `start`.
+    #[serde(default)]
+    pub stopped: StoppedAction,
+}
+
+/// What the scaler does with a runner whose instance its provider lists as
+/// `stopped` (seen at two listings in a row).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StoppedAction {
+    /// The runner is removed (forge registration and instance) and made
+    /// again: a stopped machine's ephemeral runner may have lost its job or
+    /// its registration, so a fresh one is the safe default.
+    #[default]
+    Replace,
+    /// The instance is started again (`StartInstance`); when that fails it
+    /// is replaced.
+    Start,
+}
+
+fn default_os_type() -> String {
+    "linux".into()
+}
+
+fn default_os_arch() -> String {
+    "amd64".into()
+}
+
+impl PoolConfig {
+    /// The pool's extra specs as JSON (`{}` when it has none).
+    pub fn extra_specs_json(&self) -> serde_json::Value {
+        self.extra_specs
+            .as_ref()
+            .and_then(|v| serde_json::to_value(v).ok())
+            .unwrap_or_else(|| serde_json::json!({}))
+    }
 }
 
 fn default_group() -> u64 {
@@ -747,6 +794,37 @@ impl ScalerFile {
             if pool.max_runners == 0 {
                 return Err(err(field("max_runners"), "must be at least 1"));
             }
+            if !matches!(pool.os_type.as_str(), "linux" | "windows") {
+                return Err(err(
+                    field("os_type"),
+                    format!("{:?} is not linux or windows", pool.os_type),
+                ));
+            }
+            if !matches!(pool.os_arch.as_str(), "amd64" | "arm64" | "arm" | "i386") {
+                return Err(err(
+                    field("os_arch"),
+                    format!("{:?} is not amd64, arm64, arm or i386", pool.os_arch),
+                ));
+            }
+            if let Some(specs) = &pool.extra_specs {
+                let Some(table) = specs.as_table() else {
+                    return Err(err(field("extra_specs"), "must be a table"));
+                };
+                if let Some(t) = table.get("runner_install_template") {
+                    use base64::Engine as _;
+                    let decodes = t.as_str().is_some_and(|s| {
+                        base64::engine::general_purpose::STANDARD
+                            .decode(s.trim())
+                            .is_ok()
+                    });
+                    if !decodes {
+                        return Err(err(
+                            field("extra_specs.runner_install_template"),
+                            "must be a base64 string (providers decode it as bytes)",
+                        ));
+                    }
+                }
+            }
             if pool.min_idle > pool.max_runners {
                 return Err(err(
                     field("min_idle"),
@@ -871,6 +949,42 @@ lease_ttl = "2s"
         assert_eq!(e.field, "providers.lxd.interface_version");
         let e = refused(&GOOD.replace("kind = \"process\"", "kind = \"teleport\""));
         assert!(e.message.contains("teleport"), "{e}");
+    }
+
+    #[test]
+    fn pool_options_for_external_providers_are_checked() {
+        let f = ScalerFile::parse(GOOD).expect("valid");
+        let pool = &f.pools[0];
+        assert_eq!(
+            (pool.os_type.as_str(), pool.os_arch.as_str(), pool.stopped),
+            ("linux", "amd64", StoppedAction::Replace)
+        );
+        assert_eq!(pool.extra_specs_json(), serde_json::json!({}));
+        let f = ScalerFile::parse(&GOOD.replace(
+            "priority = 10",
+            "priority = 10\nos_type = \"windows\"\nos_arch = \"arm64\"\nstopped = \"start\"\nextra_specs = { disk_gb = 20, runner_install_template = \"ZWNobwo=\" }",
+        ))
+        .expect("valid");
+        let pool = &f.pools[0];
+        assert_eq!(
+            (pool.os_type.as_str(), pool.os_arch.as_str(), pool.stopped),
+            ("windows", "arm64", StoppedAction::Start)
+        );
+        assert_eq!(pool.extra_specs_json()["disk_gb"], 20);
+        for (line, field) in [
+            ("os_type = \"beos\"", "pools[0].os_type"),
+            ("os_arch = \"sparc\"", "pools[0].os_arch"),
+            ("extra_specs = 3", "pools[0].extra_specs"),
+            (
+                "extra_specs = { runner_install_template = \"not base64!\" }",
+                "pools[0].extra_specs.runner_install_template",
+            ),
+        ] {
+            let e = refused(&GOOD.replace("priority = 10", &format!("priority = 10\n{line}")));
+            assert_eq!(e.field, field, "{line}: {e}");
+        }
+        let e = refused(&GOOD.replace("priority = 10", "priority = 10\nstopped = \"ignore\""));
+        assert!(e.message.contains("ignore"), "{e}");
     }
 
     const RECONCILER: &str = r#"

@@ -13,16 +13,19 @@ use runyard_events::{
     RunnerFailed, RunnerOnline, RunnerRef, RunnerRequested, Source, claim_key, forge_token,
     instance_name, runner_event_id_for, timestamp,
 };
+use secrecy::{ExposeSecret as _, SecretString};
 use sqlx::PgPool;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{PoolConfig, Timers};
+use crate::config::{PoolConfig, StoppedAction, Timers};
 use crate::forges::{ForgeRunner, Forges, Unregistered};
 use crate::kv::{Claim, Coordination};
+use crate::metadata::InstanceSecrets;
 use crate::metrics::ScalerMetrics;
 use crate::policy::{self, Decision, Knobs, PoolSpec, PoolStatus};
-use crate::provider::{CreateRequest, Instance, Provider};
+use crate::provider::tools::{ToolsCache, github_scope};
+use crate::provider::{Bootstrap, CreateRequest, Instance, Provider, ProviderError};
 use crate::sizing::Allocator;
 use crate::world::{Clock, JobId, Phase, Runner, World, create_backoff};
 
@@ -103,6 +106,23 @@ enum Outcome {
         instances: Option<Vec<Instance>>,
         forge: Option<Vec<ForgeRunner>>,
     },
+    /// The listing of a pool id no configured pool has (a pool removed
+    /// from the configuration), made through `host`'s provider.
+    ListedRemoved {
+        pool_id: String,
+        host: String,
+        instances: Option<Vec<Instance>>,
+    },
+}
+
+/// A pool id the log's runner events name: what they said of its pool,
+/// and when last.
+#[derive(Debug, Clone)]
+struct SeenPool {
+    /// The pool, provider and forge of its runners (the name left empty).
+    rref: RunnerRef,
+    /// The latest event naming it.
+    at: Clock,
 }
 
 /// Facts that are not events (they come from the forge's lagging view).
@@ -138,11 +158,23 @@ pub struct Engine {
     /// GitLab jobs whose tags could not be read (not asked again until the
     /// next sync, to stay within the API budget).
     label_failures: HashSet<JobId>,
+    /// GitHub's runner downloads (the `tools` external providers get).
+    tools: Arc<ToolsCache>,
+    /// Every pool id the log's runner events named within the lookback,
+    /// configured or not: providers tag instances with their pool id, so
+    /// orphans are found by listing each.
+    seen_pools: HashMap<String, SeenPool>,
+    /// Removed pools whose provider no configured pool uses (warned once).
+    unreachable_pools: HashSet<String>,
+    /// Runners whose stopped instance was started once (stopped again, they
+    /// are replaced).
+    restarted: HashSet<String>,
 }
 
 impl Engine {
     /// A new engine.
     pub fn new(shared: Arc<Shared>) -> Self {
+        Self::register_pools(&shared);
         let (outcomes_tx, outcomes) = mpsc::channel(4096);
         Self {
             shared,
@@ -156,6 +188,18 @@ impl Engine {
             tasks: tokio::task::JoinSet::new(),
             idle_counter: 0,
             label_failures: HashSet::new(),
+            tools: Arc::new(ToolsCache::default()),
+            seen_pools: HashMap::new(),
+            unreachable_pools: HashSet::new(),
+            restarted: HashSet::new(),
+        }
+    }
+
+    /// Tells each pool's provider its extra specs (v0.1.1 external
+    /// providers get them on every call).
+    fn register_pools(shared: &Shared) {
+        for p in shared.pools.values() {
+            p.provider.register_pool(&p.id, p.config.extra_specs_json());
         }
     }
 
@@ -192,6 +236,7 @@ impl Engine {
             _ => true,
         };
         self.world.apply(event, now(), backoff);
+        self.note_pool(event);
         // A job started on one of our runners: record the assignment (the
         // pool's owner does, once; the id is deterministic either way).
         if !assigned_before
@@ -214,6 +259,32 @@ impl Engine {
                 publish(&shared, &p, &name, body).await;
             });
         }
+    }
+
+    /// Remembers the pool id a runner event names.
+    fn note_pool(&mut self, event: &Event) {
+        let Some(rref) = event.body.as_ref().and_then(runyard_events::runner_ref) else {
+            return;
+        };
+        if rref.pool_id.is_empty() {
+            return;
+        }
+        let at = event
+            .occurred_at
+            .as_ref()
+            .and_then(|t| u64::try_from(t.seconds).ok())
+            .map_or_else(now, Duration::from_secs);
+        let seen = self
+            .seen_pools
+            .entry(rref.pool_id.clone())
+            .or_insert_with(|| SeenPool {
+                rref: RunnerRef {
+                    name: String::new(),
+                    ..rref.clone()
+                },
+                at,
+            });
+        seen.at = seen.at.max(at);
     }
 
     /// Runs until `stop`: `events` carries the log (from `caught_up` on the
@@ -268,7 +339,15 @@ impl Engine {
                     self.sync();
                     continue;
                 }
-                _ = prune_tick.tick() => { self.world.prune(now(), timers.lookback); continue; }
+                _ = prune_tick.tick() => {
+                    let now = now();
+                    self.world.prune(now, timers.lookback);
+                    let cutoff = now.saturating_sub(timers.lookback);
+                    self.seen_pools.retain(|_, s| s.at >= cutoff);
+                    let runners = &self.world.runners;
+                    self.restarted.retain(|n| runners.contains_key(n));
+                    continue;
+                }
             }
             self.decide();
         }
@@ -462,8 +541,9 @@ impl Engine {
                     Runner::requested(&name, &pool, Some(job), run_attempt, &key, now),
                 );
                 let shared = self.shared.clone();
+                let tools = self.tools.clone();
                 self.spawn(name.clone(), async move {
-                    create_for_job(shared, p, j, name, key).await
+                    create_for_job(shared, p, j, name, key, tools).await
                 });
             }
             Decision::CreateIdle { pool } => self.create_free(&pool, "min_idle", now),
@@ -484,12 +564,13 @@ impl Engine {
                 }
                 let attempt = runner.attempts + 1;
                 let shared = self.shared.clone();
+                let tools = self.tools.clone();
                 self.spawn(name.clone(), async move {
                     let sizing = match &job {
                         Some(j) => shared.allocator.size(j, &p.config.flavors).await.flavor,
                         None => 0,
                     };
-                    let events = provision(&shared, &p, &name, sizing, attempt).await;
+                    let events = provision(&shared, &p, &tools, &name, sizing, attempt).await;
                     Outcome::Done {
                         name,
                         events,
@@ -624,8 +705,9 @@ impl Engine {
             Runner::requested(&name, pool, None, 0, &key, now),
         );
         let shared = self.shared.clone();
+        let tools = self.tools.clone();
         self.spawn(name.clone(), async move {
-            create_free(shared, p, name, key, reason).await
+            create_free(shared, p, name, key, reason, tools).await
         });
     }
 
@@ -697,10 +779,21 @@ impl Engine {
                 self.ops.remove(&format!("sync:{pool}"));
                 self.on_listed(&pool, instances.as_deref(), forge.as_deref());
             }
+            Outcome::ListedRemoved {
+                pool_id,
+                host,
+                instances,
+            } => {
+                self.ops.remove(&format!("sync-removed:{pool_id}"));
+                if let Some(instances) = instances {
+                    self.on_listed_removed(&pool_id, &host, &instances);
+                }
+            }
         }
     }
 
-    /// Lists every owned pool's instances and forge runners (off the loop).
+    /// Lists every owned pool's instances and forge runners, and the
+    /// instances of pools removed from the configuration (off the loop).
     fn sync(&mut self) {
         let pools: Vec<Arc<Pool>> = self
             .shared
@@ -721,6 +814,9 @@ impl Engine {
                 shared
                     .metrics
                     .provider_call(&p.provider_name, "list", started, instances.is_ok());
+                if let Err(error) = &instances {
+                    tracing::warn!(%error, pool = %p.config.name, "listing the pool's instances failed");
+                }
                 let forge = shared.forges.list(&p.config).await;
                 if let Err(error) = &forge {
                     tracing::warn!(%error, pool = %p.config.name, "listing forge runners failed");
@@ -732,6 +828,94 @@ impl Engine {
                 }
             });
         }
+        self.sync_removed();
+    }
+
+    /// Lists the pool ids the log names that no configured pool has (a pool
+    /// removed or renamed): through a configured pool on the same provider,
+    /// by the replica holding the lease of the first such pool (by name).
+    fn sync_removed(&mut self) {
+        let shared = self.shared.clone();
+        let configured: HashSet<&str> = shared.pools.values().map(|p| p.id.as_str()).collect();
+        let removed: Vec<(String, SeenPool)> = self
+            .seen_pools
+            .iter()
+            .filter(|(id, _)| !configured.contains(id.as_str()))
+            .map(|(id, s)| (id.clone(), s.clone()))
+            .collect();
+        for (pool_id, seen) in removed {
+            let host = shared
+                .pools
+                .values()
+                .filter(|p| p.provider_name == seen.rref.provider)
+                .min_by(|a, b| a.config.name.cmp(&b.config.name))
+                .cloned();
+            let Some(host) = host else {
+                if self.unreachable_pools.insert(pool_id.clone()) {
+                    tracing::warn!(
+                        pool = %seen.rref.pool,
+                        %pool_id,
+                        provider = %seen.rref.provider,
+                        "no configured pool uses the provider of a removed pool: its instances cannot be listed"
+                    );
+                }
+                continue;
+            };
+            if !self.owns(&host.config.name) {
+                continue;
+            }
+            let key = format!("sync-removed:{pool_id}");
+            if self.ops.contains(&key) {
+                continue;
+            }
+            let shared = self.shared.clone();
+            self.spawn(key, async move {
+                let started = Instant::now();
+                let instances = host.provider.list(&pool_id).await;
+                shared.metrics.provider_call(
+                    &host.provider_name,
+                    "list",
+                    started,
+                    instances.is_ok(),
+                );
+                if let Err(error) = &instances {
+                    tracing::warn!(%error, pool = %seen.rref.pool, %pool_id, "listing a removed pool's instances failed");
+                }
+                Outcome::ListedRemoved {
+                    pool_id,
+                    host: host.config.name.clone(),
+                    instances: instances.ok(),
+                }
+            });
+        }
+    }
+
+    /// Counts a sighting of `kind`/`name` in a listing of `scope` (a pool
+    /// id); true at the second listing in a row showing it, so a create or
+    /// delete whose event is still on its way is never mistaken.
+    fn sighted(
+        &mut self,
+        scope: &str,
+        kind: &str,
+        name: &str,
+        seen_now: &mut HashSet<String>,
+    ) -> bool {
+        let key = format!("{scope}/{kind}/{name}");
+        seen_now.insert(key.clone());
+        let count = self.suspects.entry(key.clone()).or_default();
+        *count += 1;
+        if *count < 2 {
+            return false;
+        }
+        self.suspects.remove(&key);
+        true
+    }
+
+    /// Forgets what a listing of `scope` no longer shows.
+    fn settle(&mut self, scope: &str, seen_now: &HashSet<String>) {
+        let prefix = format!("{scope}/");
+        self.suspects
+            .retain(|k, _| !k.starts_with(&prefix) || seen_now.contains(k));
     }
 
     fn on_listed(
@@ -743,16 +927,20 @@ impl Engine {
         let Some(p) = self.shared.pools.get(pool).cloned() else {
             return;
         };
+        let scope = p.id.clone();
+        let mut seen_now = HashSet::new();
         let known = |w: &World, name: &str| {
             w.runners
                 .get(name)
                 .is_some_and(|r| r.phase != Phase::Deleted)
         };
-        let mut orphans: Vec<(String, Option<String>, Option<u64>)> = Vec::new();
+        // What nothing owns, by name: its provider id and forge id.
+        let mut orphans: std::collections::BTreeMap<String, (Option<String>, Option<u64>)> =
+            std::collections::BTreeMap::new();
         if let Some(instances) = instances {
             for i in instances {
                 if !known(&self.world, &i.name) && !self.ops.contains(&i.name) {
-                    orphans.push((i.name.clone(), Some(i.provider_id.clone()), None));
+                    orphans.entry(i.name.clone()).or_default().0 = Some(i.provider_id.clone());
                 }
             }
             // Runners the provider no longer has.
@@ -777,14 +965,22 @@ impl Engine {
                 .filter(|r| !self.ops.contains(&r.name))
                 .cloned()
                 .collect();
+            // Runners whose machine is stopped or in error.
+            let troubled: Vec<(Runner, Instance)> = instances
+                .iter()
+                .filter(|i| matches!(i.status.as_str(), "stopped" | "error"))
+                .filter_map(|i| {
+                    let r = self.world.runners.get(&i.name)?;
+                    (r.pool == pool
+                        && matches!(r.phase, Phase::Created | Phase::Online | Phase::Assigned)
+                        && !self.ops.contains(&r.name))
+                    .then(|| (r.clone(), i.clone()))
+                })
+                .collect();
             for r in interrupted {
-                let key = format!("interrupted:{}", r.name);
-                let seen = self.suspects.entry(key.clone()).or_default();
-                *seen += 1;
-                if *seen < 2 {
+                if !self.sighted(&scope, "interrupted", &r.name, &mut seen_now) {
                     continue;
                 }
-                self.suspects.remove(&key);
                 let listed_instance = instances.iter().find(|i| i.name == r.name).cloned();
                 let forge_id = forge
                     .as_ref()
@@ -807,6 +1003,7 @@ impl Engine {
                             if let Some(i) = instance {
                                 let _ = p.provider.delete(&p.id, &i.provider_id).await;
                             }
+                            forget_secrets(&shared, &name).await;
                             if let Some(id) = forge_id {
                                 let _ = shared.forges.unregister(&p.config, id).await;
                             }
@@ -824,12 +1021,9 @@ impl Engine {
                 });
             }
             for r in missing {
-                let seen = self.suspects.entry(format!("gone:{}", r.name)).or_default();
-                *seen += 1;
-                if *seen < 2 {
+                if !self.sighted(&scope, "gone", &r.name, &mut seen_now) {
                     continue;
                 }
-                self.suspects.remove(&format!("gone:{}", r.name));
                 let shared = self.shared.clone();
                 let p = p.clone();
                 let name = r.name.clone();
@@ -853,6 +1047,24 @@ impl Engine {
                         })
                     };
                     record(&shared, &p, name, body).await
+                });
+            }
+            for (r, i) in troubled {
+                if !self.sighted(&scope, "stopped", &r.name, &mut seen_now) {
+                    continue;
+                }
+                // Started again once: stopped a second time, it is replaced
+                // (and its replacement may be started again once).
+                let start = i.status == "stopped"
+                    && p.config.stopped == StoppedAction::Start
+                    && !self.restarted.remove(&r.name);
+                if start {
+                    self.restarted.insert(r.name.clone());
+                }
+                let shared = self.shared.clone();
+                let p = p.clone();
+                self.spawn(r.name.clone(), async move {
+                    stopped_instance(shared, p, r, i, start).await
                 });
             }
         }
@@ -882,27 +1094,19 @@ impl Engine {
                         }
                     }
                     _ if !f.busy && !self.ops.contains(&f.name) => {
-                        orphans.push((f.name.clone(), None, Some(f.id)));
+                        orphans.entry(f.name.clone()).or_default().1 = Some(f.id);
                     }
                     _ => {}
                 }
             }
         }
-        // An orphan is removed at its second sighting (two cycles), so a
-        // create whose first event is still on its way is never mistaken.
-        let mut seen_now = HashSet::new();
-        for (name, provider_id, forge_id) in orphans {
-            let key = format!("orphan:{name}");
-            seen_now.insert(key.clone());
-            let count = self.suspects.entry(key.clone()).or_default();
-            *count += 1;
-            if *count < 2 {
+        for (name, (provider_id, forge_id)) in orphans {
+            let op = format!("orphan:{name}");
+            if self.ops.contains(&op) || !self.sighted(&scope, "orphan", &name, &mut seen_now) {
                 continue;
             }
-            self.suspects.remove(&key);
             let shared = self.shared.clone();
             let p = p.clone();
-            let op = format!("orphan:{name}");
             self.spawn(op.clone(), async move {
                 if let Some(id) = forge_id {
                     let _ = shared.forges.unregister(&p.config, id).await;
@@ -913,7 +1117,11 @@ impl Engine {
                     shared
                         .metrics
                         .provider_call(&p.provider_name, "delete", started, r.is_ok());
+                    if let Err(error) = &r {
+                        tracing::warn!(%error, runner = %name, "deleting an orphan instance failed");
+                    }
                 }
+                forget_secrets(&shared, &name).await;
                 tracing::info!(runner = %name, pool = %p.config.name, "orphan removed");
                 Outcome::Done {
                     name: op,
@@ -922,8 +1130,102 @@ impl Engine {
                 }
             });
         }
-        self.suspects
-            .retain(|k, _| !k.starts_with("orphan:") || seen_now.contains(k));
+        self.settle(&scope, &seen_now);
+    }
+
+    /// The listing of a removed pool (`pool_id`, made through `host`'s
+    /// provider): nothing configured owns its instances, so each goes at the
+    /// second listing showing it; its runners the log still counts alive
+    /// are recorded deleted (reason `pool_removed`). Their forge
+    /// registrations, whose scope is no longer configured, are left to the
+    /// forge's own clean-up of offline runners.
+    fn on_listed_removed(&mut self, pool_id: &str, host: &str, instances: &[Instance]) {
+        let (Some(seen), Some(host)) = (
+            self.seen_pools.get(pool_id).cloned(),
+            self.shared.pools.get(host).cloned(),
+        ) else {
+            return;
+        };
+        let mut seen_now = HashSet::new();
+        let alive = |w: &World, name: &str| {
+            w.runners
+                .get(name)
+                .is_some_and(|r| r.pool == seen.rref.pool && r.is_alive())
+        };
+        for i in instances {
+            let op = format!("orphan:{}", i.name);
+            if self.ops.contains(&op)
+                || self.ops.contains(&i.name)
+                || !self.sighted(pool_id, "orphan", &i.name, &mut seen_now)
+            {
+                continue;
+            }
+            let counted = alive(&self.world, &i.name);
+            let shared = self.shared.clone();
+            let host = host.clone();
+            let pool_id = pool_id.to_owned();
+            let rref = RunnerRef {
+                name: i.name.clone(),
+                ..seen.rref.clone()
+            };
+            let provider_id = i.provider_id.clone();
+            self.spawn(op.clone(), async move {
+                let started = Instant::now();
+                let deleted = host.provider.delete(&pool_id, &provider_id).await;
+                shared.metrics.provider_call(
+                    &host.provider_name,
+                    "delete",
+                    started,
+                    deleted.is_ok(),
+                );
+                let mut events = Vec::new();
+                match deleted {
+                    Ok(()) => {
+                        tracing::info!(runner = %rref.name, pool = %rref.pool, %pool_id, "instance of a removed pool deleted");
+                        forget_secrets(&shared, &rref.name).await;
+                        if counted {
+                            events = pool_removed(&shared, rref).await;
+                        }
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, runner = %rref.name, pool = %rref.pool, "deleting an instance of a removed pool failed");
+                    }
+                }
+                Outcome::Done {
+                    name: op,
+                    events,
+                    local: None,
+                }
+            });
+        }
+        let listed: HashSet<&str> = instances.iter().map(|i| i.name.as_str()).collect();
+        let gone: Vec<String> = self
+            .world
+            .runners
+            .values()
+            .filter(|r| r.pool == seen.rref.pool && r.is_alive())
+            .filter(|r| !listed.contains(r.name.as_str()) && !self.ops.contains(&r.name))
+            .map(|r| r.name.clone())
+            .collect();
+        for name in gone {
+            if !self.sighted(pool_id, "gone", &name, &mut seen_now) {
+                continue;
+            }
+            let shared = self.shared.clone();
+            let rref = RunnerRef {
+                name: name.clone(),
+                ..seen.rref.clone()
+            };
+            self.spawn(name.clone(), async move {
+                forget_secrets(&shared, &name).await;
+                Outcome::Done {
+                    events: pool_removed(&shared, rref).await,
+                    name,
+                    local: None,
+                }
+            });
+        }
+        self.settle(pool_id, &seen_now);
     }
 }
 
@@ -972,6 +1274,18 @@ async fn record(shared: &Shared, p: &Pool, name: String, body: Body) -> Outcome 
 /// Publishes a runner event (retrying a few times) and returns it to be
 /// folded in. The id is deterministic, so a retry never doubles it.
 async fn publish(shared: &Shared, p: &Pool, name: &str, body: Body) -> Vec<Event> {
+    publish_for(shared, p.spec.forge as i32, &p.spec.instance, name, body).await
+}
+
+/// [`publish`] for a runner of the forge `forge` at `instance` (also one
+/// of a pool no longer configured).
+async fn publish_for(
+    shared: &Shared,
+    forge: i32,
+    instance: &str,
+    name: &str,
+    body: Body,
+) -> Vec<Event> {
     let id = runner_event_id_for(&body).unwrap_or_default();
     let at = timestamp(time::OffsetDateTime::now_utc());
     let event = Event {
@@ -979,8 +1293,8 @@ async fn publish(shared: &Shared, p: &Pool, name: &str, body: Body) -> Vec<Event
         occurred_at: Some(at),
         received_at: Some(at),
         source: Some(Source {
-            forge: p.spec.forge as i32,
-            instance: p.spec.instance.clone(),
+            forge,
+            instance: instance.to_owned(),
             delivery_id: String::new(),
             hook_id: String::new(),
             producer: "scaler".into(),
@@ -1000,6 +1314,92 @@ async fn publish(shared: &Shared, p: &Pool, name: &str, body: Body) -> Vec<Event
     vec![event]
 }
 
+/// Records a runner of a removed pool deleted (reason `pool_removed`).
+async fn pool_removed(shared: &Shared, rref: RunnerRef) -> Vec<Event> {
+    let (forge, instance, name) = (rref.forge, rref.instance.clone(), rref.name.clone());
+    let body = Body::RunnerDeleted(RunnerDeleted {
+        runner: Some(rref),
+        reason: "pool_removed".into(),
+    });
+    publish_for(shared, forge, &instance, &name, body).await
+}
+
+/// A runner whose instance its provider lists stopped (or in error), seen
+/// twice: started again when the pool says so (`start`, once), else — or
+/// when starting fails — removed and recorded `RunnerFailed` (a job's
+/// runner is then made again after the create back-off, a free one
+/// replaced by the policy), or `RunnerDeleted` when it had taken a job.
+async fn stopped_instance(
+    shared: Arc<Shared>,
+    p: Arc<Pool>,
+    r: Runner,
+    i: Instance,
+    start: bool,
+) -> Outcome {
+    let name = r.name.clone();
+    if start {
+        let started = Instant::now();
+        let result = p.provider.start(&p.id, &i.provider_id).await;
+        shared
+            .metrics
+            .provider_call(&p.provider_name, "start", started, result.is_ok());
+        match result {
+            Ok(()) => {
+                tracing::info!(runner = %name, pool = %p.config.name, "stopped instance started again");
+                return Outcome::Done {
+                    name,
+                    events: Vec::new(),
+                    local: None,
+                };
+            }
+            Err(error) => {
+                tracing::warn!(%error, runner = %name, "starting the stopped instance failed; replacing it");
+            }
+        }
+    }
+    let reason = if i.status == "stopped" {
+        "instance_stopped"
+    } else {
+        "instance_error"
+    };
+    tracing::info!(runner = %name, pool = %p.config.name, status = %i.status, fault = ?i.fault, "replacing the runner");
+    match remove(&shared, &p, &r).await {
+        Ok(Unregistered::Gone) => {
+            let body = if r.phase == Phase::Assigned {
+                Body::RunnerDeleted(RunnerDeleted {
+                    runner: Some(rref(&p, &name)),
+                    reason: reason.into(),
+                })
+            } else {
+                let fault = i
+                    .fault
+                    .as_deref()
+                    .map(|f| format!(": {f}"))
+                    .unwrap_or_default();
+                Body::RunnerFailed(RunnerFailed {
+                    runner: Some(rref(&p, &name)),
+                    reason: reason.into(),
+                    error: format!("the provider lists the instance {}{fault}", i.status),
+                    attempt: r.attempts,
+                    given_up: false,
+                    job: r.job.as_ref().map(job_key),
+                })
+            };
+            record(&shared, &p, name, body).await
+        }
+        Ok(Unregistered::Busy) => Outcome::Done {
+            name,
+            events: Vec::new(),
+            local: Some(Local::Busy),
+        },
+        Err(()) => Outcome::Done {
+            name,
+            events: Vec::new(),
+            local: None,
+        },
+    }
+}
+
 /// Claims the job, checks it still waits, sizes it, records the request and
 /// provisions the runner.
 async fn create_for_job(
@@ -1008,6 +1408,7 @@ async fn create_for_job(
     job: crate::world::Job,
     name: String,
     key: String,
+    tools: Arc<ToolsCache>,
 ) -> Outcome {
     let abandon = |name: String, started: bool| Outcome::Abandoned {
         name,
@@ -1048,7 +1449,7 @@ async fn create_for_job(
         image: p.config.image.clone(),
     });
     let mut events = publish(&shared, &p, &name, body).await;
-    events.extend(provision(&shared, &p, &name, sizing.flavor, 1).await);
+    events.extend(provision(&shared, &p, &tools, &name, sizing.flavor, 1).await);
     Outcome::Done {
         name,
         events,
@@ -1062,6 +1463,7 @@ async fn create_free(
     name: String,
     key: String,
     reason: &'static str,
+    tools: Arc<ToolsCache>,
 ) -> Outcome {
     let flavor = &p.config.flavors[0];
     let body = Body::RunnerRequested(RunnerRequested {
@@ -1080,7 +1482,7 @@ async fn create_free(
         image: p.config.image.clone(),
     });
     let mut events = publish(&shared, &p, &name, body).await;
-    events.extend(provision(&shared, &p, &name, 0, 1).await);
+    events.extend(provision(&shared, &p, &tools, &name, 0, 1).await);
     Outcome::Done {
         name,
         events,
@@ -1118,10 +1520,13 @@ async fn already_started(shared: &Shared, job: &JobId) -> bool {
 }
 
 /// One create attempt: register on the forge, create the instance. On
-/// failure everything made is removed and `RunnerFailed` says why.
+/// failure everything made is removed and `RunnerFailed` says why. An
+/// external provider's instance also gets GitHub's runner downloads, its
+/// secrets in the metadata API's store and a token to read them with.
 async fn provision(
     shared: &Shared,
     p: &Pool,
+    tools: &ToolsCache,
     name: &str,
     flavor: usize,
     attempt: u32,
@@ -1129,6 +1534,24 @@ async fn provision(
     let flavor = &p.config.flavors[flavor.min(p.config.flavors.len() - 1)];
     // The semaphore is never closed; a closed one would only lift the bound.
     let _slot = shared.create_slots.acquire().await.ok();
+    let external = p.provider.is_external();
+    // Read before anything is registered: a failure leaves nothing to undo.
+    let downloads = if external && p.spec.forge == Forge::Github {
+        match (&shared.forges.github, github_scope(&p.config.scope)) {
+            (Some(github), Some(scope)) => match tools.get(github, &scope).await {
+                Ok(list) => list,
+                Err(error) => {
+                    tracing::warn!(%error, runner = %name, attempt, "reading the runner downloads failed");
+                    let error = format!("reading the runner downloads: {error}");
+                    return fail(shared, p, name, attempt, "forge_error", &error).await;
+                }
+            },
+            // Without a GitHub client the registration below says so.
+            _ => Vec::new(),
+        }
+    } else {
+        Vec::new()
+    };
     let reg = match shared.forges.register(&p.config, name).await {
         Ok(r) => r,
         Err(error) => {
@@ -1148,29 +1571,45 @@ async fn provision(
         image: p.config.image.clone(),
         labels,
         jit_config: reg.jit_config,
-        repo_url: repo_url(&p.config),
+        repo_url: repo_url(p),
         runner_group: String::new(),
-        extra_specs: p
-            .config
-            .extra_specs
-            .as_ref()
-            .and_then(|v| serde_json::to_value(v).ok())
-            .unwrap_or_else(|| serde_json::json!({})),
+        extra_specs: p.config.extra_specs_json(),
         timeout: p.config.bootstrap_timeout,
     };
+    let boot = if external {
+        match bootstrap(shared, p, &req, downloads, attempt).await {
+            Ok(boot) => boot,
+            Err(error) => {
+                tracing::warn!(%error, runner = %name, attempt, "preparing the instance's bootstrap failed");
+                forget_secrets(shared, name).await;
+                let _ = shared.forges.unregister(&p.config, reg.runner_id).await;
+                return fail(shared, p, name, attempt, "metadata_error", &error).await;
+            }
+        }
+    } else {
+        Bootstrap::default()
+    };
     let started = Instant::now();
-    let created = tokio::time::timeout(p.config.bootstrap_timeout, p.provider.create(&req)).await;
-    let created = match created {
+    // The provider bounds the call itself (killing what it started); this
+    // only catches one that would not.
+    let bound = p.config.bootstrap_timeout + Duration::from_secs(5);
+    let created = match tokio::time::timeout(bound, p.provider.create_with(&req, &boot)).await {
         Ok(r) => r,
-        Err(_) => Err(crate::provider::ProviderError::Timeout(
-            p.config.bootstrap_timeout,
-        )),
+        Err(_) => Err(ProviderError::Timeout(p.config.bootstrap_timeout)),
     };
     shared
         .metrics
         .provider_call(&p.provider_name, "create", started, created.is_ok());
     match created {
         Ok(instance) => {
+            tracing::info!(
+                runner = %name,
+                provider_id = %instance.provider_id,
+                status = %instance.status,
+                os = %instance.os_name,
+                addresses = ?instance.addresses.iter().map(|a| a.address.as_str()).collect::<Vec<_>>(),
+                "instance created"
+            );
             let body = Body::RunnerCreated(RunnerCreated {
                 runner: Some(rref(p, name)),
                 provider_id: instance.provider_id,
@@ -1182,9 +1621,22 @@ async fn provision(
         }
         Err(error) => {
             tracing::warn!(%error, runner = %name, attempt, "creating the instance failed");
-            // Nothing half-made stays: the instance (by name) and the
+            // Nothing half-made stays: the instance (by its provider id when
+            // the provider gave one, else by name), its secrets and the
             // registration go.
-            let _ = p.provider.delete(&p.id, name).await;
+            let target = match &error {
+                ProviderError::InstanceError { provider_id, .. } => provider_id.clone(),
+                _ => name.to_owned(),
+            };
+            let started = Instant::now();
+            let deleted = p.provider.delete(&p.id, &target).await;
+            shared
+                .metrics
+                .provider_call(&p.provider_name, "delete", started, deleted.is_ok());
+            if let Err(e) = &deleted {
+                tracing::warn!(error = %e, runner = %name, "deleting the failed instance failed");
+            }
+            forget_secrets(shared, name).await;
             let _ = shared.forges.unregister(&p.config, reg.runner_id).await;
             fail(
                 shared,
@@ -1196,6 +1648,54 @@ async fn provision(
             )
             .await
         }
+    }
+}
+
+/// The bootstrap an external provider's instance gets: a token for this
+/// attempt (valid for the pool's bootstrap timeout), its secrets stored
+/// where the metadata API reads them, the API's URLs and the runner
+/// downloads.
+async fn bootstrap(
+    shared: &Shared,
+    p: &Pool,
+    req: &CreateRequest,
+    tools: Vec<runyard_forge::api::github::RunnerDownload>,
+    attempt: u32,
+) -> Result<Bootstrap, String> {
+    let meta = shared.metadata.as_ref().ok_or_else(|| {
+        "the instance metadata API is off (RUNYARD_SCALER_INSTANCE_TOKEN_KEY is not set)".to_owned()
+    })?;
+    let token = meta
+        .tokens
+        .mint_for_attempt(&req.name, &req.pool, attempt, p.config.bootstrap_timeout)
+        .map_err(|e| e.to_string())?;
+    meta.store
+        .put(&InstanceSecrets {
+            name: req.name.clone(),
+            pool: req.pool.clone(),
+            forge: forge_token(p.spec.forge).to_owned(),
+            jit_config: req.jit_config.expose_secret().to_owned(),
+            repo_url: req.repo_url.clone(),
+            labels: req.labels.clone(),
+            runner_group: req.runner_group.clone(),
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(Bootstrap {
+        tools,
+        callback_url: meta.callback_url.clone(),
+        metadata_url: meta.metadata_url.clone(),
+        instance_token: SecretString::from(token),
+        os_type: p.config.os_type.clone(),
+        os_arch: p.config.os_arch.clone(),
+        forge: forge_token(p.spec.forge).to_owned(),
+    })
+}
+
+/// Removes an instance's bootstrap secrets (its token opens nothing then).
+async fn forget_secrets(shared: &Shared, name: &str) {
+    if let Some(meta) = &shared.metadata {
+        meta.store.remove(name).await;
     }
 }
 
@@ -1218,9 +1718,9 @@ async fn fail(
     publish(shared, p, name, body).await
 }
 
-fn repo_url(pool: &PoolConfig) -> String {
-    let s = &pool.scope;
-    let host = pool.instance.clone().unwrap_or_else(|| "github.com".into());
+fn repo_url(p: &Pool) -> String {
+    let s = &p.config.scope;
+    let host = &p.spec.instance;
     match (&s.repo, &s.org, &s.enterprise) {
         (Some(r), _, _) => format!("https://{host}/{r}"),
         (_, Some(o), _) => format!("https://{host}/{o}"),
@@ -1249,7 +1749,10 @@ async fn remove(shared: &Shared, p: &Pool, r: &Runner) -> Result<Unregistered, (
         .metrics
         .provider_call(&p.provider_name, "delete", started, deleted.is_ok());
     match deleted {
-        Ok(()) => Ok(Unregistered::Gone),
+        Ok(()) => {
+            forget_secrets(shared, &r.name).await;
+            Ok(Unregistered::Gone)
+        }
         Err(error) => {
             tracing::warn!(%error, runner = %r.name, "deleting the instance failed");
             Err(())

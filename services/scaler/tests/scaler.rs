@@ -3,12 +3,15 @@
 //! runner deleted, faults retried, replicas that fail over.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed unwrap is a failed test
 
+#[path = "provider/fake.rs"]
+mod fake;
 mod reconcile;
 mod support;
 
 use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
+use fake::FakeProvider;
 use runyard_events::{Body, JobStatus};
 use support::{Stack, pool_toml, until};
 
@@ -273,39 +276,14 @@ async fn min_idle_is_kept_warm_and_an_idle_runner_gets_the_job() {
 /// A stack whose `local` provider is the fake external provider, its state
 /// in a directory of its own. Runners come online on GitHub as soon as they
 /// register (a background task plays the machines booting).
-async fn external_stack(bootstrap: &str) -> (Stack, std::path::PathBuf) {
-    let dir = tempfile::tempdir().unwrap().keep();
-    let exe = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/fake-provider");
-    let providers = format!(
-        "[providers.local]\nkind = \"external\"\nexecutable = {:?}\nconfig_file = {:?}\nexec_timeout = \"5s\"\n",
-        exe.display().to_string(),
-        dir.join("provider.toml").display().to_string()
-    );
+async fn external_stack(bootstrap: &str) -> (Stack, FakeProvider) {
+    let fake = FakeProvider::new(&[]);
+    let providers = fake.provider_toml("local", "v0.1.0", "5s", &[]);
     let pools = pool_toml(5, 0, "").replace(
         "bootstrap_timeout = \"30s\"",
         &format!("bootstrap_timeout = {bootstrap:?}"),
     );
-    (Stack::with_provider(&pools, &providers).await, dir)
-}
-
-fn calls(dir: &std::path::Path) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(dir.join("calls.log"))
-        .unwrap_or_default()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
-}
-
-fn instances(dir: &std::path::Path) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(dir.join("instances"))
-        .map(|d| {
-            d.flatten()
-                .map(|e| e.file_name().to_string_lossy().replace(".json", ""))
-                .collect()
-        })
-        .unwrap_or_default();
-    v.sort();
-    v
+    (Stack::with_provider(&pools, &providers).await, fake)
 }
 
 fn failed_attempts(events: &[runyard_events::Event]) -> Vec<(u32, String, bool)> {
@@ -320,18 +298,16 @@ fn failed_attempts(events: &[runyard_events::Event]) -> Vec<(u32, String, bool)>
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn provider_faults_are_retried_at_most_five_times_and_leak_nothing() {
-    let (stack, dir) = external_stack("3s").await;
-    std::fs::write(dir.join("faults"), "exit1\nhang\nerror_status\nmalformed\n").unwrap();
+    let (stack, fake) = external_stack("3s").await;
+    fake.set_faults(
+        "CreateInstance",
+        &["exit1", "hang", "error_status", "malformed"],
+    );
     let scaler = stack.start().await;
     stack.queued(501).await;
-    let creates = || {
-        calls(&dir)
-            .into_iter()
-            .filter(|c| c["command"] == "CreateInstance")
-            .count()
-    };
+    let creates = || fake.calls_of("CreateInstance").len();
     until("an instance after four faults", || {
-        creates() == 5 && instances(&dir).len() == 1
+        creates() == 5 && fake.instance_names().len() == 1
     })
     .await;
     support::until_async("the success recorded", async || {
@@ -340,7 +316,7 @@ async fn provider_faults_are_retried_at_most_five_times_and_leak_nothing() {
     .await;
     // The machine boots and its runner connects (before the 3 s bootstrap
     // timeout would reap it).
-    let name_501 = instances(&dir)[0].clone();
+    let name_501 = fake.instance_names()[0].clone();
     stack.github.set_online(name_501.as_str());
     let failed = failed_attempts(&stack.events().await);
     assert_eq!(
@@ -350,7 +326,7 @@ async fn provider_faults_are_retried_at_most_five_times_and_leak_nothing() {
     );
     assert!(failed.iter().all(|f| f.1 == "create_failed" && !f.2));
     // The protocol: a clean environment with the GARM_* variables.
-    let all = calls(&dir);
+    let all = fake.calls();
     let first = all
         .iter()
         .find(|c| c["command"] == "CreateInstance")
@@ -369,13 +345,17 @@ async fn provider_faults_are_retried_at_most_five_times_and_leak_nothing() {
 
     // Five faults in a row: the job is given up, with an event saying so,
     // and nothing is left behind on the provider or on GitHub.
-    std::fs::write(dir.join("faults"), "exit1\nexit1\nexit1\nexit1\nexit1\n").unwrap();
+    fake.set_faults("CreateInstance", &["exit1"; 5]);
     stack.queued(502).await;
     support::until_async("the job given up", async || {
         failed_attempts(&stack.events().await).iter().any(|f| f.2)
     })
     .await;
-    assert_eq!(instances(&dir).len(), 1, "only the first job's instance");
+    assert_eq!(
+        fake.instance_names().len(),
+        1,
+        "only the first job's instance"
+    );
     let name_502 = runyard_events::instance_name(
         "linux",
         &runyard_events::claim_key(runyard_events::Forge::Github, "github.com", 502, 1),
@@ -385,6 +365,11 @@ async fn provider_faults_are_retried_at_most_five_times_and_leak_nothing() {
         "JIT registration removed"
     );
     assert_eq!(creates(), 10);
+    assert!(fake.violations().is_empty(), "{:?}", fake.violations());
+    assert!(
+        fake.children().into_iter().all(|pid| !fake::alive(pid)),
+        "the hung call's child was killed with it"
+    );
     scaler.stop().await;
 }
 

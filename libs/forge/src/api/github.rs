@@ -59,6 +59,8 @@ pub mod endpoint {
     pub const GET_RUNNER: &str = "get_runner";
     /// `DELETE .../actions/runners/{id}`.
     pub const DELETE_RUNNER: &str = "delete_runner";
+    /// `GET .../actions/runners/downloads`.
+    pub const LIST_RUNNER_DOWNLOADS: &str = "list_runner_downloads";
     /// `GET /repos/{o}/{r}/actions/runs`.
     pub const LIST_RUNS: &str = "list_runs";
     /// `GET /repos/{o}/{r}/actions/runs/{id}/jobs`.
@@ -84,6 +86,7 @@ pub mod endpoint {
         LIST_RUNNERS,
         GET_RUNNER,
         DELETE_RUNNER,
+        LIST_RUNNER_DOWNLOADS,
         LIST_RUNS,
         LIST_RUN_JOBS,
         GET_RUN,
@@ -191,6 +194,44 @@ impl GitHubRunner {
     /// `status == "online"`.
     pub fn is_online(&self) -> bool {
         self.status == "online"
+    }
+}
+
+/// A build of the runner application GitHub offers for download
+/// (`GET .../actions/runners/downloads`): what a machine installs its runner
+/// from.
+#[derive(Clone, PartialEq, Eq, Deserialize, serde::Serialize)]
+pub struct RunnerDownload {
+    /// `linux`, `osx`, `win`.
+    pub os: String,
+    /// `x64`, `arm64`, `arm`.
+    pub architecture: String,
+    /// Where the archive is.
+    pub download_url: String,
+    /// The archive's file name.
+    pub filename: String,
+    /// A short-lived token the download needs (GitHub Enterprise Server);
+    /// a credential.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temp_download_token: Option<String>,
+    /// The archive's SHA-256, hex.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256_checksum: Option<String>,
+}
+
+impl fmt::Debug for RunnerDownload {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RunnerDownload")
+            .field("os", &self.os)
+            .field("architecture", &self.architecture)
+            .field("download_url", &self.download_url)
+            .field("filename", &self.filename)
+            .field(
+                "temp_download_token",
+                &self.temp_download_token.as_ref().map(|_| "[redacted]"),
+            )
+            .field("sha256_checksum", &self.sha256_checksum)
+            .finish()
     }
 }
 
@@ -581,6 +622,22 @@ impl GitHubClient {
             |p: Page| (p.runners, p.total_count),
         )
         .await
+    }
+
+    /// The runner application builds `scope`'s runners may install (with
+    /// their checksums, and on GitHub Enterprise Server a temporary download
+    /// token each).
+    pub async fn list_runner_downloads(
+        &self,
+        scope: &GitHubScope,
+    ) -> Result<Vec<RunnerDownload>, ApiError> {
+        let ep = endpoint::LIST_RUNNER_DOWNLOADS;
+        let path = format!("{}/actions/runners/downloads", scope.path_prefix());
+        // The answer may hold download tokens: no serde detail in errors.
+        self.send(&Target::Scope(scope.clone()), ep, Method::GET, &path, None)
+            .await?
+            .success(ep)?
+            .json(ep, true)
     }
 
     /// One runner, `None` when there is none with that id at `scope`.

@@ -6,6 +6,7 @@
 use std::path::Path;
 use std::time::Duration;
 
+use runyard_forge::api::github::RunnerDownload;
 use secrecy::SecretString;
 use serde::{Deserialize, Serialize};
 
@@ -13,8 +14,10 @@ use crate::config::ProviderConfig;
 
 mod external;
 mod process;
+pub mod template;
+pub mod tools;
 
-pub use external::ExternalProvider;
+pub use external::{ExternalProvider, INTERFACE_V010, INTERFACE_V011};
 pub use process::ProcessProvider;
 
 /// What a create needs.
@@ -48,6 +51,53 @@ pub struct CreateRequest {
     pub timeout: Duration,
 }
 
+/// What an `external` provider's instance needs to set itself up beyond
+/// the [`CreateRequest`]: the bootstrap JSON's garm-only fields. The
+/// `process` provider ignores it.
+#[derive(Debug, Clone)]
+pub struct Bootstrap {
+    /// The runner application builds (`tools`); empty for GitLab pools.
+    pub tools: Vec<RunnerDownload>,
+    /// `callback-url`.
+    pub callback_url: String,
+    /// `metadata-url`.
+    pub metadata_url: String,
+    /// `instance-token`.
+    pub instance_token: SecretString,
+    /// `os_type`: `linux` or `windows`.
+    pub os_type: String,
+    /// `arch`: `amd64`, `arm64`, `arm`, `i386`.
+    pub os_arch: String,
+    /// `github` or `gitlab`: GitHub runners are configured just in time
+    /// (`jit_config_enabled`); GitLab runners register with the runner token
+    /// the metadata API hands out (`labels` then set).
+    pub forge: String,
+}
+
+impl Default for Bootstrap {
+    fn default() -> Self {
+        Self {
+            tools: Vec::new(),
+            callback_url: String::new(),
+            metadata_url: String::new(),
+            instance_token: SecretString::from(String::new()),
+            os_type: "linux".into(),
+            os_arch: "amd64".into(),
+            forge: "github".into(),
+        }
+    }
+}
+
+/// An address of an instance.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Address {
+    /// The address.
+    pub address: String,
+    /// `public` or `private`.
+    #[serde(rename = "type")]
+    pub kind: String,
+}
+
 /// An instance as a provider reports it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Instance {
@@ -59,6 +109,38 @@ pub struct Instance {
     pub status: String,
     /// Provider's fault text (decoded), if any.
     pub fault: Option<String>,
+    /// `linux`, `windows`, ... (empty when not said).
+    #[serde(default)]
+    pub os_type: String,
+    /// `ubuntu`, ... (empty when not said).
+    #[serde(default)]
+    pub os_name: String,
+    /// OS version (empty when not said).
+    #[serde(default)]
+    pub os_version: String,
+    /// `amd64`, ... (empty when not said).
+    #[serde(default)]
+    pub os_arch: String,
+    /// Its addresses.
+    #[serde(default)]
+    pub addresses: Vec<Address>,
+}
+
+impl Instance {
+    /// A running instance with nothing else said about it.
+    pub fn running(provider_id: &str, name: &str) -> Self {
+        Self {
+            provider_id: provider_id.to_owned(),
+            name: name.to_owned(),
+            status: "running".into(),
+            fault: None,
+            os_type: String::new(),
+            os_name: String::new(),
+            os_version: String::new(),
+            os_arch: String::new(),
+            addresses: Vec::new(),
+        }
+    }
 }
 
 /// A provider call that did not do what was asked.
@@ -71,7 +153,7 @@ pub enum ProviderError {
     #[error("instance already exists")]
     Duplicate,
     /// The call did not finish in time; its process group was killed.
-    #[error("provider call timed out after {0:?}")]
+    #[error("provider call timed out after {0:?}; its process group was killed")]
     Timeout(Duration),
     /// The provider failed.
     #[error("provider exited with {code}: {stderr}")]
@@ -85,8 +167,16 @@ pub enum ProviderError {
     #[error("malformed provider answer: {0}")]
     Malformed(String),
     /// The instance was made but is in error.
-    #[error("instance in error: {0}")]
-    InstanceError(String),
+    #[error("instance {provider_id} in error: {fault}")]
+    InstanceError {
+        /// The provider's id for it (what to delete).
+        provider_id: String,
+        /// The provider's fault, decoded (or `status error`).
+        fault: String,
+    },
+    /// The provider cannot do this.
+    #[error("{0}")]
+    Unsupported(&'static str),
     /// Could not run the provider at all.
     #[error("running provider: {0}")]
     Io(String),
@@ -119,23 +209,48 @@ impl Provider {
                 interface_version,
                 environment_variables,
                 exec_timeout,
-            } => Self::External(ExternalProvider {
-                executable: executable.clone(),
-                config_file: config_file.clone(),
-                interface_version: interface_version.clone(),
-                environment_variables: environment_variables.clone(),
-                exec_timeout: *exec_timeout,
-                controller_id: controller_id.to_owned(),
-            }),
+            } => Self::External(ExternalProvider::new(
+                executable.clone(),
+                config_file.clone(),
+                interface_version,
+                environment_variables.clone(),
+                *exec_timeout,
+                controller_id,
+            )),
         }
     }
 
-    /// Creates an instance. An instance of that name that exists already is
-    /// adopted (returned as created).
+    /// True for a garm external provider (its instances need the metadata
+    /// API and the runner downloads).
+    pub fn is_external(&self) -> bool {
+        matches!(self, Self::External(_))
+    }
+
+    /// Tells the provider a pool's extra specs: v0.1.1 providers get them
+    /// (`GARM_POOL_EXTRASPECS`) on every call for that pool id.
+    pub fn register_pool(&self, pool_id: &str, extra_specs: serde_json::Value) {
+        if let Self::External(p) = self {
+            p.register_pool(pool_id, extra_specs);
+        }
+    }
+
+    /// Creates an instance with no bootstrap details beyond the request
+    /// (see [`Provider::create_with`]).
     pub async fn create(&self, req: &CreateRequest) -> Result<Instance, ProviderError> {
+        self.create_with(req, &Bootstrap::default()).await
+    }
+
+    /// Creates an instance. An instance of that name that exists already is
+    /// adopted (returned as created). One made in error is
+    /// [`ProviderError::InstanceError`] (the caller deletes it).
+    pub async fn create_with(
+        &self,
+        req: &CreateRequest,
+        boot: &Bootstrap,
+    ) -> Result<Instance, ProviderError> {
         match self {
             Self::Process(p) => p.create(req).await,
-            Self::External(p) => p.create(req).await,
+            Self::External(p) => p.create(req, boot).await,
         }
     }
 
@@ -151,11 +266,35 @@ impl Provider {
         }
     }
 
+    /// One instance by provider id (or name); [`ProviderError::NotFound`]
+    /// when there is none.
+    pub async fn get(&self, pool_id: &str, id_or_name: &str) -> Result<Instance, ProviderError> {
+        match self {
+            Self::Process(p) => p
+                .list(pool_id)
+                .await?
+                .into_iter()
+                .find(|i| i.provider_id == id_or_name || i.name == id_or_name)
+                .ok_or(ProviderError::NotFound),
+            Self::External(p) => p.get(pool_id, id_or_name).await,
+        }
+    }
+
     /// Lists the instances of a pool.
     pub async fn list(&self, pool_id: &str) -> Result<Vec<Instance>, ProviderError> {
         match self {
             Self::Process(p) => p.list(pool_id).await,
             Self::External(p) => p.list(pool_id).await,
+        }
+    }
+
+    /// Starts a stopped instance.
+    pub async fn start(&self, pool_id: &str, provider_id: &str) -> Result<(), ProviderError> {
+        match self {
+            Self::Process(_) => Err(ProviderError::Unsupported(
+                "the process provider cannot start a stopped instance",
+            )),
+            Self::External(p) => p.start(pool_id, provider_id).await,
         }
     }
 }

@@ -144,12 +144,7 @@ impl ProcessProvider {
 }
 
 fn instance(name: &str, pid: u32) -> Instance {
-    Instance {
-        provider_id: format!("{name}:{pid}"),
-        name: name.to_owned(),
-        status: "running".into(),
-        fault: None,
-    }
+    Instance::running(&format!("{name}:{pid}"), name)
 }
 
 async fn read_pid(path: &Path) -> Option<u32> {
