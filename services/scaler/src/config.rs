@@ -56,6 +56,12 @@ pub struct Config {
     /// tokens; the same on every replica. Required with external providers.
     #[serde(skip_serializing)]
     pub scaler_instance_token_key: Option<SecretString>,
+    /// `RUNYARD_SCALER_TLS_CERT`: PEM certificate chain; with
+    /// `RUNYARD_SCALER_TLS_KEY`, both listeners speak TLS (reloaded when the
+    /// files change).
+    pub scaler_tls_cert: Option<PathBuf>,
+    /// `RUNYARD_SCALER_TLS_KEY`: PEM private key.
+    pub scaler_tls_key: Option<PathBuf>,
 }
 
 impl Default for Config {
@@ -78,6 +84,8 @@ impl Default for Config {
             scaler_metadata_listen: SocketAddr::from(([0, 0, 0, 0], 8084)),
             scaler_metadata_url: None,
             scaler_instance_token_key: None,
+            scaler_tls_cert: None,
+            scaler_tls_key: None,
         }
     }
 }
@@ -100,6 +108,8 @@ const ENV_KEYS: &[&str] = &[
     "scaler_metadata_listen",
     "scaler_metadata_url",
     "scaler_instance_token_key",
+    "scaler_tls_cert",
+    "scaler_tls_key",
 ];
 
 /// Secrets that may come from `RUNYARD_<NAME>_FILE`.

@@ -77,6 +77,7 @@ pub struct App {
     listener: TcpListener,
     /// The instance callback/metadata API's listener (with a token key).
     metadata_listener: Option<TcpListener>,
+    tls: Option<axum_server::tls_rustls::RustlsConfig>,
     reconciler: Option<reconciler::Reconciler>,
     retrier: retry::Retrier,
 }
@@ -287,6 +288,7 @@ impl App {
         let provider_names: Vec<&str> = file.providers.keys().map(String::as_str).collect();
         let pool_names: Vec<&str> = file.pools.iter().map(|p| p.name.as_str()).collect();
         metrics.init(&provider_names, &pool_names);
+        let tls = tls_config(&config).await?;
         let (listener, metadata_listener) =
             Box::pin(bind_listeners(&config, metadata.is_some())).await?;
         tracing::info!(addr = %listener.local_addr()?, namespace = %bus.namespace(), %replica, pools = specs.len(), "scaler listening");
@@ -336,6 +338,7 @@ impl App {
             registry,
             listener,
             metadata_listener,
+            tls,
             reconciler,
             retrier,
         })
@@ -427,24 +430,15 @@ impl App {
             .route("/metrics", get(metrics_text))
             .route("/v1/pools", get(pools))
             .with_state(http_state);
-        let http_stop = stop.clone();
-        let http = tokio::spawn(async move {
-            axum::serve(self.listener, router)
-                .with_graceful_shutdown(async move { http_stop.cancelled().await })
-                .await
-        });
+        let tls = self.tls.clone();
+        let http = tokio::spawn(serve(self.listener, router, tls.clone(), stop.clone()));
         let metadata_tasks = tokio_util::task::TaskTracker::new();
         let metadata_http = match (
             self.metadata_listener,
             metadata::api::router(self.shared.clone(), metadata_tasks.clone()),
         ) {
             (Some(listener), Some(router)) => {
-                let stop = stop.clone();
-                Some(tokio::spawn(async move {
-                    axum::serve(listener, router)
-                        .with_graceful_shutdown(async move { stop.cancelled().await })
-                        .await
-                }))
+                Some(tokio::spawn(serve(listener, router, tls, stop.clone())))
             }
             _ => None,
         };
@@ -471,6 +465,73 @@ impl App {
         tracing::info!("scaler stopped");
         Ok(())
     }
+}
+
+/// Serves `router` on `listener` until `stop`, over TLS when `tls` is set.
+async fn serve(
+    listener: TcpListener,
+    router: axum::Router,
+    tls: Option<axum_server::tls_rustls::RustlsConfig>,
+    stop: tokio_util::sync::CancellationToken,
+) -> std::io::Result<()> {
+    let Some(tls) = tls else {
+        return axum::serve(listener, router)
+            .with_graceful_shutdown(async move { stop.cancelled().await })
+            .await;
+    };
+    let handle = axum_server::Handle::new();
+    let on_stop = handle.clone();
+    tokio::spawn(async move {
+        stop.cancelled().await;
+        on_stop.graceful_shutdown(Some(Duration::from_secs(5)));
+    });
+    axum_server::from_tcp_rustls(listener.into_std()?, tls)?
+        .handle(handle)
+        .serve(router.into_make_service())
+        .await
+}
+
+/// The listeners' TLS settings, when `RUNYARD_SCALER_TLS_CERT` and `_KEY`
+/// are set; the files are read again whenever they change.
+async fn tls_config(
+    config: &Config,
+) -> anyhow::Result<Option<axum_server::tls_rustls::RustlsConfig>> {
+    let (cert, key) = match (&config.scaler_tls_cert, &config.scaler_tls_key) {
+        (Some(c), Some(k)) => (c.clone(), k.clone()),
+        (None, None) => return Ok(None),
+        _ => anyhow::bail!("RUNYARD_SCALER_TLS_CERT and RUNYARD_SCALER_TLS_KEY go together"),
+    };
+    let tls = axum_server::tls_rustls::RustlsConfig::from_pem_file(&cert, &key)
+        .await
+        .with_context(|| {
+            format!(
+                "TLS certificate {} and key {}",
+                cert.display(),
+                key.display()
+            )
+        })?;
+    let reload = tls.clone();
+    tokio::spawn(async move {
+        let stamp = |p: &std::path::Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+        let mut seen = (stamp(&cert), stamp(&key));
+        loop {
+            tokio::time::sleep(Duration::from_secs(10)).await;
+            let now = (stamp(&cert), stamp(&key));
+            if now == seen {
+                continue;
+            }
+            match reload.reload_from_pem_file(&cert, &key).await {
+                Ok(()) => {
+                    tracing::info!(cert = %cert.display(), "TLS certificate reloaded");
+                    seen = now;
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "TLS certificate changed but cannot be read; the old one stays")
+                }
+            }
+        }
+    });
+    Ok(Some(tls))
 }
 
 async fn wait_for<T, E: std::fmt::Display, F: Future<Output = Result<T, E>>>(

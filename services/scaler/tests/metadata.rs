@@ -602,3 +602,55 @@ async fn a_gitlab_instance_gets_its_runner_token_and_no_jit_files() {
     assert_eq!(meta["jit_enabled"], false);
     h.stop().await;
 }
+
+#[tokio::test]
+async fn the_api_speaks_tls_when_a_certificate_is_configured() {
+    runyard_telemetry::install_crypto_provider();
+    let stack = Stack::new(&pool_toml(2, 0, "")).await;
+    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).expect("cert");
+    let dir = tempfile::tempdir().expect("dir");
+    let (cert_file, key_file) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+    std::fs::write(&cert_file, cert.cert.pem()).expect("cert file");
+    std::fs::write(&key_file, cert.key_pair.serialize_pem()).expect("key file");
+    let mut config = stack.config();
+    config.scaler_tls_cert = Some(cert_file);
+    config.scaler_tls_key = Some(key_file);
+    let file = ScalerFile::parse(&stack.file).expect("valid scaler file");
+    let app = Box::pin(App::build(config, Some(file)))
+        .await
+        .expect("scaler builds");
+    let port = app.metadata_addr().expect("metadata API").port();
+    let (tx, rx) = oneshot::channel::<()>();
+    let task = tokio::spawn(app.run(async move {
+        let _ = rx.await;
+    }));
+    let store = SecretStore::open(&stack.bus, HOUR).await.expect("bucket");
+    store
+        .put(&github_secrets("ry-linux-tls"))
+        .await
+        .expect("put");
+    let token = InstanceTokens::new(&SecretString::from(KEY.to_owned()))
+        .mint("ry-linux-tls", "linux", HOUR)
+        .expect("token");
+    let client = reqwest::Client::builder()
+        .add_root_certificate(
+            reqwest::Certificate::from_pem(cert.cert.pem().as_bytes()).expect("pem"),
+        )
+        .build()
+        .expect("client");
+    let url =
+        |scheme: &str| format!("{scheme}://localhost:{port}/api/v1/metadata/credentials/runner");
+    let resp = client
+        .get(url("https"))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .expect("https GET");
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(resp.text().await.expect("body"), files("ry-linux-tls")[0].1);
+    // Plain HTTP gets no answer from a TLS listener.
+    let plain = client.get(url("http")).bearer_auth(&token).send().await;
+    assert!(plain.map(|r| r.status() != StatusCode::OK).unwrap_or(true));
+    let _ = tx.send(());
+    let _ = task.await;
+}
