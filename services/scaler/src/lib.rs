@@ -214,6 +214,11 @@ impl App {
     /// Checks the configuration, connects to NATS and binds the listener.
     /// `file` overrides `RUNYARD_SCALER_CONFIG` (tests pass it in).
     pub async fn build(config: Config, file: Option<ScalerFile>) -> anyhow::Result<Self> {
+        // Boxed: building holds much across its awaits.
+        Box::pin(Self::build_boxed(config, file)).await
+    }
+
+    async fn build_boxed(config: Config, file: Option<ScalerFile>) -> anyhow::Result<Self> {
         let file = match (file, &config.scaler_config) {
             (Some(f), _) => f,
             (None, Some(path)) => ScalerFile::load(path)
@@ -282,13 +287,13 @@ impl App {
             .acquire_timeout(Duration::from_millis(250))
             .connect_lazy(&config.database_url)
             .ok();
-        let metadata = self::metadata_parts(&config, &file, &bus).await?;
+        let metadata = Box::pin(self::metadata_parts(&config, &file, &bus)).await?;
         let registry = Metrics::new();
         let metrics = ScalerMetrics::register(&registry);
         let provider_names: Vec<&str> = file.providers.keys().map(String::as_str).collect();
         let pool_names: Vec<&str> = file.pools.iter().map(|p| p.name.as_str()).collect();
         metrics.init(&provider_names, &pool_names);
-        let tls = tls_config(&config).await?;
+        let tls = Box::pin(tls_config(&config)).await?;
         let (listener, metadata_listener) =
             Box::pin(bind_listeners(&config, metadata.is_some())).await?;
         tracing::info!(addr = %listener.local_addr()?, namespace = %bus.namespace(), %replica, pools = specs.len(), "scaler listening");
