@@ -2,7 +2,7 @@
 //! the scaler makes, in the scaler's order and with the scaler's code
 //! (`runyard_scaler::provider::Provider`), against the real backend:
 //!
-//! 1. `GetVersion`, when this build's provider module can ask for it;
+//! 1. `GetVersion`;
 //! 2. `CreateInstance` of `ry-check-<hex>` in the chosen pool (its id, image,
 //!    smallest flavor, extra specs, OS), with a placeholder JIT config and
 //!    instance token, so no runner registers anywhere;
@@ -669,15 +669,15 @@ async fn timed<T>(f: impl Future<Output = T>) -> (f64, T) {
     (millis(started.elapsed()), value)
 }
 
-/// `GetVersion`: this build's provider module cannot send it yet.
-#[allow(clippy::unused_async)] // async once the provider can ask
-async fn version(_t: &Target) -> Step {
-    Step::new(
-        VERSION,
-        Outcome::Unsupported,
-        None,
-        "not supported by this build",
-    )
+/// `GetVersion`: what the provider says it is (a provider that does not
+/// know the command fails the step: garm's providers all answer it).
+async fn version(t: &Target) -> Step {
+    let (ms, answer) = timed(t.provider.version(&t.pool_id)).await;
+    match answer {
+        Ok(v) => Step::new(VERSION, Outcome::Passed, Some(ms), format!("version {v}")),
+        Err(ProviderError::Unsupported(why)) => Step::new(VERSION, Outcome::Unsupported, None, why),
+        Err(e) => Step::new(VERSION, Outcome::Failed, Some(ms), e.to_string()),
+    }
 }
 
 /// The sequence; see the module docs.

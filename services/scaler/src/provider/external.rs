@@ -47,6 +47,7 @@ mod command {
     pub const GET_INSTANCE: &str = "GetInstance";
     pub const LIST_INSTANCES: &str = "ListInstances";
     pub const START_INSTANCE: &str = "StartInstance";
+    pub const GET_VERSION: &str = "GetVersion";
 }
 
 /// Host variables passed on whatever the operator lists (by prefix, as
@@ -465,6 +466,19 @@ impl ExternalProvider {
             &self.specs_of(pool_id),
         );
         self.call(env, None, self.exec_timeout).await.map(drop)
+    }
+
+    /// `GetVersion`: the provider's own version, as it prints it.
+    pub(super) async fn version(&self, pool_id: &str) -> Result<String, ProviderError> {
+        let env = self.env(command::GET_VERSION, pool_id, None, &self.specs_of(pool_id));
+        let stdout = self.call(env, None, self.exec_timeout).await?;
+        let version = String::from_utf8_lossy(&stdout).trim().to_owned();
+        if version.is_empty() {
+            return Err(ProviderError::Malformed(
+                "GetVersion printed nothing".into(),
+            ));
+        }
+        Ok(clip(&version))
     }
 
     pub(super) async fn list(&self, pool_id: &str) -> Result<Vec<Instance>, ProviderError> {

@@ -288,6 +288,16 @@ impl Provider {
         }
     }
 
+    /// The provider's version (`GetVersion`); the process provider has none.
+    pub async fn version(&self, pool_id: &str) -> Result<String, ProviderError> {
+        match self {
+            Self::Process(_) => Err(ProviderError::Unsupported(
+                "the process provider has no version",
+            )),
+            Self::External(p) => p.version(pool_id).await,
+        }
+    }
+
     /// Starts a stopped instance.
     pub async fn start(&self, pool_id: &str, provider_id: &str) -> Result<(), ProviderError> {
         match self {
