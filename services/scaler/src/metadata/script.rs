@@ -124,27 +124,11 @@ pub fn unit_file(secrets: &InstanceSecrets, user: &str) -> String {
 
 /// Shell functions every install script starts with: status callbacks,
 /// system info, fetching from the metadata API.
-const PRELUDE: &str = r#"
-SUDO=""
-[ "$(id -u)" = "0" ] || SUDO="sudo"
+const PRELUDE: &str = concat!(
+    "\n",
+    crate::shell_callbacks!(),
+    r#"
 RUN_USER="${RUNYARD_RUN_USER:-$(id -un)}"
-
-# report <status> <message> [agent id]: the status callback (never fatal).
-report() {
-	curl --retry 5 --retry-delay 5 --retry-connrefused --fail -s -X POST \
-		-H 'Accept: application/json' -H "Authorization: Bearer ${BEARER_TOKEN}" \
-		-d "{\"status\": \"$1\", \"message\": \"$2\", \"agent_id\": ${3:-null}}" \
-		"${CALLBACK_URL}/status" >/dev/null || echo "runyard: status callback failed" >&2
-}
-
-installing() {
-	report installing "$1"
-}
-
-fail() {
-	report failed "$1"
-	exit 1
-}
 
 # system_info: what the instance runs, for the scaler's log.
 system_info() {
@@ -159,11 +143,6 @@ system_info() {
 		"${CALLBACK_URL}/system-info/" >/dev/null || true
 }
 
-# fetch <path under the metadata URL> <file>
-fetch() {
-	curl --retry 5 --retry-delay 5 --retry-connrefused --fail -s \
-		-H "Authorization: Bearer ${BEARER_TOKEN}" -o "$2" "${METADATA_URL}/$1"
-}
 
 # install_service: the runner's systemd unit, from the metadata API, started.
 install_service() {
@@ -182,7 +161,8 @@ install_service() {
 	$SUDO systemctl daemon-reload || fail "reloading systemd failed"
 	$SUDO systemctl enable --now "${service}" || fail "starting the runner service failed"
 }
-"#;
+"#,
+);
 
 /// GitHub: the runner application (unless the image has it), the JIT files,
 /// the service.

@@ -21,7 +21,8 @@ use base64::Engine as _;
 /// (unless the image has one), fetches the runner's just-in-time files and
 /// its systemd unit from the metadata API with the instance token, and
 /// starts the runner as a service.
-pub const GITHUB_LINUX: &str = r#"#!/bin/bash
+pub const GITHUB_LINUX: &str = concat!(
+    r#"#!/bin/bash
 # runyard's default runner install template (GitHub, Linux). The provider
 # renders it and runs it on the new machine as the runner user.
 set -eu -o pipefail
@@ -42,32 +43,9 @@ CALLBACK_URL="${CALLBACK_URL%/}"
 CALLBACK_URL="${CALLBACK_URL%/status}"
 METADATA_URL="${METADATA_URL%/}"
 
-SUDO=""
-[ "$(id -u)" = "0" ] || SUDO="sudo"
-
-# report <status> <message> [agent id]: tells the scaler; never fatal.
-report() {
-	curl --retry 5 --retry-delay 5 --retry-connrefused --fail -s -X POST \
-		-H 'Accept: application/json' -H "Authorization: Bearer ${BEARER_TOKEN}" \
-		-d "{\"status\": \"$1\", \"message\": \"$2\", \"agent_id\": ${3:-null}}" \
-		"${CALLBACK_URL}/status" >/dev/null || echo "runyard: status callback failed" >&2
-}
-
-installing() {
-	report installing "$1"
-}
-
-fail() {
-	report failed "$1"
-	exit 1
-}
-
-# fetch <path under the metadata URL> <file>
-fetch() {
-	curl --retry 5 --retry-delay 5 --retry-connrefused --fail -s \
-		-H "Authorization: Bearer ${BEARER_TOKEN}" -o "$2" "${METADATA_URL}/$1"
-}
-
+"#,
+    crate::shell_callbacks!(),
+    r#"
 if [ -z "${METADATA_URL}" ]; then
 	echo "runyard: no metadata URL; cannot configure the runner" >&2
 	exit 1
@@ -143,7 +121,8 @@ curl --retry 5 --retry-delay 5 --retry-connrefused --fail -s -X POST \
 	-d "{\"os_name\": \"${OS_NAME//\"/}\", \"os_version\": \"${OS_VERSION//\"/}\", \"agent_id\": ${AGENT_ID:-null}}" \
 	"${CALLBACK_URL}/system-info/" >/dev/null || true
 report idle "runner ${RUNNER_NAME} installed" "${AGENT_ID:-null}"
-"#;
+"#,
+);
 
 /// GitLab runners on Linux: the runner is not GitHub's, so the template
 /// fetches the instance's own install script from the metadata API
