@@ -9,16 +9,29 @@ source scripts/lib.sh
 
 ensure_postgres
 export RUNYARD_TEST_DATABASE_URL="${RUNYARD_TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}"
+# Test databases are named runyard_t_<run>_<id>, <run> being the pid of the
+# test.sh that made them: a run drops its own at exit, and at start those of
+# runs no longer alive (and unnamed ones), never another live run's.
+export RUNYARD_TEST_RUN="$$"
 drop_test_databases() {
+  local only="${1:-}"
   psql "$RUNYARD_TEST_DATABASE_URL" -Atqc "SELECT datname FROM pg_database WHERE datname LIKE 'runyard\_t\_%'" 2>/dev/null |
-    while read -r db; do psql "$RUNYARD_TEST_DATABASE_URL" -qc "DROP DATABASE IF EXISTS \"$db\" WITH (FORCE)" >/dev/null 2>&1 || true; done
+    while read -r db; do
+      run="$(sed -nE 's/^runyard_t_([0-9]+)_.*/\1/p' <<<"$db")"
+      if [[ -n "$only" ]]; then
+        [[ "$run" == "$only" ]] || continue
+      elif [[ -n "$run" ]] && kill -0 "$run" 2>/dev/null; then
+        continue
+      fi
+      psql "$RUNYARD_TEST_DATABASE_URL" -qc "DROP DATABASE IF EXISTS \"$db\" WITH (FORCE)" >/dev/null 2>&1 || true
+    done
 }
 drop_test_databases
 
 dir="$(mktemp -d "${TMPDIR:-/tmp}/runyard-test.XXXXXX")"
 port="$(free_port)"
 start_nats "$port" "$dir"
-cleanup() { kill "$NATS_PID" 2>/dev/null || true; wait "$NATS_PID" 2>/dev/null || true; rm -rf "$dir"; drop_test_databases; }
+cleanup() { kill "$NATS_PID" 2>/dev/null || true; wait "$NATS_PID" 2>/dev/null || true; rm -rf "$dir"; drop_test_databases "$RUNYARD_TEST_RUN"; }
 trap cleanup EXIT
 
 export RUNYARD_TEST_NATS_URL="nats://127.0.0.1:${port}"

@@ -242,6 +242,11 @@ pub const DATABASE_URL_ENV: &str = "RUNYARD_TEST_DATABASE_URL";
 /// Prefix of per-test databases (`scripts/test.sh` drops leftovers).
 pub const TEST_DB_PREFIX: &str = "runyard_t_";
 
+/// Env var naming the test run (`scripts/test.sh` sets its pid): databases
+/// are named `runyard_t_<run>_…`, so concurrent runs on one server drop only
+/// their own and those of runs that have ended.
+pub const TEST_RUN_ENV: &str = "RUNYARD_TEST_RUN";
+
 /// A database of its own for one test, on the local Postgres. It is created
 /// by whoever migrates it first (the service under test); `drop` removes it.
 #[derive(Debug, Clone)]
@@ -261,8 +266,12 @@ impl TestDb {
             .rsplit_once('/')
             .map_or(server.as_str(), |(b, _)| b)
             .to_owned();
+        let run = std::env::var(TEST_RUN_ENV)
+            .ok()
+            .filter(|r| !r.is_empty() && r.bytes().all(|b| b.is_ascii_digit()))
+            .map_or_else(String::new, |r| format!("{r}_"));
         let name = format!(
-            "{TEST_DB_PREFIX}{}",
+            "{TEST_DB_PREFIX}{run}{}",
             &uuid::Uuid::new_v4().simple().to_string()[..16]
         );
         Self {
