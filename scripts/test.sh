@@ -38,8 +38,13 @@ export RUNYARD_TEST_NATS_URL="nats://127.0.0.1:${port}"
 export RUNYARD_TEST_NATS_SERVER="$(nats_server_bin)"
 log "nats-server $("$RUNYARD_TEST_NATS_SERVER" --version) on ${RUNYARD_TEST_NATS_URL}"
 
+# The whole workspace, unless the arguments name packages (-p/--package).
+scope=(--workspace)
+for a in "$@"; do
+  case "$a" in -p | --package | -p* | --package=*) scope=() ;; esac
+done
 if cargo nextest --version >/dev/null 2>&1; then
-  cargo nextest run --workspace --no-fail-fast "$@"
+  cargo nextest run "${scope[@]}" --no-fail-fast "$@"
 else
-  cargo test --workspace --no-fail-fast "$@"
+  cargo test "${scope[@]}" --no-fail-fast "$@"
 fi
