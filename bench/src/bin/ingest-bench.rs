@@ -325,7 +325,7 @@ impl Setup {
     fn new(template: &str, client: &async_nats::Client) -> anyhow::Result<Self> {
         let bus = Bus::from_client(client.clone(), unique_namespace());
         let event = normalize_sample(template)?;
-        let msg = bus.event_message(&event, &runyard_bus::traceparent_for(None))?;
+        let msg = bus.event_message(&event, &runyard_bus::TraceParent::new_root())?;
         let mut raw_headers = async_nats::HeaderMap::new();
         raw_headers.insert(
             runyard_bus::TRACEPARENT_HEADER,
@@ -1019,7 +1019,7 @@ impl Breakdown {
         let body = Bytes::from(template.to_owned());
         let signature = github_signature(SECRET, &body);
         let event = normalize_sample(template)?;
-        let tp = runyard_bus::traceparent_for(None);
+        let tp = runyard_bus::TraceParent::new_root();
         let mut steps = Vec::new();
         let mut alternatives = Vec::new();
 

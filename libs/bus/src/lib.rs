@@ -13,8 +13,8 @@ use runyard_events::{Event, Namespace, event_type};
 pub mod consumer;
 mod trace;
 pub use async_nats::header::{HeaderMap, HeaderName, HeaderValue};
-pub use runyard_telemetry::traces::{Span, SpanKind, Status as SpanStatus};
-pub use trace::{Hop, TraceParent, traceparent_for};
+pub use runyard_telemetry::traces::Status as SpanStatus;
+pub use trace::{TraceParent, current as current_trace, follow};
 
 /// Header carrying the event type (`JobObserved`, ...).
 pub const EVENT_TYPE_HEADER: &str = "Runyard-Event-Type";

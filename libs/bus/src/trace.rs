@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use runyard_telemetry::traces::{Span, SpanKind};
+use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 /// A parsed or freshly made `traceparent` value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,51 +102,55 @@ impl fmt::Display for TraceParent {
     }
 }
 
-/// Continues an incoming `traceparent` (a new span in the same trace), or
-/// starts a new trace when there is none or it is malformed.
-pub fn traceparent_for(incoming: Option<&str>) -> TraceParent {
-    Hop::continuing(incoming).this
+impl TraceParent {
+    /// The W3C context this names, as a remote parent.
+    fn remote(&self) -> opentelemetry::Context {
+        use opentelemetry::trace::{
+            SpanContext, SpanId, TraceContextExt as _, TraceFlags, TraceId, TraceState,
+        };
+        opentelemetry::Context::new().with_remote_span_context(SpanContext::new(
+            TraceId::from(self.trace_id),
+            SpanId::from(self.span_id),
+            TraceFlags::new(self.flags),
+            true,
+            TraceState::default(),
+        ))
+    }
+
+    /// The context of `span` as the OpenTelemetry layer recorded it, or
+    /// `None` when no such layer records it (a process without
+    /// [`runyard_telemetry::init_tracing`], or a span filtered out).
+    pub fn of(span: &tracing::Span) -> Option<Self> {
+        use opentelemetry::trace::TraceContextExt as _;
+        let cx = span.context();
+        let sc = cx.span().span_context().clone();
+        sc.is_valid().then(|| Self {
+            trace_id: u128::from_be_bytes(sc.trace_id().to_bytes()),
+            span_id: u64::from_be_bytes(sc.span_id().to_bytes()),
+            flags: sc.trace_flags().to_u8(),
+        })
+    }
 }
 
-/// One service's hop along a trace: the `traceparent` it was handed, if a
-/// valid one, and the one it passes on (a new span of the same trace, or of
-/// a new trace).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Hop {
-    /// The context the hop was handed.
-    pub parent: Option<TraceParent>,
-    /// This hop's own context, what it publishes.
-    pub this: TraceParent,
+/// Makes `span` a hop of the trace `incoming` (a `traceparent` value)
+/// names — its remote parent — or the root of a new trace when there is
+/// none or it is malformed, and returns the context the hop passes on (the
+/// `traceparent` of what it publishes). Call before the span is entered.
+///
+/// Without an OpenTelemetry layer recording the span, the context passed
+/// on is a child of `incoming`, or a new root: messages carry a
+/// `traceparent` either way.
+pub fn follow(span: &tracing::Span, incoming: Option<&str>) -> TraceParent {
+    let parent = incoming.and_then(TraceParent::parse);
+    let _ = span.set_parent(parent.map_or_else(opentelemetry::Context::new, |p| p.remote()));
+    TraceParent::of(span)
+        .unwrap_or_else(|| parent.map_or_else(TraceParent::new_root, |p| p.child()))
 }
 
-impl Hop {
-    /// The hop continuing `incoming` (a `traceparent` header value).
-    pub fn continuing(incoming: Option<&str>) -> Self {
-        let parent = incoming.and_then(TraceParent::parse);
-        Self {
-            parent,
-            this: parent.map_or_else(TraceParent::new_root, |p| p.child()),
-        }
-    }
-
-    /// The hop continuing the `traceparent` that `incoming` reads, only when
-    /// traces are exported (`None`, and `incoming` unread, otherwise): for
-    /// hops whose context matters only to their span.
-    pub fn when_exported<'a>(incoming: impl FnOnce() -> Option<&'a str>) -> Option<Self> {
-        runyard_telemetry::traces::enabled().then(|| Self::continuing(incoming()))
-    }
-
-    /// Starts timing this hop as an exported span with this hop's ids
-    /// ([`runyard_telemetry::traces`]); `None` when trace export is off.
-    pub fn span(&self, name: &'static str, kind: SpanKind) -> Option<Span> {
-        Span::start(
-            name,
-            kind,
-            self.this.trace_id,
-            self.this.span_id,
-            self.parent.map(|p| p.span_id),
-        )
-    }
+/// The context of the current span — what a message published now
+/// carries — or a new trace outside any recorded span.
+pub fn current() -> TraceParent {
+    TraceParent::of(&tracing::Span::current()).unwrap_or_else(TraceParent::new_root)
 }
 
 fn nonzero_u128() -> u128 {
@@ -174,7 +178,7 @@ mod tests {
     #[test]
     fn continues_a_valid_trace_with_a_new_span() {
         let incoming = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
-        let tp = traceparent_for(Some(incoming));
+        let tp = follow(&tracing::Span::none(), Some(incoming));
         assert_eq!(tp.trace_id, 0x4bf92f3577b34da6a3ce929d0e0e4736);
         assert_ne!(tp.span_id, 0x00f067aa0ba902b7);
         assert_eq!(TraceParent::parse(&tp.to_string()), Some(tp));
@@ -220,7 +224,7 @@ mod tests {
         ] {
             assert_eq!(TraceParent::parse(bad), None, "{bad:?}");
         }
-        let tp = traceparent_for(Some("garbage"));
+        let tp = follow(&tracing::Span::none(), Some("garbage"));
         assert_ne!(tp.trace_id, 0);
     }
 }

@@ -5,6 +5,7 @@
 use std::io::IsTerminal;
 use std::sync::{Arc, Mutex};
 
+mod log;
 pub mod traces;
 
 pub use prometheus_client;
@@ -40,21 +41,57 @@ impl LogFormat {
     }
 }
 
-/// Initializes the global tracing subscriber from `RUST_LOG` (default `info`)
-/// and [`LogFormat::from_env`]. Logs go to stderr. A second call is a no-op.
-pub fn init_tracing() {
+/// Initializes the global tracing subscriber: logs from `RUST_LOG`
+/// (default `info`) in [`LogFormat::from_env`] to stderr, and spans as
+/// OpenTelemetry spans ([`traces`]), exported when
+/// `OTEL_EXPORTER_OTLP_ENDPOINT` is set. Logging is set up even when the
+/// exporter cannot be (the error says why). A second call is a no-op.
+pub fn init_tracing() -> Result<(), traces::ExportError> {
+    let endpoint = traces::endpoint_from_env();
+    let (tracer, failed) = traces::tracer(traces::service_from_env(), endpoint.as_deref());
+    init_subscriber(tracer);
+    match (failed, endpoint) {
+        (Some(error), _) => Err(error),
+        (None, Some(endpoint)) => {
+            tracing::info!(%endpoint, "exporting traces");
+            Ok(())
+        }
+        (None, None) => Ok(()),
+    }
+}
+
+/// The subscriber: the log layer, filtered by `RUST_LOG`, and the
+/// OpenTelemetry layer, which sees only runyard's own spans at INFO or
+/// above (never log events: they are not span events here).
+pub(crate) fn init_subscriber(tracer: opentelemetry_sdk::trace::SdkTracer) {
     use tracing_subscriber::EnvFilter;
+    use tracing_subscriber::filter::filter_fn;
+    use tracing_subscriber::prelude::*;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+    let spans = filter_fn(|meta| {
+        meta.is_span()
+            && meta.target().starts_with("runyard")
+            && *meta.level() <= tracing::Level::INFO
+    });
+    let otel = tracing_opentelemetry::layer()
+        .with_tracer(tracer)
+        .with_tracked_inactivity(false)
+        .with_threads(false)
+        .with_location(false)
+        .with_level(false)
+        .with_target(false)
+        .with_filter(spans);
+    let registry = tracing_subscriber::registry().with(otel);
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
     let _ = match LogFormat::from_env() {
-        LogFormat::Json => builder
-            .json()
-            .flatten_event(true)
-            .with_current_span(false)
+        LogFormat::Json => registry
+            .with(
+                fmt.fmt_fields(tracing_subscriber::fmt::format::JsonFields::new())
+                    .event_format(log::JsonWithTrace::new())
+                    .with_filter(filter),
+            )
             .try_init(),
-        LogFormat::Pretty => builder.try_init(),
+        LogFormat::Pretty => registry.with(fmt.with_filter(filter)).try_init(),
     };
 }
 

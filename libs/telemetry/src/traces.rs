@@ -1,37 +1,39 @@
-//! Trace export over OTLP (HTTP/protobuf) when `OTEL_EXPORTER_OTLP_ENDPOINT`
-//! is set. The services carry W3C trace context in NATS headers; each hop
-//! that handles a delivery or an event records one span here with the ids
-//! that context names, so one delivery's path through the services is one
-//! trace in whatever backend receives them. Unset, nothing is recorded and
-//! [`Span::start`] costs one atomic load.
+//! Traces: `tracing` spans recorded as OpenTelemetry spans through
+//! `tracing-opentelemetry`, exported over OTLP (HTTP/protobuf) when
+//! `OTEL_EXPORTER_OTLP_ENDPOINT` is set.
+//!
+//! The OpenTelemetry layer is always installed, exporting or not, so every
+//! span the services open has W3C trace and span ids: the services carry
+//! them across NATS in `traceparent` headers, and JSON log lines written
+//! inside a span name them (`trace_id`, `span_id`), so the logs of one
+//! delivery can be found from its trace id in every service. Only spans
+//! (never log events) at INFO or above, from runyard's own code, reach the
+//! OpenTelemetry layer; `RUST_LOG` filters the logs, not the traces.
 //!
 //! The exporter batches spans on its own thread and follows the standard
-//! `OTEL_EXPORTER_OTLP_*` and `OTEL_BSP_*` variables (headers, timeout,
-//! batch size, delay).
+//! `OTEL_EXPORTER_OTLP_*`, `OTEL_BSP_*` and `OTEL_SERVICE_NAME` variables.
 
 use std::sync::OnceLock;
-use std::time::SystemTime;
+use std::sync::atomic::{AtomicBool, Ordering};
 
-use opentelemetry::trace::{
-    SpanContext, SpanId, TraceContextExt as _, TraceFlags, TraceId, TraceState, Tracer as _,
-    TracerProvider as _,
-};
-pub use opentelemetry::trace::{SpanKind, Status};
-pub use opentelemetry::{KeyValue, Value};
+use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_otlp::WithExportConfig as _;
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider};
+
+pub use opentelemetry::trace::Status;
+pub use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 /// The standard variable that turns export on: the collector's base URL
 /// (`/v1/traces` is appended).
 pub const ENDPOINT_VAR: &str = "OTEL_EXPORTER_OTLP_ENDPOINT";
 
-struct Exporter {
-    provider: SdkTracerProvider,
-    tracer: SdkTracer,
-}
+/// The standard variable naming the service in exported spans; the
+/// executable's name when unset.
+pub const SERVICE_NAME_VAR: &str = "OTEL_SERVICE_NAME";
 
-static EXPORTER: OnceLock<Exporter> = OnceLock::new();
+static PROVIDER: OnceLock<SdkTracerProvider> = OnceLock::new();
+static EXPORTING: AtomicBool = AtomicBool::new(false);
 
 /// Why trace export could not start.
 #[derive(Debug, thiserror::Error)]
@@ -41,147 +43,113 @@ pub struct ExportError {
     message: String,
 }
 
-/// Starts exporting to `$OTEL_EXPORTER_OTLP_ENDPOINT` as `service` if the
-/// variable is set and not empty; does nothing when it is not.
-pub fn install_from_env(service: &'static str) -> Result<(), ExportError> {
-    match std::env::var(ENDPOINT_VAR) {
-        Ok(endpoint) if !endpoint.trim().is_empty() => install(service, endpoint.trim()),
-        _ => Ok(()),
+/// The endpoint `OTEL_EXPORTER_OTLP_ENDPOINT` names, if set and not empty.
+pub(crate) fn endpoint_from_env() -> Option<String> {
+    std::env::var(ENDPOINT_VAR)
+        .ok()
+        .map(|e| e.trim().to_owned())
+        .filter(|e| !e.is_empty())
+}
+
+/// The service name spans are exported as: `OTEL_SERVICE_NAME`, else the
+/// executable's file name (`runyard-ingest`, …).
+pub(crate) fn service_from_env() -> String {
+    std::env::var(SERVICE_NAME_VAR)
+        .ok()
+        .filter(|s| !s.trim().is_empty())
+        .or_else(|| {
+            std::env::current_exe()
+                .ok()?
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+        })
+        .unwrap_or_else(|| "runyard".to_owned())
+}
+
+/// The process's tracer: made once, exporting to `endpoint` (a collector's
+/// base URL) when given; when the exporter cannot be made, a tracer that
+/// exports nothing, and the reason. Later calls return the first one.
+pub(crate) fn tracer(service: String, endpoint: Option<&str>) -> (SdkTracer, Option<ExportError>) {
+    if let Some(p) = PROVIDER.get() {
+        return (p.tracer("runyard"), None);
     }
+    let mut builder = SdkTracerProvider::builder()
+        .with_resource(Resource::builder().with_service_name(service).build());
+    let mut failed = None;
+    if let Some(endpoint) = endpoint {
+        // The exporter's HTTP client needs the TLS provider even for `http://`.
+        crate::install_crypto_provider();
+        let url = format!("{}/v1/traces", endpoint.trim_end_matches('/'));
+        match opentelemetry_otlp::SpanExporter::builder()
+            .with_http()
+            .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+            .with_endpoint(&url)
+            .build()
+        {
+            Ok(exporter) => {
+                builder = builder.with_batch_exporter(exporter);
+                EXPORTING.store(true, Ordering::Relaxed);
+            }
+            Err(e) => {
+                failed = Some(ExportError {
+                    endpoint: url,
+                    message: e.to_string(),
+                });
+            }
+        }
+    }
+    let provider = PROVIDER.get_or_init(|| builder.build());
+    (provider.tracer("runyard"), failed)
 }
 
-/// Starts exporting spans to the OTLP/HTTP collector at `endpoint` (its base
-/// URL) as `service`. Once per process: a second call changes nothing.
-pub fn install(service: &'static str, endpoint: &str) -> Result<(), ExportError> {
-    // The exporter's HTTP client needs the TLS provider even for `http://`.
-    crate::install_crypto_provider();
-    let url = format!("{}/v1/traces", endpoint.trim_end_matches('/'));
-    let err = |message: String| ExportError {
-        endpoint: url.clone(),
-        message,
-    };
-    let exporter = opentelemetry_otlp::SpanExporter::builder()
-        .with_http()
-        .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
-        .with_endpoint(&url)
-        .build()
-        .map_err(|e| err(e.to_string()))?;
-    let provider = SdkTracerProvider::builder()
-        .with_batch_exporter(exporter)
-        .with_resource(Resource::builder().with_service_name(service).build())
-        .build();
-    let tracer = provider.tracer("runyard");
-    let _ = EXPORTER.set(Exporter { provider, tracer });
-    tracing::info!(endpoint = %url, service, "exporting traces");
-    Ok(())
+/// Installs the process's logging and tracing (as
+/// [`crate::init_tracing`] does) exporting spans to the OTLP/HTTP collector
+/// at `endpoint` as `service`, whatever the environment says: for tests.
+/// Once per process: a second call changes nothing.
+pub fn install(service: &str, endpoint: &str) -> Result<(), ExportError> {
+    let (tracer, failed) = tracer(service.to_owned(), Some(endpoint));
+    crate::init_subscriber(tracer);
+    failed.map_or(Ok(()), Err)
 }
 
-/// Runs a service (`run`) with trace export set up from the environment
-/// ([`install_from_env`]), and flushes what it recorded when it ends.
-pub async fn exporting<T>(
-    service: &'static str,
-    run: impl std::future::Future<Output = T>,
-) -> Result<T, ExportError> {
-    install_from_env(service)?;
+/// Runs a service (`run`) and flushes the spans it recorded when it ends.
+pub async fn exporting<T>(run: impl std::future::Future<Output = T>) -> T {
     let out = run.await;
     let _ = tokio::task::spawn_blocking(shutdown).await;
-    Ok(out)
+    out
 }
 
 /// Whether spans are being exported.
 pub fn enabled() -> bool {
-    EXPORTER.get().is_some()
+    EXPORTING.load(Ordering::Relaxed)
 }
 
 /// Sends every span recorded so far (tests; shutdown does it too).
 pub fn flush() {
-    if let Some(e) = EXPORTER.get() {
-        let _ = e.provider.force_flush();
+    if let Some(p) = PROVIDER.get() {
+        let _ = p.force_flush();
     }
 }
 
 /// Flushes and stops the exporter; call once as the process ends.
 pub fn shutdown() {
-    if let Some(e) = EXPORTER.get() {
-        let _ = e.provider.shutdown();
+    if enabled()
+        && let Some(p) = PROVIDER.get()
+    {
+        let _ = p.shutdown();
     }
 }
 
-/// One hop of a trace being timed: its ids come from the `traceparent` the
-/// hop carries on (`span_id`) and the one it was handed (`parent`).
-#[derive(Debug)]
-pub struct Span {
-    name: &'static str,
-    kind: SpanKind,
-    trace_id: u128,
-    span_id: u64,
-    parent: Option<u64>,
-    start: SystemTime,
-    attributes: Vec<KeyValue>,
-}
-
-impl Span {
-    /// Starts timing a hop, or `None` when export is off.
-    pub fn start(
-        name: &'static str,
-        kind: SpanKind,
-        trace_id: u128,
-        span_id: u64,
-        parent: Option<u64>,
-    ) -> Option<Self> {
-        enabled().then(|| Self {
-            name,
-            kind,
-            trace_id,
-            span_id,
-            parent,
-            start: SystemTime::now(),
-            attributes: Vec::new(),
-        })
-    }
-
-    /// Adds an attribute.
-    pub fn set(&mut self, key: &'static str, value: impl Into<Value>) {
-        self.attributes.push(KeyValue::new(key, value));
-    }
-
-    /// Ends a hop that answered HTTP `status`: records the code, and the
-    /// span's status the way OpenTelemetry's HTTP conventions have it for a
-    /// server (a 5xx is an error described by `error`, a 2xx is OK, anything
-    /// else is left unset — a client's mistake is not the server's error).
-    pub fn end_http(mut self, status: u16, error: impl FnOnce() -> String) {
-        self.set("http.response.status_code", i64::from(status));
-        self.end(match status {
-            500..=599 => Status::error(error()),
-            200..=299 => Status::Ok,
-            _ => Status::Unset,
-        });
-    }
-
-    /// Ends the hop now with `status` and queues it for export.
-    pub fn end(self, status: Status) {
-        let end = SystemTime::now();
-        let Some(e) = EXPORTER.get() else { return };
-        let parent = match self.parent {
-            Some(p) => opentelemetry::Context::new().with_remote_span_context(SpanContext::new(
-                TraceId::from(self.trace_id),
-                SpanId::from(p),
-                TraceFlags::SAMPLED,
-                true,
-                TraceState::default(),
-            )),
-            None => opentelemetry::Context::new(),
-        };
-        let mut builder = e
-            .tracer
-            .span_builder(self.name)
-            .with_kind(self.kind)
-            .with_start_time(self.start)
-            .with_attributes(self.attributes);
-        builder.trace_id = Some(TraceId::from(self.trace_id));
-        builder.span_id = Some(SpanId::from(self.span_id));
-        builder.status = status;
-        let mut span = builder.start_with_context(&e.tracer, &parent);
-        opentelemetry::trace::Span::end_with_timestamp(&mut span, end);
-    }
+/// Records on `span` that it answered HTTP `status`: the code, and the
+/// span's status the way OpenTelemetry's HTTP conventions have it for a
+/// server (a 5xx is an error described by `error`, a 2xx is OK, anything
+/// else is left unset — a client's mistake is not the server's error).
+pub fn record_http(span: &tracing::Span, status: u16, error: impl FnOnce() -> String) {
+    use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+    span.set_attribute("http.response.status_code", i64::from(status));
+    span.set_status(match status {
+        500..=599 => Status::error(error()),
+        200..=299 => Status::Ok,
+        _ => Status::Unset,
+    });
 }

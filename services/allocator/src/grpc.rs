@@ -1,7 +1,8 @@
 //! The gRPC edge: `runyard.allocator.v1.Allocator`, mapping requests to the
 //! model and errors to `INVALID_ARGUMENT`.
 
-use runyard_bus::{Hop, SpanKind, SpanStatus, TraceParent};
+use runyard_bus::{SpanStatus, TraceParent};
+use runyard_telemetry::traces::OpenTelemetrySpanExt as _;
 use tonic::{Request, Response, Status};
 
 use crate::model::{self, Recommendation as ModelRec, Workload};
@@ -49,28 +50,31 @@ fn workload_of(
 }
 
 /// Answers a call as one hop of its caller's trace (`traceparent`
-/// metadata): `answer` gets the hop's context for the events it queues, and
-/// the hop's span (when traces are exported) ends with the answer.
+/// metadata), a server span exported as `span_name`: `answer` gets the
+/// hop's context for the events it queues, and the span ends with the
+/// answer.
 fn traced<Q, A>(
     request: Request<Q>,
     span_name: &'static str,
     answer: impl FnOnce(Q, Option<TraceParent>) -> Result<A, Status>,
 ) -> Result<Response<A>, Status> {
-    let hop = Hop::when_exported(|| {
-        request
-            .metadata()
-            .get("traceparent")
-            .and_then(|v| v.to_str().ok())
-    });
-    let span = hop.and_then(|h| h.span(span_name, SpanKind::Server));
-    let result = answer(request.into_inner(), hop.map(|h| h.this));
-    if let Some(mut span) = span {
-        match &result {
-            Ok(_) => span.end(SpanStatus::Ok),
-            Err(status) => {
-                span.set("rpc.grpc.status_code", status.code() as i64);
-                span.end(SpanStatus::error(status.message().to_owned()));
-            }
+    let span = tracing::info_span!(
+        "call",
+        otel.name = span_name,
+        otel.kind = "server",
+        requests = tracing::field::Empty,
+    );
+    let incoming = request
+        .metadata()
+        .get("traceparent")
+        .and_then(|v| v.to_str().ok());
+    let trace = runyard_bus::follow(&span, incoming);
+    let result = span.in_scope(|| answer(request.into_inner(), Some(trace)));
+    match &result {
+        Ok(_) => span.set_status(SpanStatus::Ok),
+        Err(status) => {
+            span.set_attribute("rpc.grpc.status_code", status.code() as i64);
+            span.set_status(SpanStatus::error(status.message().to_owned()));
         }
     }
     result.map(Response::new)
@@ -123,7 +127,6 @@ impl Service {
 
 #[tonic::async_trait]
 impl proto::allocator_server::Allocator for Service {
-    #[tracing::instrument(skip_all)]
     async fn recommend(
         &self,
         request: Request<proto::RecommendRequest>,
@@ -133,7 +136,6 @@ impl proto::allocator_server::Allocator for Service {
         })
     }
 
-    #[tracing::instrument(skip_all, fields(requests))]
     async fn recommend_batch(
         &self,
         request: Request<proto::RecommendBatchRequest>,

@@ -6,7 +6,6 @@ use axum::extract::{Query, State as AxumState};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use runyard_bus::{Hop, SpanKind};
 use serde::Deserialize;
 use serde_json::json;
 
@@ -44,13 +43,18 @@ async fn allocation(
     headers: axum::http::HeaderMap,
     query: Result<Query<SpecQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Response {
-    let hop = Hop::when_exported(|| headers.get("traceparent").and_then(|v| v.to_str().ok()));
-    let span = hop.and_then(|h| h.span("allocator GET /v1/allocation", SpanKind::Server));
-    let response = gantry_answer(&state, query, hop.map(|h| h.this));
-    if let Some(span) = span {
-        let status = response.status();
-        span.end_http(status.as_u16(), || status.to_string());
-    }
+    let span = tracing::info_span!(
+        "call",
+        otel.name = "allocator GET /v1/allocation",
+        otel.kind = "server",
+    );
+    let trace = runyard_bus::follow(
+        &span,
+        headers.get("traceparent").and_then(|v| v.to_str().ok()),
+    );
+    let response = span.in_scope(|| gantry_answer(&state, query, Some(trace)));
+    let status = response.status();
+    runyard_telemetry::traces::record_http(&span, status.as_u16(), || status.to_string());
     response
 }
 

@@ -274,8 +274,8 @@ async fn publish_allocations(bus: Bus, mut rx: mpsc::Receiver<Issued>) {
                 batch.push(issued);
             }
         }
-        // An event carries its call's trace context when traces are
-        // exported, the publisher's own otherwise.
+        // An event carries its call's trace context (the publisher's own
+        // for calls that had none).
         let messages = batch.drain(..).filter_map(|issued| {
             let own = issued.trace.map(|t| t.header_value());
             let event = issued.into_event();

@@ -34,18 +34,14 @@ enum Command {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     runyard_telemetry::install_crypto_provider();
-    runyard_telemetry::init_tracing();
+    runyard_telemetry::init_tracing().context("starting trace export")?;
     let args = Args::parse();
     match args.command.unwrap_or(Command::Run) {
         Command::Run => {
             let config = Config::load(args.config.as_deref()).context("loading configuration")?;
             let app = App::build(config).await.context("starting allocator")?;
-            runyard_telemetry::traces::exporting(
-                "runyard-allocator",
-                app.run(runyard_telemetry::shutdown_signal()),
-            )
-            .await
-            .context("starting trace export")?
+            runyard_telemetry::traces::exporting(app.run(runyard_telemetry::shutdown_signal()))
+                .await
         }
         Command::Simulate(sim) => simulate::run(&sim),
     }

@@ -24,17 +24,12 @@ struct Args {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     runyard_telemetry::install_crypto_provider();
-    runyard_telemetry::init_tracing();
+    runyard_telemetry::init_tracing().context("starting trace export")?;
     let args = Args::parse();
     let config =
         runyard_ingest::Config::load(args.config.as_deref()).context("loading configuration")?;
     let app = runyard_ingest::App::build(config)
         .await
         .context("starting ingest")?;
-    runyard_telemetry::traces::exporting(
-        "runyard-ingest",
-        app.run(runyard_telemetry::shutdown_signal()),
-    )
-    .await
-    .context("starting trace export")?
+    runyard_telemetry::traces::exporting(app.run(runyard_telemetry::shutdown_signal())).await
 }

@@ -12,15 +12,17 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use bytes::Bytes;
 use http_body_util::BodyExt as _;
-use runyard_bus::{BusError, HeaderValue as NatsValue, Hop, Prepared, Span, SpanKind, TraceParent};
+use runyard_bus::{BusError, HeaderValue as NatsValue, Prepared, TraceParent};
 use runyard_events::{Event, ids};
 use runyard_forge::{
     GithubDelivery, GitlabDelivery, Normalized, PayloadError, normalize_github, normalize_gitlab,
     normalize_usage, verify,
 };
+use runyard_telemetry::traces::OpenTelemetrySpanExt as _;
 use secrecy::ExposeSecret;
 use serde_json::json;
 use time::OffsetDateTime;
+use tracing::Instrument as _;
 
 use crate::AppState;
 
@@ -153,25 +155,34 @@ fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers.get(name).and_then(|v| v.to_str().ok())
 }
 
-/// Answers a delivery as one hop of its trace, continuing the sender's
-/// `traceparent` if it sent one: `outcome` gets the context every message of
-/// the delivery carries, and the hop's span (when traces are exported) ends
-/// with the answer.
+/// Answers a delivery as one hop of its trace (a server span exported as
+/// `span_name`), continuing the sender's `traceparent` if it sent one:
+/// `outcome` gets the context every message of the delivery carries, and
+/// the span ends with the answer.
 async fn traced<F, Fut>(
     state: &AppState,
     headers: &HeaderMap,
     forge: &'static str,
     span_name: &'static str,
+    delivery: Option<&str>,
     outcome: F,
 ) -> Response
 where
     F: FnOnce(TraceParent) -> Fut,
     Fut: std::future::Future<Output = Outcome>,
 {
-    let hop = Hop::continuing(header_str(headers, "traceparent"));
-    let span = hop.span(span_name, SpanKind::Server);
-    let outcome = outcome(hop.this).await;
-    finish(state, forge, outcome, span)
+    let span = tracing::info_span!(
+        "delivery",
+        otel.name = span_name,
+        otel.kind = "server",
+        runyard.forge = forge,
+        runyard.delivery = delivery.unwrap_or(""),
+    );
+    let trace = runyard_bus::follow(&span, header_str(headers, "traceparent"));
+    let answered = span.clone();
+    async move { finish(state, forge, outcome(trace).await, &answered) }
+        .instrument(span)
+        .await
 }
 
 fn payload_outcome(e: PayloadError) -> Outcome {
@@ -366,7 +377,12 @@ async fn publish(
     }
 }
 
-fn finish(state: &AppState, forge: &'static str, outcome: Outcome, span: Option<Span>) -> Response {
+fn finish(
+    state: &AppState,
+    forge: &'static str,
+    outcome: Outcome,
+    span: &tracing::Span,
+) -> Response {
     let duplicate = matches!(
         outcome,
         Outcome::Accepted {
@@ -391,29 +407,22 @@ fn finish(state: &AppState, forge: &'static str, outcome: Outcome, span: Option<
         }
         _ => tracing::debug!(forge, result, "delivery answered"),
     }
-    let event_id = match (&span, &outcome) {
-        (Some(_), Outcome::Accepted { event_id, .. }) => Some(event_id.clone()),
-        _ => None,
-    };
-    let response = outcome.into_response();
-    if let Some(mut span) = span {
-        span.set("runyard.forge", forge);
-        span.set("runyard.result", result);
-        if let Some(id) = event_id {
-            span.set("runyard.event_id", id);
-        }
-        span.end_http(response.status().as_u16(), || result.to_owned());
+    if let Outcome::Accepted { event_id, .. } = &outcome {
+        span.set_attribute("runyard.event_id", event_id.clone());
     }
+    span.set_attribute("runyard.result", result);
+    let response = outcome.into_response();
+    runyard_telemetry::traces::record_http(span, response.status().as_u16(), || result.to_owned());
     response
 }
 
-#[tracing::instrument(skip_all, fields(delivery = header_str(&headers, "x-github-delivery").unwrap_or("")))]
 async fn github(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
     traced(
         &state,
         &headers,
         "github",
         "ingest GitHub webhook",
+        header_str(&headers, "x-github-delivery"),
         |trace| github_outcome(&state, &headers, body, trace),
     )
     .await
@@ -467,13 +476,13 @@ async fn github_outcome(
     }
 }
 
-#[tracing::instrument(skip_all, fields(delivery = header_str(&headers, "idempotency-key").or(header_str(&headers, "x-gitlab-event-uuid")).unwrap_or("")))]
 async fn gitlab(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
     traced(
         &state,
         &headers,
         "gitlab",
         "ingest GitLab webhook",
+        header_str(&headers, "idempotency-key").or(header_str(&headers, "x-gitlab-event-uuid")),
         |trace| gitlab_outcome(&state, &headers, body, trace),
     )
     .await
@@ -534,11 +543,15 @@ async fn gitlab_outcome(
     }
 }
 
-#[tracing::instrument(skip_all)]
 async fn usage(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
-    traced(&state, &headers, "usage", "ingest usage report", |trace| {
-        usage_outcome(&state, &headers, body, trace)
-    })
+    traced(
+        &state,
+        &headers,
+        "usage",
+        "ingest usage report",
+        header_str(&headers, "idempotency-key"),
+        |trace| usage_outcome(&state, &headers, body, trace),
+    )
     .await
 }
 

@@ -40,18 +40,14 @@ enum Command {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     runyard_telemetry::install_crypto_provider();
-    runyard_telemetry::init_tracing();
+    runyard_telemetry::init_tracing().context("starting trace export")?;
     let args = Args::parse();
     let config = Config::load(args.config.as_deref()).context("loading configuration")?;
     match args.command.unwrap_or(Command::Run) {
         Command::Run => {
             let app = App::build(config).await.context("starting job-tracker")?;
-            runyard_telemetry::traces::exporting(
-                "runyard-job-tracker",
-                app.run(runyard_telemetry::shutdown_signal()),
-            )
-            .await
-            .context("starting trace export")?
+            runyard_telemetry::traces::exporting(app.run(runyard_telemetry::shutdown_signal()))
+                .await
         }
         Command::Migrate => runyard_store::migrate(&config.database_url)
             .await

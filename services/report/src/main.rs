@@ -29,7 +29,9 @@ fn main() -> ExitCode {
             .exit();
     }
     // Logs go to stderr: stdout is reserved for the `--dry-run` report.
-    runyard_telemetry::init_tracing();
+    if let Err(error) = runyard_telemetry::init_tracing() {
+        tracing::warn!(%error, "traces are not exported");
+    }
     runyard_telemetry::install_crypto_provider();
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()

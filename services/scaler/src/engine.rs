@@ -17,6 +17,7 @@ use secrecy::{ExposeSecret as _, SecretString};
 use sqlx::PgPool;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
 
 use crate::config::{PoolConfig, StoppedAction, Timers};
 use crate::forges::{ForgeRunner, Forges, Unregistered};
@@ -169,6 +170,18 @@ pub struct Engine {
     /// Runners whose stopped instance was started once (stopped again, they
     /// are replaced).
     restarted: HashSet<String>,
+    /// The trace each queued job's event carried: its runner's creation is
+    /// a hop of that trace.
+    traces: HashMap<JobId, TraceParent>,
+}
+
+/// An event read from the log, with the trace context it carried.
+#[derive(Debug, Clone)]
+pub struct Observed {
+    /// The event.
+    pub event: Event,
+    /// Its `traceparent` header.
+    pub traceparent: Option<String>,
 }
 
 impl Engine {
@@ -192,6 +205,7 @@ impl Engine {
             seen_pools: HashMap::new(),
             unreachable_pools: HashSet::new(),
             restarted: HashSet::new(),
+            traces: HashMap::new(),
         }
     }
 
@@ -212,6 +226,24 @@ impl Engine {
             let d = create_backoff(base, max, attempt);
             d.mul_f64(0.75 + rand::random::<f64>() * 0.5)
         }
+    }
+
+    /// Folds in an event read from the log, remembering the trace a queued
+    /// job's event carried.
+    fn observe(&mut self, observed: &Observed) {
+        if let Some(Body::JobObserved(j)) = &observed.event.body
+            && j.status() == JobStatus::Queued
+            && let Some(key) = &j.job
+            && let Some(tp) = observed.traceparent.as_deref().and_then(TraceParent::parse)
+        {
+            let id = JobId {
+                forge: key.forge(),
+                instance: key.instance.clone(),
+                job_id: key.job_id,
+            };
+            self.traces.insert(id, tp);
+        }
+        self.apply(&observed.event);
     }
 
     fn apply(&mut self, event: &Event) {
@@ -291,7 +323,7 @@ impl Engine {
     /// replica acts).
     pub async fn run(
         mut self,
-        mut events: mpsc::Receiver<Event>,
+        mut events: mpsc::Receiver<Observed>,
         caught_up: tokio::sync::watch::Receiver<bool>,
         stop: CancellationToken,
     ) {
@@ -308,11 +340,11 @@ impl Engine {
                 () = stop.cancelled() => break,
                 ev = events.recv() => {
                     let Some(ev) = ev else { break };
-                    self.apply(&ev);
+                    self.observe(&ev);
                     // Take what else has arrived before deciding once.
                     for _ in 0..4096 {
                         match events.try_recv() {
-                            Ok(ev) => self.apply(&ev),
+                            Ok(ev) => self.observe(&ev),
                             Err(_) => break,
                         }
                     }
@@ -346,6 +378,8 @@ impl Engine {
                     self.seen_pools.retain(|_, s| s.at >= cutoff);
                     let runners = &self.world.runners;
                     self.restarted.retain(|n| runners.contains_key(n));
+                    let jobs = &self.world.jobs;
+                    self.traces.retain(|j, _| jobs.contains_key(j));
                     continue;
                 }
             }
@@ -538,13 +572,26 @@ impl Engine {
                 // Counted at once, so the next decision sees it.
                 self.world.runners.insert(
                     name.clone(),
-                    Runner::requested(&name, &pool, Some(job), run_attempt, &key, now),
+                    Runner::requested(&name, &pool, Some(job.clone()), run_attempt, &key, now),
                 );
+                // The creation is a hop of the trace the job's queued event
+                // carried: the allocator call, the provider call and the
+                // runner events it publishes are in that trace too.
+                let span = tracing::info_span!(
+                    "runner",
+                    otel.name = "scaler create runner",
+                    runyard.pool = %pool,
+                    runyard.runner = %name,
+                    runyard.job_id = i64::try_from(job.job_id).unwrap_or(i64::MAX),
+                );
+                let incoming = self.traces.get(&job).map(TraceParent::to_string);
+                runyard_bus::follow(&span, incoming.as_deref());
                 let shared = self.shared.clone();
                 let tools = self.tools.clone();
-                self.spawn(name.clone(), async move {
-                    create_for_job(shared, p, j, name, key, tools).await
-                });
+                self.spawn(
+                    name.clone(),
+                    create_for_job(shared, p, j, name, key, tools).instrument(span),
+                );
             }
             Decision::CreateIdle { pool } => self.create_free(&pool, "min_idle", now),
             Decision::Replace { pool } => self.create_free(&pool, "replacement", now),
@@ -1301,7 +1348,8 @@ async fn publish_for(
         }),
         body: Some(body),
     };
-    let tp = TraceParent::new_root();
+    // The trace of the work that led to it, if any.
+    let tp = runyard_bus::current_trace();
     for attempt in 0..5u32 {
         match shared.bus.publish_event(&event, &tp).await {
             Ok(_) => break,

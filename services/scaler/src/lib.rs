@@ -33,7 +33,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use runyard_bus::consumer::{Consumer, ConsumerConfig, Deliver, Delivery, Handler, HandlerError};
 use runyard_bus::{Bus, StreamSettings};
-use runyard_events::{Event, Forge, Namespace};
+use runyard_events::{Forge, Namespace};
 use runyard_forge::api::github::{GitHubAuth, GitHubClient};
 use runyard_forge::api::gitlab::GitLabClient;
 use runyard_telemetry::Metrics;
@@ -562,14 +562,18 @@ async fn wait_for<T, E: std::fmt::Display, F: Future<Output = Result<T, E>>>(
 /// matching left behind it).
 #[derive(Debug)]
 struct Forward {
-    tx: mpsc::Sender<Event>,
+    tx: mpsc::Sender<engine::Observed>,
     caught_up: Arc<watch::Sender<bool>>,
 }
 
 impl Handler for Forward {
     async fn handle(&self, batch: &[Delivery]) -> Result<Vec<(u64, String)>, HandlerError> {
         for d in batch {
-            if self.tx.send(d.event.clone()).await.is_err() {
+            let observed = engine::Observed {
+                event: d.event.clone(),
+                traceparent: d.traceparent.clone(),
+            };
+            if self.tx.send(observed).await.is_err() {
                 return Err(HandlerError::Transient("the engine stopped".into()));
             }
         }
@@ -611,7 +615,7 @@ async fn pending_from(
 
 async fn follow(
     shared: Arc<Shared>,
-    tx: mpsc::Sender<Event>,
+    tx: mpsc::Sender<engine::Observed>,
     caught_up: Arc<watch::Sender<bool>>,
     stop: tokio_util::sync::CancellationToken,
 ) {
@@ -647,6 +651,7 @@ async fn follow(
             deliver: Deliver::ByStartTime(start),
             batch_size: 500,
             batch_wait: Duration::from_millis(2),
+            span_name: "scaler observe",
             ..ConsumerConfig::default()
         };
         match Consumer::bind(bus, config, None).await {

@@ -37,8 +37,8 @@ async fn main() -> anyhow::Result<()> {
         return Ok(());
     }
     runyard_telemetry::install_crypto_provider();
-    runyard_telemetry::init_tracing();
+    runyard_telemetry::init_tracing().context("starting trace export")?;
     let config = Config::load(args.config.as_deref()).context("loading configuration")?;
     let app = App::build(config, None).await.context("starting scaler")?;
-    app.run(runyard_telemetry::shutdown_signal()).await
+    runyard_telemetry::traces::exporting(app.run(runyard_telemetry::shutdown_signal())).await
 }

@@ -86,6 +86,10 @@ impl Allocator {
             r#ref: job.git_ref.clone(),
         });
         req.set_timeout(self.timeout);
+        // The call is a hop of the current trace (a job's runner creation).
+        if let Ok(v) = runyard_bus::current_trace().to_string().parse() {
+            req.metadata_mut().insert("traceparent", v);
+        }
         if let Some(token) = &self.token
             && let Ok(v) = format!("Bearer {}", token.expose_secret()).parse()
         {

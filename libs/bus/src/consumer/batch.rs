@@ -13,7 +13,9 @@ use tokio::time::{Instant, Interval, MissedTickBehavior};
 use super::retry::{self, Grace};
 use super::triage::{self, Triage};
 use super::{BatchReport, Consumer, Delivery, Handler, HandlerError, Rejected, deadletter};
-use crate::{BusError, Hop, Span, SpanKind, SpanStatus};
+use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+
+use crate::{BusError, SpanStatus};
 
 /// How long an undecodable message waits before its next delivery.
 const UNDECODABLE_DELAY: Duration = Duration::from_millis(200);
@@ -60,11 +62,12 @@ impl Consumer {
                         .as_ref()
                         .and_then(|h| h.get(crate::TRACEPARENT_HEADER))
                         .map(|v| v.as_str().to_owned());
-                    if let Some(span) =
-                        event_span(self.config.span_name, traceparent.as_deref(), seq, &event)
-                    {
-                        spans.push((deliveries.len(), span));
-                    }
+                    spans.push(event_span(
+                        self.config.span_name,
+                        traceparent.as_deref(),
+                        seq,
+                        &event,
+                    ));
                     deliveries.push(Delivery {
                         seq,
                         subject: msg.subject.to_string(),
@@ -121,14 +124,29 @@ impl Consumer {
                 m.batch_size.observe(deliveries.len() as f64);
                 m.apply_latency.observe(applied_in.as_secs_f64());
             }
-            for (d, span) in spans {
-                span.end(match &outcomes[d] {
-                    Outcome::Applied => SpanStatus::Ok,
-                    Outcome::Rejected(reason) => SpanStatus::error(reason.clone()),
-                    Outcome::Unresolved => {
-                        SpanStatus::error("not applied before shutdown; left for redelivery")
-                    }
-                });
+            // Each event's span ends here, with its outcome (and, at
+            // debug, a log line in it: the event's trace id in the logs).
+            let log = tracing::enabled!(tracing::Level::DEBUG);
+            for ((span, outcome), delivery) in spans.into_iter().zip(&outcomes).zip(&deliveries) {
+                let (status, label) = match outcome {
+                    Outcome::Applied => (SpanStatus::Ok, "applied"),
+                    Outcome::Rejected(reason) => (SpanStatus::error(reason.clone()), "rejected"),
+                    Outcome::Unresolved => (
+                        SpanStatus::error("not applied before shutdown; left for redelivery"),
+                        "unresolved",
+                    ),
+                };
+                span.set_status(status);
+                if log {
+                    span.in_scope(|| {
+                        tracing::debug!(
+                            seq = delivery.seq,
+                            event_id = %delivery.event.id,
+                            outcome = label,
+                            "event handled"
+                        );
+                    });
+                }
             }
         }
 
@@ -384,23 +402,24 @@ impl<'a> KeepAlive<'a> {
     }
 }
 
-/// When traces are exported, the span of handling one event: a hop of the
-/// trace its `traceparent` names, ended once its batch is acked.
+/// The span of handling one event (exported as `name`): a hop of the trace
+/// its `traceparent` names, ended once its batch is resolved.
 fn event_span(
     name: &'static str,
     traceparent: Option<&str>,
     seq: u64,
     event: &Event,
-) -> Option<Span> {
-    let hop = Hop::when_exported(|| traceparent)?;
-    let mut span = hop.span(name, SpanKind::Consumer)?;
-    span.set("runyard.event_id", event.id.clone());
-    span.set("runyard.event_type", runyard_events::event_type(event));
-    span.set(
-        "runyard.stream_sequence",
-        i64::try_from(seq).unwrap_or(i64::MAX),
+) -> tracing::Span {
+    let span = tracing::info_span!(
+        "event",
+        otel.name = name,
+        otel.kind = "consumer",
+        runyard.event_id = %event.id,
+        runyard.event_type = runyard_events::event_type(event),
+        runyard.stream_sequence = i64::try_from(seq).unwrap_or(i64::MAX),
     );
-    Some(span)
+    crate::follow(&span, traceparent);
+    span
 }
 
 #[cfg(test)]

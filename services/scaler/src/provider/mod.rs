@@ -5,6 +5,7 @@
 
 use std::path::Path;
 use std::time::Duration;
+use tracing::Instrument as _;
 
 use runyard_forge::api::github::RunnerDownload;
 use secrecy::SecretString;
@@ -248,22 +249,28 @@ impl Provider {
         req: &CreateRequest,
         boot: &Bootstrap,
     ) -> Result<Instance, ProviderError> {
-        match self {
-            Self::Process(p) => p.create(req).await,
-            Self::External(p) => p.create(req, boot).await,
-        }
+        let span = call_span("provider CreateInstance", &req.name);
+        let created = match self {
+            Self::Process(p) => p.create(req).instrument(span.clone()).await,
+            Self::External(p) => p.create(req, boot).instrument(span.clone()).await,
+        };
+        ended(&span, &created);
+        created
     }
 
     /// Deletes an instance by provider id or name; a missing one is a success.
     pub async fn delete(&self, pool_id: &str, id_or_name: &str) -> Result<(), ProviderError> {
+        let span = call_span("provider DeleteInstance", id_or_name);
         let r = match self {
-            Self::Process(p) => p.delete(pool_id, id_or_name).await,
-            Self::External(p) => p.delete(pool_id, id_or_name).await,
+            Self::Process(p) => p.delete(pool_id, id_or_name).instrument(span.clone()).await,
+            Self::External(p) => p.delete(pool_id, id_or_name).instrument(span.clone()).await,
         };
-        match r {
+        let r = match r {
             Err(ProviderError::NotFound) => Ok(()),
             other => other,
-        }
+        };
+        ended(&span, &r);
+        r
     }
 
     /// One instance by provider id (or name); [`ProviderError::NotFound`]
@@ -307,6 +314,26 @@ impl Provider {
             Self::External(p) => p.start(pool_id, provider_id).await,
         }
     }
+}
+
+/// The span of one provider call on an instance, a child of the current
+/// span (a job's runner creation, in that job's trace).
+fn call_span(name: &'static str, instance: &str) -> tracing::Span {
+    tracing::info_span!(
+        "provider call",
+        otel.name = name,
+        otel.kind = "client",
+        runyard.instance = instance,
+    )
+}
+
+/// Ends a provider call's span with its result.
+fn ended<T>(span: &tracing::Span, result: &Result<T, ProviderError>) {
+    use runyard_telemetry::traces::{OpenTelemetrySpanExt as _, Status};
+    span.set_status(match result {
+        Ok(_) => Status::Ok,
+        Err(e) => Status::error(e.to_string()),
+    });
 }
 
 /// Shortens provider output for an error message.

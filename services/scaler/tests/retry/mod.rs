@@ -99,6 +99,11 @@ impl Stack {
     /// Starts everything; `scaler_toml` is the scaler's file (pools,
     /// providers, `[retry]`, `[scaler]`).
     pub async fn start(scaler_toml: &str) -> Self {
+        Self::start_with(scaler_toml, &[]).await
+    }
+
+    /// [`Stack::start`] with `extra` in every service's environment.
+    pub async fn start_with(scaler_toml: &str, extra: &[(&'static str, String)]) -> Self {
         runyard_telemetry::install_crypto_provider();
         let nats = TestNats::get().await;
         let ns = unique_namespace();
@@ -107,13 +112,14 @@ impl Stack {
         let github = FakeGitHub::start().await;
         let dir = tempfile::tempdir().expect("tempdir");
         let http = reqwest::Client::new();
-        let common = |extra: &[(&'static str, String)]| -> Vec<(&'static str, String)> {
+        let common = |own: &[(&'static str, String)]| -> Vec<(&'static str, String)> {
             let mut env = vec![
                 ("RUNYARD_NATS_URL", nats.url()),
                 ("RUNYARD_NAMESPACE", ns.as_str().to_owned()),
                 ("RUNYARD_DATABASE_URL", db.url.clone()),
             ];
             env.extend(extra.iter().cloned());
+            env.extend(own.iter().cloned());
             env
         };
         let mut procs = Vec::new();
@@ -257,6 +263,17 @@ impl Stack {
 
     /// A GitHub `workflow_job` webhook.
     pub async fn github_job(&self, job: &Value, action: &str, delivery: &str) {
+        self.github_job_with(job, action, delivery, &[]).await;
+    }
+
+    /// [`Stack::github_job`] with `extra` request headers.
+    pub async fn github_job_with(
+        &self,
+        job: &Value,
+        action: &str,
+        delivery: &str,
+        extra: &[(&str, String)],
+    ) {
         let mut hook: Value = serde_json::from_str(&runyard_testkit::fixture(
             "github_workflow_job_completed.json",
         ))
@@ -278,7 +295,10 @@ impl Stack {
                 ),
                 ("x-github-event", "workflow_job".into()),
                 ("x-github-delivery", delivery.into()),
-            ],
+            ]
+            .into_iter()
+            .chain(extra.iter().cloned())
+            .collect::<Vec<_>>(),
             &hook,
         )
         .await;
