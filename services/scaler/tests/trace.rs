@@ -84,10 +84,13 @@ async fn a_queued_jobs_trace_runs_from_ingest_to_the_provider_call() {
     ];
     let spans = eventually(WAIT, || async {
         let spans = collector.spans();
-        wanted
+        // Spans reach the collector in batches, from four processes: wait
+        // for the tracker's span of the queued job (a child of ingest's) too.
+        let ingest = named(&spans, "ingest GitHub webhook");
+        let tracked = named(&spans, "job-tracker apply")
             .iter()
-            .all(|w| !named(&spans, w).is_empty())
-            .then_some(spans)
+            .any(|(_, s)| ingest.iter().any(|(_, i)| s.parent_span_id == i.span_id));
+        (tracked && wanted.iter().all(|w| !named(&spans, w).is_empty())).then_some(spans)
     })
     .await
     .unwrap_or_else(|| {

@@ -388,6 +388,13 @@ fn targets(sections: &[Section]) -> Vec<Target> {
                 s.boot, ry.delay.p95
             ),
         });
+        out.push(Target {
+            pass: ry.beyond_boot.p95 <= 1.0,
+            text: format!(
+                "{} boots: runyard wait beyond the n-th boot p95 {:.1} s ≤ 1 s (the scheduling delay without the forge's choice of runner)",
+                s.boot, ry.beyond_boot.p95
+            ),
+        });
         if s.boot == "fast" {
             out.push(Target {
                 pass: ry.wait.p95 <= 0.25 * garm.wait.p95,

@@ -56,6 +56,15 @@ pub struct Stats {
     pub delay: Percentiles,
     /// Jobs with a scheduling delay above 1 s.
     pub delayed: usize,
+    /// The wait beyond booting, whichever runner took which job: had the
+    /// n-th runner to run a job been created when the n-th job was queued,
+    /// the runners would have come online at `queued_n + boot_n`, and the
+    /// forge (oldest job first) would have started the n-th job at the
+    /// later of its queue time and the n-th of those online times;
+    /// `max(0, start − that)`, seconds — the wait the scaler added by
+    /// creating runners later than their jobs. Unlike [`Stats::delay`] it
+    /// does not depend on which runner the forge gave which job.
+    pub beyond_boot: Percentiles,
     /// Jobs that ran on a runner made for another job (`None` when the
     /// policy makes runners for no job in particular).
     pub on_another_jobs_runner: Option<usize>,
@@ -112,6 +121,29 @@ impl Stats {
             }
         }
         let delayed = delay.iter().filter(|d| **d > 1.0).count();
+        // The same runners, had each been created the moment its job (the
+        // n-th runner to run a job, the n-th job queued) was queued: their
+        // online times, and when the forge's oldest-first hand-out would
+        // then have started each job.
+        let mut queued: Vec<(Clock, Clock)> = forge
+            .jobs
+            .iter()
+            .filter_map(|j| Some((j.work.queued_at, j.started_at?)))
+            .collect();
+        queued.sort_unstable();
+        let mut ideal_online: Vec<Clock> = forge
+            .runners
+            .iter()
+            .filter(|r| r.job.is_some())
+            .zip(&queued)
+            .map(|(r, &(q, _))| q + r.boot)
+            .collect();
+        ideal_online.sort_unstable();
+        let beyond_boot: Vec<f64> = queued
+            .iter()
+            .zip(&ideal_online)
+            .map(|(&(q, started), &on)| started.saturating_sub(q.max(on)).as_secs_f64())
+            .collect();
         // Runners that ran a job in creation order, jobs in queue order.
         let create_lag: Vec<f64> = forge
             .runners
@@ -128,6 +160,7 @@ impl Stats {
             wait: Percentiles::of(wait),
             delay: Percentiles::of(delay),
             delayed,
+            beyond_boot: Percentiles::of(beyond_boot),
             on_another_jobs_runner: forge
                 .runners
                 .iter()
@@ -230,22 +263,23 @@ impl fmt::Display for Report {
             writeln!(f)?;
             writeln!(
                 f,
-                "| policy | jobs run | queue wait p50 / p95 / p99 (s) | scheduling delay p50 / p95 / p99 (s) | jobs delayed > 1 s | create lag p50 / p95 / p99 (s) | runner-min paid | busy | idle | booting | after the job | runners | never ran a job | peak |"
+                "| policy | jobs run | queue wait p50 / p95 / p99 (s) | scheduling delay p50 / p95 / p99 (s) | jobs delayed > 1 s | wait beyond the n-th boot p50 / p95 / p99 (s) | create lag p50 / p95 / p99 (s) | runner-min paid | busy | idle | booting | after the job | runners | never ran a job | peak |"
             )?;
             writeln!(
                 f,
-                "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+                "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
             )?;
             for r in &s.rows {
                 writeln!(
                     f,
-                    "| {} | {}/{} | {} | {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {} | {} | {} |",
+                    "| {} | {}/{} | {} | {} | {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {} | {} | {} |",
                     r.policy,
                     r.completed,
                     r.jobs,
                     pct(&r.wait),
                     pct(&r.delay),
                     r.delayed,
+                    pct(&r.beyond_boot),
                     pct(&r.create_lag),
                     r.paid,
                     r.busy,
@@ -290,6 +324,11 @@ impl fmt::Display for Report {
              queue wait − boot time (create → online) of the runner that ran the job, floored \
              at 0, i.e. the time the job waited beyond what booting its runner took (late \
              creates, waiting behind an idle runner, a runner taken by another job). \
+             wait beyond the n-th boot: start of the n-th job in queue order − when it would have \
+             started had the n-th runner that ran a job been created the moment that job was queued \
+             (same boot times, the forge giving the oldest job to the first runner online), floored \
+             at 0: the wait the scaler added, without crediting a job with the boot of the runner \
+             the forge happened to give it. \
              create lag: create time of the n-th runner that ran a job − queue time of the n-th \
              job, floored at 0 (how far runner creation trails the queue, whichever job each runner ends up \
              running). runner-min paid: Σ (delete − create) over all runners = booting + idle + busy + \

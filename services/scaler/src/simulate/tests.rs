@@ -187,3 +187,32 @@ fn percentiles_are_nearest_rank() {
     assert_eq!((p.p50, p.p95, p.p99, p.max), (50.0, 95.0, 99.0, 100.0));
     assert_eq!(Percentiles::of(Vec::new()), Percentiles::default());
 }
+
+#[test]
+fn with_slow_boots_runyard_adds_no_wait_beyond_booting_and_garm_adds_its_backoff() {
+    let args = SimulateArgs {
+        lost_webhooks: 0.0,
+        boot: vec![BootSetting::Slow],
+        ..small(11)
+    };
+    let report = run(&args).unwrap_or_else(|e| panic!("{e}"));
+    let row = |p: &str| {
+        report
+            .row("slow", p)
+            .unwrap_or_else(|| panic!("no {p} row"))
+    };
+    let (ry, garm) = (row("runyard"), row("garm"));
+    assert!(
+        ry.beyond_boot.p95 <= 1.0,
+        "runyard's wait beyond the n-th boot p95 {}",
+        ry.beyond_boot.p95
+    );
+    assert!(
+        garm.beyond_boot.p95 >= 25.0,
+        "garm's 30 s back-off shows: p95 {}",
+        garm.beyond_boot.p95
+    );
+    // The per-runner measure credits each job with the boot of whichever
+    // runner the forge gave it, so boot-time spread shows up in it.
+    assert!(ry.delay.p95 >= ry.beyond_boot.p95);
+}
