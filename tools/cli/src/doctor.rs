@@ -636,7 +636,10 @@ async fn allocator_grpc(global: &Global) -> Check {
         Err(e) => {
             return fail(
                 id,
-                format!("cannot connect to the allocator's gRPC at {url}: {e}"),
+                format!(
+                    "cannot connect to the allocator's gRPC at {url}: {}",
+                    crate::chain(&e)
+                ),
                 fix,
             );
         }

@@ -132,6 +132,36 @@ pub struct Global {
 }
 
 impl Global {
+    /// An address given empty (an empty `RUNYARD_*` variable counts as
+    /// given) is a configuration error, named.
+    fn check(&self) -> Result<(), Failure> {
+        for (value, flag, env) in [
+            (&self.nats_url, "--nats-url", "RUNYARD_NATS_URL"),
+            (&self.namespace, "--namespace", "RUNYARD_NAMESPACE"),
+            (&self.database_url, "--database-url", "RUNYARD_DATABASE_URL"),
+            (
+                &self.allocator_url,
+                "--allocator-url",
+                "RUNYARD_ALLOCATOR_URL",
+            ),
+            (&self.ingest_url, "--ingest-url", "RUNYARD_INGEST_URL"),
+            (&self.tracker_url, "--tracker-url", "RUNYARD_TRACKER_URL"),
+            (
+                &self.allocator_http_url,
+                "--allocator-http-url",
+                "RUNYARD_ALLOCATOR_HTTP_URL",
+            ),
+            (&self.scaler_url, "--scaler-url", "RUNYARD_SCALER_URL"),
+        ] {
+            if value.trim().is_empty() {
+                return Err(Failure::Usage(format!(
+                    "{flag} is empty (is {env} set to an empty value?)"
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// The per-call timeout.
     pub fn timeout(&self) -> Duration {
         Duration::from_secs(self.timeout.max(1))
@@ -265,7 +295,9 @@ impl Failure {
 pub async fn run(cli: Cli) -> ExitCode {
     runyard_telemetry::install_crypto_provider();
     let global = cli.global;
+    let checked = global.check();
     let (name, result) = match cli.command {
+        _ if checked.is_err() => ("", checked.map(|()| EXIT_OK)),
         Command::Provider {
             command: ProviderCommand::Check(mut args),
         } => {
@@ -293,7 +325,11 @@ pub async fn run(cli: Cli) -> ExitCode {
                     serde_json::json!({"error": failure.message(), "exit_code": failure.code()})
                 ));
             }
-            eprintln!("runyard {name}: {}", failure.message());
+            if name.is_empty() {
+                eprintln!("runyard: {}", failure.message());
+            } else {
+                eprintln!("runyard {name}: {}", failure.message());
+            }
             ExitCode::from(failure.code())
         }
     }
@@ -349,6 +385,22 @@ pub fn progress(len: u64, json: bool, what: &str) -> indicatif::ProgressBar {
     }
     bar.set_prefix(what.to_owned());
     bar
+}
+
+/// An error with its causes, `outer: inner: innermost` (transport errors
+/// say little on their own).
+pub fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let more = s.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        source = s.source();
+    }
+    text
 }
 
 /// A URL with any password or token in it replaced by `***`, for messages.

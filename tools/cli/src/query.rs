@@ -303,7 +303,8 @@ pub async fn pools(global: &Global) -> Result<u8, Failure> {
     let shown = redact(&url);
     let answer = http.get(&url).send().await.map_err(|e| {
         Failure::Failed(format!(
-            "asking the scaler at {shown}: {e} (is runyard-scaler running? --scaler-url / RUNYARD_SCALER_URL)"
+            "asking the scaler at {shown}: {} (is runyard-scaler running? --scaler-url / RUNYARD_SCALER_URL)",
+            crate::chain(&e.without_url())
         ))
     })?;
     let status = answer.status();
@@ -381,7 +382,8 @@ pub async fn recommend(global: &Global, args: &RecommendArgs) -> Result<u8, Fail
         .timeout(global.timeout());
     let channel = endpoint.connect().await.map_err(|e| {
         Failure::Failed(format!(
-            "connecting to the allocator at {url}: {e} (is runyard-allocator running? --allocator-url / RUNYARD_ALLOCATOR_URL)"
+            "connecting to the allocator at {url}: {} (is runyard-allocator running? --allocator-url / RUNYARD_ALLOCATOR_URL)",
+            crate::chain(&e)
         ))
     })?;
     let mut client = AllocatorClient::new(channel);

@@ -227,7 +227,7 @@ async fn send(
                 error: Some(if e.is_connect() {
                     format!("nothing answers at {}", redact(base))
                 } else {
-                    e.without_url().to_string()
+                    crate::chain(&e.without_url())
                 }),
             });
         }
