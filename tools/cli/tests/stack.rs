@@ -555,6 +555,37 @@ async fn doctor_finds_missing_streams_a_missing_database_and_migrations_behind()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_finds_streams_with_settings_that_lose_events() {
+    use async_nats::jetstream::stream;
+    runyard_telemetry::install_crypto_provider();
+    let nats = TestNats::get().await;
+    let ns = unique_namespace();
+    let js = async_nats::jetstream::new(async_nats::connect(nats.url()).await.unwrap());
+    // Made by hand: on memory, a one-minute duplicate window.
+    js.create_stream(stream::Config {
+        name: ns.events_stream(),
+        subjects: vec![ns.all_events()],
+        storage: stream::StorageType::Memory,
+        duplicate_window: Duration::from_secs(60),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let db = TestDb::new();
+    let t = Target::bare(&nats.url(), &ns, &db.url);
+    let (c, report) = doctor_without_services(&t).await;
+    assert_eq!(c, 1);
+    let checks = checks(&report);
+    let (outcome, detail, fix) = &checks[&format!("stream.{}", ns.events_stream())];
+    assert_eq!(outcome, "fail");
+    assert!(
+        detail.contains("memory") && detail.contains("duplicate window"),
+        "{detail}"
+    );
+    assert!(fix.contains("runyard-ingest"), "{fix}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replay_sends_signed_deliveries_and_events_tail_shows_them() {
     let stack = Stack::start().await;
     let dir = stack.fixtures();
@@ -639,6 +670,23 @@ async fn replay_sends_signed_deliveries_and_events_tail_shows_them() {
     assert_eq!(events[0]["event"]["type"], "JobObserved");
     assert_eq!(events[0]["event"]["body"]["status"], "queued");
     assert_eq!(events[2]["event"]["body"]["job"]["job_id"], 4711);
+
+    // The raw deliveries: headers and sizes, never the GitLab token.
+    let o = runyard(&stack.target, &["events", "tail", "--raw", "--json"]).await;
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let raw: Vec<Value> = stdout(&o)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(raw.len(), 3, "{}", stdout(&o));
+    assert!(raw.iter().all(|r| r["bytes"].as_u64() > Some(100)));
+    assert!(
+        raw.iter()
+            .any(|r| r["headers"]["Http-x-github-event"] == "workflow_job"),
+        "{}",
+        stdout(&o)
+    );
+    assert!(!stdout(&o).contains(GITLAB_TOKEN) && !stdout(&o).contains(USAGE_TOKEN));
 
     // Filtered by subject (relative to the namespace).
     let o = runyard(&stack.target, &["events", "tail", "--subject", "usage.>"]).await;
