@@ -359,7 +359,9 @@ async fn doctor_says_nats_is_down_and_how_to_fix_it() {
     let url = nats.url();
     nats.stop().await;
     let ns = unique_namespace();
-    let t = Target::bare(&url, &ns, "postgres://postgres@127.0.0.1:5432/postgres");
+    // The tests' Postgres server (its admin database, which exists).
+    let server = TestDb::new().sibling("postgres");
+    let t = Target::bare(&url, &ns, &server);
     let o = runyard(&t, &["doctor", "--json", "--timeout", "2"]).await;
     assert_eq!(code(&o), 1, "{}", stdout(&o));
     let checks = checks(&json(&o));
@@ -424,7 +426,7 @@ async fn doctor_refuses_an_old_nats_server() {
     let t = Target::bare(
         &url,
         &unique_namespace(),
-        "postgres://postgres@127.0.0.1:5432/postgres",
+        &TestDb::new().sibling("postgres"),
     );
     let o = runyard(
         &t,
