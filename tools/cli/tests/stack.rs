@@ -939,6 +939,37 @@ async fn rebuild_replays_the_log_into_a_fresh_projection() {
     assert_eq!(code(&o), 2, "{}", stderr(&o));
     assert!(stderr(&o).contains("live database"), "{}", stderr(&o));
     runyard_store::drop_database(&rebuilt).await.unwrap();
+
+    // Swapped in: the live name holds the rebuilt projection, the old one
+    // is kept under another name, and the CLI reads the new one.
+    let o = runyard(&stack.target, &["rebuild", "--swap", "--json"]).await;
+    let summary = json(&o);
+    assert_eq!(code(&o), 0, "{summary:#}\n{}", stderr(&o));
+    assert_eq!(summary["swapped"], true);
+    assert_eq!(summary["database"], stack.db.name.as_str());
+    let o = runyard(&stack.target, &["jobs", "--json"]).await;
+    assert_eq!(
+        json(&o)["jobs"].as_array().unwrap().len(),
+        2,
+        "{}",
+        stdout(&o)
+    );
+    let admin = sqlx::PgPool::connect(&stack.db.sibling("postgres"))
+        .await
+        .unwrap();
+    let old: Vec<String> =
+        sqlx::query_scalar("SELECT datname FROM pg_database WHERE datname LIKE $1")
+            .bind(format!("{}\\_old\\_%", stack.db.name))
+            .fetch_all(&admin)
+            .await
+            .unwrap();
+    assert_eq!(old.len(), 1, "{old:?}");
+    for name in old {
+        runyard_store::drop_database(&stack.db.sibling(&name))
+            .await
+            .unwrap();
+    }
+    admin.close().await;
     stack.db.drop_db().await;
 }
 
