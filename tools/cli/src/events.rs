@@ -26,6 +26,31 @@ pub struct TailArgs {
     /// The raw-delivery stream (`<NS>_RAW`: headers and body size) instead.
     #[arg(long)]
     pub raw: bool,
+    /// Only what the stream stored in this last stretch of time (`90s`,
+    /// `30m`, `6h`, `2d`), instead of the whole log.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub since: Option<Duration>,
+}
+
+/// `90s`, `30m`, `6h`, `2d`, `1w` (a bare number is seconds).
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (n, unit) = s.split_at(split);
+    let n: u64 = n
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration like 30m, 6h or 2d"))?;
+    let secs = match unit {
+        "" | "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        "w" => 7 * 86_400,
+        _ => return Err(format!("{s:?}: unit must be s, m, h, d or w")),
+    };
+    n.checked_mul(secs)
+        .map(Duration::from_secs)
+        .ok_or_else(|| format!("{s:?} is too long"))
 }
 
 /// The full subject filter for a `--subject` value.
@@ -72,35 +97,11 @@ pub async fn tail(global: &Global, args: &TailArgs) -> Result<u8, Failure> {
     } else {
         ns.events_stream()
     };
-    let mut stream = js.get_stream(&name).await.map_err(|e| {
+    let stream = js.get_stream(&name).await.map_err(|e| {
         Failure::Failed(format!(
             "stream {name}: {e} (is the namespace right? `runyard doctor` checks)"
         ))
     })?;
-    // How many messages there are to print, so a tail without --follow
-    // knows when it is done (and that it has nothing to wait for).
-    let mut matching = 0u64;
-    if filters.is_empty() {
-        let info = stream
-            .info()
-            .await
-            .map_err(|e| Failure::Failed(format!("stream {name}: {e}")))?;
-        matching = info.state.messages;
-    } else {
-        for f in &filters {
-            let mut subjects = stream
-                .info_with_subjects(f.as_str())
-                .await
-                .map_err(|e| Failure::Failed(format!("stream {name}: subjects of {f}: {e}")))?;
-            while let Some(s) = subjects.next().await {
-                let (_, n) = s.map_err(|e| Failure::Failed(format!("stream {name}: {e}")))?;
-                matching += n as u64;
-            }
-        }
-    }
-    if matching == 0 && !args.follow {
-        return Ok(EXIT_OK);
-    }
     // An ordered consumer, not `runyard_bus::consumer`: tail only reads.
     // The bus consumer acks (moving a durable's position or holding an
     // ephemeral's acks), sends undecodable messages back and finally
@@ -110,12 +111,22 @@ pub async fn tail(global: &Global, args: &TailArgs) -> Result<u8, Failure> {
     // has no acks and leaves nothing behind on the server.
     let consumer = stream
         .create_consumer(consumer::pull::OrderedConfig {
-            deliver_policy: consumer::DeliverPolicy::All,
+            deliver_policy: match args.since {
+                Some(d) => consumer::DeliverPolicy::ByStartTime {
+                    start_time: time::OffsetDateTime::now_utc() - d,
+                },
+                None => consumer::DeliverPolicy::All,
+            },
             filter_subjects: filters,
             ..Default::default()
         })
         .await
         .map_err(|e| Failure::Failed(format!("reading stream {name}: {e}")))?;
+    // What there is to print as the consumer starts, so a tail without
+    // --follow knows when it is done (and that it has nothing to wait for).
+    if consumer.cached_info().num_pending == 0 && !args.follow {
+        return Ok(EXIT_OK);
+    }
     let mut messages = consumer
         .messages()
         .await
@@ -422,4 +433,29 @@ pub fn describe(event: &Event) -> String {
         None => "empty".into(),
     };
     format!("{} {body}", event.id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_take_the_usual_units() {
+        assert_eq!(parse_duration("90"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("30m"), Ok(Duration::from_secs(1800)));
+        assert_eq!(parse_duration("2d"), Ok(Duration::from_secs(172_800)));
+        assert!(parse_duration("2 days").is_err());
+        assert!(parse_duration("h").is_err());
+    }
+
+    #[test]
+    fn subjects_are_relative_to_the_namespace_unless_they_name_it() {
+        let ns = Namespace::new("acme").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(subject_filter(&ns, false, "job.>"), "acme.v1.job.>");
+        assert_eq!(subject_filter(&ns, true, "github"), "acme.raw.github");
+        assert_eq!(
+            subject_filter(&ns, false, "acme.v1.usage.>"),
+            "acme.v1.usage.>"
+        );
+    }
 }

@@ -698,6 +698,21 @@ async fn replay_sends_signed_deliveries_and_events_tail_shows_them() {
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     assert_eq!(stdout(&o), "", "nothing matches: nothing printed, no wait");
 
+    // Only the recent past: everything so far is within the hour, none of
+    // it within the last second once a second has passed.
+    let mut args = deliveries.to_vec();
+    args.extend(["--since", "1h"]);
+    let o = runyard(&stack.target, &args).await;
+    assert_eq!(stdout(&o).lines().count(), 3, "{}", stdout(&o));
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let mut args = deliveries.to_vec();
+    args.extend(["--since", "1s"]);
+    let o = runyard(&stack.target, &args).await;
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert_eq!(stdout(&o), "");
+    let o = runyard(&stack.target, &["events", "tail", "--since", "yesterday"]).await;
+    assert_eq!(code(&o), 2);
+
     // Following: a new delivery shows up while it runs.
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_runyard"))
         .env_clear()
