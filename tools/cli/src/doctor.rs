@@ -196,6 +196,17 @@ async fn nats(global: &Global, ns: &runyard_events::Namespace, max_body: u64) ->
         .name("runyard-doctor")
         .connection_timeout(global.timeout())
         .connect(&global.nats_url);
+    // The checks that need a connection, when there is none.
+    let unreachable = |checks: &mut Vec<Check>| {
+        checks.extend(
+            ["nats.version", "nats.jetstream", "nats.max_payload"]
+                .map(|id| skipped(id, "NATS is not reachable")),
+        );
+        checks.extend(
+            [ns.events_stream(), ns.raw_stream()]
+                .map(|s| skipped(format!("stream.{s}"), "NATS is not reachable")),
+        );
+    };
     let client = match tokio::time::timeout(global.timeout() * 2, connect).await {
         Ok(Ok(c)) => c,
         Ok(Err(e)) => {
@@ -205,14 +216,7 @@ async fn nats(global: &Global, ns: &runyard_events::Namespace, max_body: u64) ->
                 "start nats-server with JetStream (`bash scripts/dev.sh up` starts one), \
                  or point --nats-url / RUNYARD_NATS_URL at the server the services use",
             ));
-            checks.extend(
-                ["nats.version", "nats.jetstream", "nats.max_payload"]
-                    .map(|id| skipped(id, "NATS is not reachable")),
-            );
-            checks.extend(
-                [ns.events_stream(), ns.raw_stream()]
-                    .map(|s| skipped(format!("stream.{s}"), "NATS is not reachable")),
-            );
+            unreachable(&mut checks);
             return checks;
         }
         Err(_) => {
@@ -225,6 +229,7 @@ async fn nats(global: &Global, ns: &runyard_events::Namespace, max_body: u64) ->
                 "check that the address is a NATS server (not another service) and that \
                  nothing between here and it drops the connection",
             ));
+            unreachable(&mut checks);
             return checks;
         }
     };
@@ -432,11 +437,15 @@ async fn postgres(global: &Global) -> Vec<Check> {
             ];
         }
         Err(_) => {
-            return vec![fail(
-                "postgres.reachable",
-                format!("Postgres at {} did not answer in time", redact(&admin)),
-                "check the host and port, and that Postgres accepts connections",
-            )];
+            return vec![
+                fail(
+                    "postgres.reachable",
+                    format!("Postgres at {} did not answer in time", redact(&admin)),
+                    "check the host and port, and that Postgres accepts connections",
+                ),
+                skipped("postgres.database", "Postgres is not reachable"),
+                skipped("postgres.migrations", "Postgres is not reachable"),
+            ];
         }
     };
     let version: Result<String, _> = sqlx::query_scalar("SHOW server_version")

@@ -295,9 +295,10 @@ impl Failure {
 pub async fn run(cli: Cli) -> ExitCode {
     runyard_telemetry::install_crypto_provider();
     let global = cli.global;
-    let checked = global.check();
+    if let Err(failure) = global.check() {
+        return fail(&global, "runyard", &failure);
+    }
     let (name, result) = match cli.command {
-        _ if checked.is_err() => ("", checked.map(|()| EXIT_OK)),
         Command::Provider {
             command: ProviderCommand::Check(mut args),
         } => {
@@ -305,34 +306,34 @@ pub async fn run(cli: Cli) -> ExitCode {
             args.namespace = global.namespace.clone();
             return check::run(&args).await;
         }
-        Command::Doctor(args) => ("doctor", doctor::run(&global, &args).await),
+        Command::Doctor(args) => ("runyard doctor", doctor::run(&global, &args).await),
         Command::Events {
             command: EventsCommand::Tail(args),
-        } => ("events tail", events::tail(&global, &args).await),
-        Command::Jobs(args) => ("jobs", query::jobs(&global, &args).await),
-        Command::Runners(args) => ("runners", query::runners(&global, &args).await),
-        Command::Pools => ("pools", query::pools(&global).await),
-        Command::Recommend(args) => ("recommend", query::recommend(&global, &args).await),
-        Command::Replay(args) => ("replay", replay::run(&global, &args).await),
-        Command::Rebuild(args) => ("rebuild", rebuild::run(&global, &args).await),
+        } => ("runyard events tail", events::tail(&global, &args).await),
+        Command::Jobs(args) => ("runyard jobs", query::jobs(&global, &args).await),
+        Command::Runners(args) => ("runyard runners", query::runners(&global, &args).await),
+        Command::Pools => ("runyard pools", query::pools(&global).await),
+        Command::Recommend(args) => ("runyard recommend", query::recommend(&global, &args).await),
+        Command::Replay(args) => ("runyard replay", replay::run(&global, &args).await),
+        Command::Rebuild(args) => ("runyard rebuild", rebuild::run(&global, &args).await),
     };
     match result {
         Ok(code) => ExitCode::from(code),
-        Err(failure) => {
-            if global.json {
-                out(&format!(
-                    "{}\n",
-                    serde_json::json!({"error": failure.message(), "exit_code": failure.code()})
-                ));
-            }
-            if name.is_empty() {
-                eprintln!("runyard: {}", failure.message());
-            } else {
-                eprintln!("runyard {name}: {}", failure.message());
-            }
-            ExitCode::from(failure.code())
-        }
+        Err(failure) => fail(&global, name, &failure),
     }
+}
+
+/// Reports a failure (stderr, and a JSON object on stdout with `--json`)
+/// and gives its exit code.
+fn fail(global: &Global, name: &str, failure: &Failure) -> ExitCode {
+    if global.json {
+        out(&format!(
+            "{}\n",
+            serde_json::json!({"error": failure.message(), "exit_code": failure.code()})
+        ));
+    }
+    eprintln!("{name}: {}", failure.message());
+    ExitCode::from(failure.code())
 }
 
 /// Writes to stdout; a closed stdout (`| head`) is not an error worth
