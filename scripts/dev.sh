@@ -80,8 +80,8 @@ demo() {
       curl -sS -X POST "$base/v1/usage" -H 'Content-Type: application/json' \
         -H "Authorization: Bearer $RUNYARD_USAGE_TOKEN" --data-binary @- -w '  → HTTP %{http_code}\n'
   done
-  log "the event log now holds (runyard-tail):"
-  "$BIN/runyard-tail"
+  log "the event log now holds (runyard events tail):"
+  "$BIN/runyard" events tail
   log "job-tracker projected it into Postgres ($RUNYARD_DATABASE_URL):"
   for _ in $(seq 1 50); do
     [[ "$(psql "$RUNYARD_DATABASE_URL" -Atqc 'SELECT count(*) FROM usage_samples' 2>/dev/null)" -ge 5 ]] && break
@@ -109,7 +109,7 @@ demo() {
 up() {
   mkdir -p "$STATE"
   log "building runyard"
-  cargo build --quiet --bin runyard-ingest --bin runyard-tail --bin runyard-job-tracker --bin runyard-allocator \
+  cargo build --quiet --bin runyard-ingest --bin runyard --bin runyard-job-tracker --bin runyard-allocator \
     --bin runyard-scaler --bin runyard-fake-github
   if ! running nats; then
     start_nats "$NATS_PORT" "$STATE/nats"

@@ -1,0 +1,446 @@
+//! `runyard`: the operator's command line.
+//!
+//! - `runyard doctor` checks NATS, Postgres, every service and the
+//!   allocator's gRPC, and says what is wrong and how to fix it;
+//! - `runyard events tail` prints (and follows) the event log, decoded;
+//! - `runyard jobs`, `runyard runners` read the Postgres projection,
+//!   `runyard pools` the scaler's `GET /v1/pools`, `runyard recommend`
+//!   asks the allocator over gRPC;
+//! - `runyard replay DIR` signs and sends fixture deliveries to ingest,
+//!   `runyard rebuild` rebuilds the projection from the event log;
+//! - `runyard provider check` runs a scaler provider through its calls.
+//!
+//! Every service address is a flag with a loopback default and a
+//! `RUNYARD_*` fallback. Tables for people, `--json` for scripts. Exit
+//! codes: [`EXIT_OK`], [`EXIT_FAILED`], [`EXIT_USAGE`] (docs/cli.md).
+
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+pub mod check;
+pub mod doctor;
+pub mod events;
+pub mod query;
+pub mod rebuild;
+pub mod replay;
+
+/// Everything asked for was done or every check passed.
+pub const EXIT_OK: u8 = 0;
+/// A check or an operation failed (a service down, a failed delivery, ...).
+pub const EXIT_FAILED: u8 = 1;
+/// The command line or the configuration is wrong; nothing was done.
+pub const EXIT_USAGE: u8 = 2;
+
+/// runyard's command line.
+#[derive(Parser, Debug)]
+#[command(name = "runyard", version, about = "runyard's operator command line")]
+pub struct Cli {
+    /// Where the services are.
+    #[command(flatten)]
+    pub global: Global,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Service addresses and output format, shared by every subcommand.
+#[derive(Args, Debug, Clone)]
+pub struct Global {
+    /// NATS server.
+    #[arg(
+        long,
+        global = true,
+        env = "RUNYARD_NATS_URL",
+        default_value = "nats://127.0.0.1:4222"
+    )]
+    pub nats_url: String,
+    /// Namespace: subject prefix, stream names (`<NS>_EVENTS`), controller id.
+    #[arg(
+        long,
+        global = true,
+        env = "RUNYARD_NAMESPACE",
+        default_value = "runyard"
+    )]
+    pub namespace: String,
+    /// The projection's Postgres database.
+    #[arg(
+        long,
+        global = true,
+        env = "RUNYARD_DATABASE_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/runyard",
+        hide_env_values = true
+    )]
+    pub database_url: String,
+    /// The allocator's gRPC endpoint.
+    #[arg(
+        long,
+        global = true,
+        env = "RUNYARD_ALLOCATOR_URL",
+        default_value = "http://127.0.0.1:50051"
+    )]
+    pub allocator_url: String,
+    /// Bearer token sent to the allocator.
+    #[arg(
+        long,
+        global = true,
+        env = "RUNYARD_ALLOCATOR_CLIENT_TOKEN",
+        hide_env_values = true
+    )]
+    pub allocator_token: Option<String>,
+    /// ingest's HTTP base URL.
+    #[arg(
+        long,
+        global = true,
+        env = "RUNYARD_INGEST_URL",
+        default_value = "http://127.0.0.1:8080"
+    )]
+    pub ingest_url: String,
+    /// job-tracker's HTTP base URL (`/readyz`).
+    #[arg(
+        long,
+        global = true,
+        env = "RUNYARD_TRACKER_URL",
+        default_value = "http://127.0.0.1:8082"
+    )]
+    pub tracker_url: String,
+    /// The allocator's HTTP base URL (`/readyz`, gantry endpoint).
+    #[arg(
+        long,
+        global = true,
+        env = "RUNYARD_ALLOCATOR_HTTP_URL",
+        default_value = "http://127.0.0.1:8081"
+    )]
+    pub allocator_http_url: String,
+    /// The scaler's HTTP base URL (`/readyz`, `/v1/pools`).
+    #[arg(
+        long,
+        global = true,
+        env = "RUNYARD_SCALER_URL",
+        default_value = "http://127.0.0.1:8083"
+    )]
+    pub scaler_url: String,
+    /// Seconds each network call may take.
+    #[arg(long, global = true, value_name = "SECONDS", default_value_t = 5)]
+    pub timeout: u64,
+    /// Print JSON for scripts instead of text for people.
+    #[arg(long, global = true)]
+    pub json: bool,
+}
+
+impl Global {
+    /// An address given empty (an empty `RUNYARD_*` variable counts as
+    /// given) is a configuration error, named.
+    fn check(&self) -> Result<(), Failure> {
+        for (value, flag, env) in [
+            (&self.nats_url, "--nats-url", "RUNYARD_NATS_URL"),
+            (&self.namespace, "--namespace", "RUNYARD_NAMESPACE"),
+            (&self.database_url, "--database-url", "RUNYARD_DATABASE_URL"),
+            (
+                &self.allocator_url,
+                "--allocator-url",
+                "RUNYARD_ALLOCATOR_URL",
+            ),
+            (&self.ingest_url, "--ingest-url", "RUNYARD_INGEST_URL"),
+            (&self.tracker_url, "--tracker-url", "RUNYARD_TRACKER_URL"),
+            (
+                &self.allocator_http_url,
+                "--allocator-http-url",
+                "RUNYARD_ALLOCATOR_HTTP_URL",
+            ),
+            (&self.scaler_url, "--scaler-url", "RUNYARD_SCALER_URL"),
+        ] {
+            if value.trim().is_empty() {
+                return Err(Failure::Usage(format!(
+                    "{flag} is empty (is {env} set to an empty value?)"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The per-call timeout.
+    pub fn timeout(&self) -> Duration {
+        Duration::from_secs(self.timeout.max(1))
+    }
+
+    /// The namespace, checked.
+    pub fn ns(&self) -> Result<runyard_events::Namespace, Failure> {
+        runyard_events::Namespace::new(self.namespace.clone())
+            .map_err(|e| Failure::Usage(format!("namespace {:?}: {e}", self.namespace)))
+    }
+
+    /// An HTTP client with the per-call timeout.
+    pub fn http(&self) -> Result<reqwest::Client, Failure> {
+        reqwest::Client::builder()
+            .timeout(self.timeout())
+            .connect_timeout(self.timeout())
+            .build()
+            .map_err(|e| Failure::Failed(format!("building the HTTP client: {e}")))
+    }
+}
+
+/// The subcommands.
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Checks NATS, Postgres, each service's /readyz and the allocator's
+    /// gRPC, and says what is wrong with the fix. Exit 0: all good; 1:
+    /// something failed.
+    Doctor(doctor::DoctorArgs),
+    /// The event log.
+    Events {
+        /// What to do with it.
+        #[command(subcommand)]
+        command: EventsCommand,
+    },
+    /// Jobs in the projection (newest first).
+    Jobs(query::JobsArgs),
+    /// Runners in the projection.
+    Runners(query::RunnersArgs),
+    /// The scaler's pools (desired, actual, idle, ...).
+    Pools,
+    /// Asks the allocator for a workload's CPU and memory.
+    Recommend(query::RecommendArgs),
+    /// Signs and sends the fixture deliveries of a directory to ingest.
+    Replay(replay::ReplayArgs),
+    /// Rebuilds the projection from the event log into a fresh database
+    /// (the job-tracker's own rebuild), optionally swapping it in.
+    Rebuild(rebuild::RebuildArgs),
+    /// Providers of the scaler's configuration.
+    Provider {
+        /// What to do with it.
+        #[command(subcommand)]
+        command: ProviderCommand,
+    },
+}
+
+/// `runyard events ...`.
+#[derive(Subcommand, Debug)]
+pub enum EventsCommand {
+    /// Prints the events of the log, protobuf-decoded, oldest first.
+    Tail(events::TailArgs),
+}
+
+/// `runyard provider ...`.
+#[derive(Subcommand, Debug)]
+pub enum ProviderCommand {
+    /// Runs a provider through create, get, list, delete, delete again and
+    /// list against its real backend, as the scaler would call it. The
+    /// instance (`ry-check-<hex>`) gets a placeholder JIT config, so no
+    /// runner registers; it is deleted at the end. Exit 0: every step
+    /// passed; 1: a step failed; 2: usage or configuration error.
+    Check(CheckArgs),
+}
+
+/// `runyard provider check`.
+#[derive(Args, Debug, Clone)]
+pub struct CheckArgs {
+    /// The provider's name (`[providers.<name>]` in the scaler's file).
+    pub provider: String,
+    /// The scaler's pools-and-providers file.
+    #[arg(long, env = "RUNYARD_SCALER_CONFIG")]
+    pub config: PathBuf,
+    /// The namespace the controller id is derived from (the global
+    /// `--namespace`).
+    #[arg(skip)]
+    pub namespace: String,
+    /// The pool whose id, image, flavor, extra specs and OS the instance
+    /// gets (default: the first pool using the provider, else a pool named
+    /// `runyard-check` with none of them).
+    #[arg(long)]
+    pub pool: Option<String>,
+    /// Image instead of the pool's.
+    #[arg(long)]
+    pub image: Option<String>,
+    /// Flavor name instead of the pool's smallest.
+    #[arg(long)]
+    pub flavor: Option<String>,
+    /// How long the last listing waits for the deleted instance to
+    /// disappear (for backends that delete asynchronously).
+    #[arg(long, value_name = "SECONDS", default_value_t = 30)]
+    pub wait_gone: u64,
+    /// JSON report (the global `--json`).
+    #[arg(skip)]
+    pub json: bool,
+}
+
+/// Why a command did not succeed.
+#[derive(Debug)]
+pub enum Failure {
+    /// Wrong flags or configuration (exit 2); nothing was done.
+    Usage(String),
+    /// The operation failed (exit 1).
+    Failed(String),
+}
+
+impl Failure {
+    fn code(&self) -> u8 {
+        match self {
+            Self::Usage(_) => EXIT_USAGE,
+            Self::Failed(_) => EXIT_FAILED,
+        }
+    }
+
+    fn message(&self) -> &str {
+        match self {
+            Self::Usage(m) | Self::Failed(m) => m,
+        }
+    }
+}
+
+/// Runs the command line; returns the process exit code.
+pub async fn run(cli: Cli) -> ExitCode {
+    runyard_telemetry::install_crypto_provider();
+    let global = cli.global;
+    if let Err(failure) = global.check() {
+        return fail(&global, "runyard", &failure);
+    }
+    let (name, result) = match cli.command {
+        Command::Provider {
+            command: ProviderCommand::Check(mut args),
+        } => {
+            args.json = global.json;
+            args.namespace = global.namespace.clone();
+            return check::run(&args).await;
+        }
+        Command::Doctor(args) => ("runyard doctor", doctor::run(&global, &args).await),
+        Command::Events {
+            command: EventsCommand::Tail(args),
+        } => ("runyard events tail", events::tail(&global, &args).await),
+        Command::Jobs(args) => ("runyard jobs", query::jobs(&global, &args).await),
+        Command::Runners(args) => ("runyard runners", query::runners(&global, &args).await),
+        Command::Pools => ("runyard pools", query::pools(&global).await),
+        Command::Recommend(args) => ("runyard recommend", query::recommend(&global, &args).await),
+        Command::Replay(args) => ("runyard replay", replay::run(&global, &args).await),
+        Command::Rebuild(args) => ("runyard rebuild", rebuild::run(&global, &args).await),
+    };
+    match result {
+        Ok(code) => ExitCode::from(code),
+        Err(failure) => fail(&global, name, &failure),
+    }
+}
+
+/// Reports a failure (stderr, and a JSON object on stdout with `--json`)
+/// and gives its exit code.
+fn fail(global: &Global, name: &str, failure: &Failure) -> ExitCode {
+    if global.json {
+        out(&format!(
+            "{}\n",
+            serde_json::json!({"error": failure.message(), "exit_code": failure.code()})
+        ));
+    }
+    eprintln!("{name}: {}", failure.message());
+    ExitCode::from(failure.code())
+}
+
+/// Writes to stdout; a closed stdout (`| head`) is not an error worth
+/// failing a command over.
+pub fn out(text: &str) {
+    let mut stdout = std::io::stdout().lock();
+    let _ = stdout.write_all(text.as_bytes());
+    let _ = stdout.flush();
+}
+
+/// Prints a value as pretty JSON on stdout.
+pub fn out_json(value: &serde_json::Value) {
+    let text = serde_json::to_string_pretty(value)
+        .unwrap_or_else(|e| format!("{{\"error\": \"encoding the output: {e}\"}}"));
+    out(&format!("{text}\n"));
+}
+
+/// A table for people: upper-case headers, no borders (like `kubectl get`).
+pub fn table(headers: &[&str], rows: Vec<Vec<String>>) -> String {
+    let mut t = comfy_table::Table::new();
+    t.load_preset(comfy_table::presets::NOTHING);
+    t.set_header(headers.iter().map(|h| h.to_uppercase()));
+    for row in rows {
+        t.add_row(row);
+    }
+    // Trailing blanks of the last column serve nobody.
+    let mut s: String = t
+        .to_string()
+        .lines()
+        .map(|l| format!("{}\n", l.strip_prefix(' ').unwrap_or(l).trim_end()))
+        .collect();
+    if s.is_empty() {
+        s.push('\n');
+    }
+    s
+}
+
+/// A progress bar on stderr when it is a terminal and the output is for
+/// people; hidden otherwise (scripts, `--json`, pipes).
+pub fn progress(len: u64, json: bool, what: &str) -> indicatif::ProgressBar {
+    use std::io::IsTerminal as _;
+    if json || !std::io::stderr().is_terminal() {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new(len);
+    if let Ok(style) =
+        indicatif::ProgressStyle::with_template("{prefix} [{bar:40}] {pos}/{len} {msg} ({elapsed})")
+    {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar.set_prefix(what.to_owned());
+    bar
+}
+
+/// An error with its causes, `outer: inner: innermost` (transport errors
+/// say little on their own).
+pub fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let more = s.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        source = s.source();
+    }
+    text
+}
+
+/// A URL with any password or token in it replaced by `***`, for messages.
+pub fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let (authority, path) = match rest.find('/') {
+        Some(i) => rest.split_at(i),
+        None => (rest, ""),
+    };
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split_once(':').map_or(userinfo, |(u, _)| u);
+            if userinfo.contains(':') {
+                format!("{scheme}://{user}:***@{host}{path}")
+            } else {
+                format!("{scheme}://***@{host}{path}")
+            }
+        }
+        None => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redact_hides_passwords_and_tokens_in_urls() {
+        assert_eq!(
+            redact("postgres://app:s3cret@db:5432/runyard"),
+            "postgres://app:***@db:5432/runyard"
+        );
+        assert_eq!(redact("nats://tok@nats:4222"), "nats://***@nats:4222");
+        assert_eq!(
+            redact("postgres://postgres@127.0.0.1/runyard"),
+            "postgres://***@127.0.0.1/runyard"
+        );
+        assert_eq!(redact("http://127.0.0.1:8080"), "http://127.0.0.1:8080");
+    }
+}

@@ -1,0 +1,477 @@
+//! The daily questions: `runyard jobs`, `runyard runners` (the Postgres
+//! projection), `runyard pools` (the scaler's `GET /v1/pools`) and
+//! `runyard recommend` (the allocator's gRPC).
+
+use std::collections::BTreeMap;
+
+use clap::Args;
+use runyard_allocator::proto::RecommendRequest;
+use runyard_allocator::proto::allocator_client::AllocatorClient;
+use serde_json::{Value, json};
+use sqlx::Row as _;
+
+use crate::{EXIT_OK, Failure, Global, out, out_json, redact, table};
+
+/// Job statuses in the projection's order (`jobs.status` 1..=4).
+const STATUSES: [&str; 4] = ["queued", "waiting", "in_progress", "completed"];
+/// Forges by their word.
+const FORGES: [&str; 2] = ["github", "gitlab"];
+/// Runner states (`runners.state`).
+const RUNNER_STATES: [&str; 6] = runyard_events::RUNNER_STATES;
+
+/// `runyard jobs`.
+#[derive(Args, Debug, Clone)]
+pub struct JobsArgs {
+    /// Only jobs in these statuses (repeatable or comma-separated):
+    /// queued, waiting, in_progress, completed.
+    #[arg(long, value_delimiter = ',')]
+    pub status: Vec<String>,
+    /// Only jobs of this forge: github or gitlab.
+    #[arg(long)]
+    pub forge: Option<String>,
+    /// At most this many jobs (the most recently updated).
+    #[arg(long, default_value_t = 50)]
+    pub limit: u32,
+}
+
+/// `runyard runners`.
+#[derive(Args, Debug, Clone)]
+pub struct RunnersArgs {
+    /// Only runners of this pool.
+    #[arg(long)]
+    pub pool: Option<String>,
+    /// Only runners in these states (repeatable or comma-separated):
+    /// requested, created, online, assigned, failed, deleted.
+    #[arg(long, value_delimiter = ',')]
+    pub state: Vec<String>,
+    /// At most this many runners (the most recently updated).
+    #[arg(long, default_value_t = 100)]
+    pub limit: u32,
+}
+
+/// `runyard recommend`.
+#[derive(Args, Debug, Clone)]
+pub struct RecommendArgs {
+    /// A workload attribute, `key=value` (repeatable): e.g. `package=py-torch
+    /// version=2.3.1` for Spack, `repo=... workflow=... job=...` for GitHub.
+    #[arg(long, short, value_name = "KEY=VALUE", required = true)]
+    pub workload: Vec<String>,
+    /// The git ref the job builds (only protected refs train the model).
+    #[arg(long = "ref", value_name = "REF", default_value = "")]
+    pub git_ref: String,
+}
+
+async fn connect_db(global: &Global) -> Result<sqlx::PgPool, Failure> {
+    sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(global.timeout())
+        .connect(&global.database_url)
+        .await
+        .map_err(|e| {
+            Failure::Failed(format!(
+                "connecting to the projection at {}: {e} (`runyard doctor` checks)",
+                redact(&global.database_url)
+            ))
+        })
+}
+
+fn query_failed(what: &str, e: &sqlx::Error) -> Failure {
+    Failure::Failed(format!(
+        "reading {what}: {e} (is the schema migrated? `runyard doctor` checks)"
+    ))
+}
+
+fn ts(v: Option<time::OffsetDateTime>) -> Option<String> {
+    v.and_then(|t| {
+        t.format(&time::format_description::well_known::Rfc3339)
+            .ok()
+    })
+}
+
+fn show(v: &Value) -> String {
+    match v {
+        Value::Null => "-".to_owned(),
+        Value::String(s) if s.is_empty() => "-".to_owned(),
+        Value::String(s) => s.clone(),
+        Value::Array(a) => a
+            .iter()
+            .map(|x| x.as_str().map_or_else(|| x.to_string(), str::to_owned))
+            .collect::<Vec<_>>()
+            .join(","),
+        other => other.to_string(),
+    }
+}
+
+/// Runs `runyard jobs`.
+pub async fn jobs(global: &Global, args: &JobsArgs) -> Result<u8, Failure> {
+    let mut statuses: Vec<i16> = Vec::new();
+    for s in &args.status {
+        let i = STATUSES.iter().position(|x| x == s).ok_or_else(|| {
+            Failure::Usage(format!(
+                "--status {s:?}: not a job status (one of {})",
+                STATUSES.join(", ")
+            ))
+        })?;
+        statuses.push(i as i16 + 1);
+    }
+    if let Some(f) = &args.forge
+        && !FORGES.contains(&f.as_str())
+    {
+        return Err(Failure::Usage(format!(
+            "--forge {f:?}: not a forge (github or gitlab)"
+        )));
+    }
+    let db = connect_db(global).await?;
+    let rows = sqlx::query(
+        "SELECT forge, instance, job_id, status, conclusion, failure_reason, project, name,
+                labels, runner_name, pipeline_id, ref, created_at, started_at, completed_at,
+                last_event_at
+         FROM jobs
+         WHERE (cardinality($1::smallint[]) = 0 OR status = ANY($1))
+           AND ($2::text IS NULL OR forge = $2)
+         ORDER BY last_event_at DESC, job_id DESC
+         LIMIT $3",
+    )
+    .bind(&statuses)
+    .bind(&args.forge)
+    .bind(i64::from(args.limit))
+    .fetch_all(&db)
+    .await
+    .map_err(|e| query_failed("jobs", &e))?;
+    db.close().await;
+    let mut list = Vec::new();
+    for r in rows {
+        let status: i16 = r.try_get("status").unwrap_or_default();
+        let get_s = |c: &str| r.try_get::<Option<String>, _>(c).ok().flatten();
+        let get_t = |c: &str| {
+            r.try_get::<Option<time::OffsetDateTime>, _>(c)
+                .ok()
+                .flatten()
+        };
+        list.push(json!({
+            "forge": get_s("forge"),
+            "instance": get_s("instance"),
+            "job_id": r.try_get::<i64, _>("job_id").unwrap_or_default(),
+            "status": STATUSES.get((status as usize).wrapping_sub(1)).copied().unwrap_or("?"),
+            "conclusion": get_s("conclusion"),
+            "failure_reason": get_s("failure_reason"),
+            "project": get_s("project"),
+            "name": get_s("name"),
+            "labels": r.try_get::<Option<Value>, _>("labels").ok().flatten(),
+            "runner_name": get_s("runner_name"),
+            "pipeline_id": r.try_get::<Option<i64>, _>("pipeline_id").ok().flatten(),
+            "ref": get_s("ref"),
+            "created_at": ts(get_t("created_at")),
+            "started_at": ts(get_t("started_at")),
+            "completed_at": ts(get_t("completed_at")),
+            "updated_at": ts(get_t("last_event_at")),
+        }));
+    }
+    if global.json {
+        out_json(&json!({ "jobs": list }));
+        return Ok(EXIT_OK);
+    }
+    let rows = list
+        .iter()
+        .map(|j| {
+            [
+                "forge",
+                "job_id",
+                "status",
+                "conclusion",
+                "project",
+                "name",
+                "labels",
+                "runner_name",
+                "updated_at",
+            ]
+            .iter()
+            .map(|k| show(&j[*k]))
+            .collect()
+        })
+        .collect();
+    out(&table(
+        &[
+            "forge",
+            "job",
+            "status",
+            "conclusion",
+            "project",
+            "name",
+            "labels",
+            "runner",
+            "updated",
+        ],
+        rows,
+    ));
+    Ok(EXIT_OK)
+}
+
+/// Runs `runyard runners`.
+pub async fn runners(global: &Global, args: &RunnersArgs) -> Result<u8, Failure> {
+    for s in &args.state {
+        if !RUNNER_STATES.contains(&s.as_str()) {
+            return Err(Failure::Usage(format!(
+                "--state {s:?}: not a runner state (one of {})",
+                RUNNER_STATES.join(", ")
+            )));
+        }
+    }
+    if let Some(p) = &args.pool
+        && !runyard_events::valid_pool_name(p)
+    {
+        return Err(Failure::Usage(format!(
+            "--pool {p:?}: pool names match [a-z0-9_-]+"
+        )));
+    }
+    let db = connect_db(global).await?;
+    let rows = sqlx::query(
+        "SELECT pool, name, state, reason, attempts, flavor, provider, provider_id,
+                job_forge, job_id, requested_at, online_at, deleted_at, last_event_at
+         FROM runners
+         WHERE ($1::text IS NULL OR pool = $1)
+           AND (cardinality($2::text[]) = 0 OR state = ANY($2))
+         ORDER BY last_event_at DESC, name
+         LIMIT $3",
+    )
+    .bind(&args.pool)
+    .bind(&args.state)
+    .bind(i64::from(args.limit))
+    .fetch_all(&db)
+    .await
+    .map_err(|e| query_failed("runners", &e))?;
+    db.close().await;
+    let mut list = Vec::new();
+    for r in rows {
+        let get_s = |c: &str| r.try_get::<Option<String>, _>(c).ok().flatten();
+        let get_t = |c: &str| {
+            r.try_get::<Option<time::OffsetDateTime>, _>(c)
+                .ok()
+                .flatten()
+        };
+        list.push(json!({
+            "pool": get_s("pool"),
+            "name": get_s("name"),
+            "state": get_s("state"),
+            "reason": get_s("reason"),
+            "attempts": r.try_get::<i32, _>("attempts").unwrap_or_default(),
+            "flavor": get_s("flavor"),
+            "provider": get_s("provider"),
+            "provider_id": get_s("provider_id"),
+            "job_forge": get_s("job_forge"),
+            "job_id": r.try_get::<Option<i64>, _>("job_id").ok().flatten(),
+            "requested_at": ts(get_t("requested_at")),
+            "online_at": ts(get_t("online_at")),
+            "deleted_at": ts(get_t("deleted_at")),
+            "updated_at": ts(get_t("last_event_at")),
+        }));
+    }
+    if global.json {
+        out_json(&json!({ "runners": list }));
+        return Ok(EXIT_OK);
+    }
+    let rows = list
+        .iter()
+        .map(|r| {
+            [
+                "pool",
+                "name",
+                "state",
+                "reason",
+                "flavor",
+                "job_id",
+                "updated_at",
+            ]
+            .iter()
+            .map(|k| show(&r[*k]))
+            .collect()
+        })
+        .collect();
+    out(&table(
+        &[
+            "pool", "name", "state", "reason", "flavor", "job", "updated",
+        ],
+        rows,
+    ));
+    Ok(EXIT_OK)
+}
+
+/// Runs `runyard pools`.
+pub async fn pools(global: &Global) -> Result<u8, Failure> {
+    let http = global.http()?;
+    let url = format!("{}/v1/pools", global.scaler_url.trim_end_matches('/'));
+    let shown = redact(&url);
+    let answer = http.get(&url).send().await.map_err(|e| {
+        Failure::Failed(format!(
+            "asking the scaler at {shown}: {} (is runyard-scaler running? --scaler-url / RUNYARD_SCALER_URL)",
+            crate::chain(&e.without_url())
+        ))
+    })?;
+    let status = answer.status();
+    if !status.is_success() {
+        let body = answer.text().await.unwrap_or_default();
+        return Err(Failure::Failed(format!(
+            "{shown} answered {status}: {}",
+            body.trim()
+        )));
+    }
+    let body: Value = answer
+        .json()
+        .await
+        .map_err(|e| Failure::Failed(format!("{shown}: not the pools JSON: {e}")))?;
+    if global.json {
+        out_json(&body);
+        return Ok(EXIT_OK);
+    }
+    let empty = Vec::new();
+    let cols = [
+        "name",
+        "desired",
+        "actual",
+        "idle",
+        "creating",
+        "busy",
+        "queued",
+        "min_idle",
+        "max_runners",
+    ];
+    let rows = body["pools"]
+        .as_array()
+        .unwrap_or(&empty)
+        .iter()
+        .map(|p| cols.iter().map(|k| show(&p[*k])).collect())
+        .collect();
+    out(&table(
+        &[
+            "pool", "desired", "actual", "idle", "creating", "busy", "queued", "min", "max",
+        ],
+        rows,
+    ));
+    Ok(EXIT_OK)
+}
+
+/// Parses `key=value` workload attributes.
+pub fn parse_workload(pairs: &[String]) -> Result<BTreeMap<String, String>, Failure> {
+    let mut workload = BTreeMap::new();
+    for p in pairs {
+        let (k, v) = p
+            .split_once('=')
+            .filter(|(k, _)| !k.trim().is_empty())
+            .ok_or_else(|| {
+                Failure::Usage(format!(
+                    "--workload {p:?}: expected KEY=VALUE (e.g. package=py-torch)"
+                ))
+            })?;
+        if workload.insert(k.trim().to_owned(), v.to_owned()).is_some() {
+            return Err(Failure::Usage(format!(
+                "--workload: attribute {:?} given twice",
+                k.trim()
+            )));
+        }
+    }
+    Ok(workload)
+}
+
+/// Runs `runyard recommend`.
+pub async fn recommend(global: &Global, args: &RecommendArgs) -> Result<u8, Failure> {
+    let workload = parse_workload(&args.workload)?;
+    let url = redact(&global.allocator_url);
+    let endpoint = tonic::transport::Endpoint::from_shared(global.allocator_url.clone())
+        .map_err(|e| Failure::Usage(format!("--allocator-url {url}: {e}")))?
+        .connect_timeout(global.timeout())
+        .timeout(global.timeout());
+    let channel = endpoint.connect().await.map_err(|e| {
+        Failure::Failed(format!(
+            "connecting to the allocator at {url}: {} (is runyard-allocator running? --allocator-url / RUNYARD_ALLOCATOR_URL)",
+            crate::chain(&e)
+        ))
+    })?;
+    let mut client = AllocatorClient::new(channel);
+    let mut req = tonic::Request::new(RecommendRequest {
+        workload: workload.clone().into_iter().collect(),
+        r#ref: args.git_ref.clone(),
+    });
+    if let Some(token) = &global.allocator_token {
+        let v = format!("Bearer {token}")
+            .parse()
+            .map_err(|_| Failure::Usage("--allocator-token: not a valid header value".into()))?;
+        req.metadata_mut().insert("authorization", v);
+    }
+    let r = match client.recommend(req).await {
+        Ok(r) => r.into_inner(),
+        Err(s) if s.code() == tonic::Code::InvalidArgument => {
+            return Err(Failure::Usage(format!(
+                "the allocator refused the request: {}",
+                s.message()
+            )));
+        }
+        Err(s) if s.code() == tonic::Code::Unauthenticated => {
+            return Err(Failure::Usage(format!(
+                "the allocator wants a token ({}): --allocator-token / RUNYARD_ALLOCATOR_CLIENT_TOKEN",
+                s.message()
+            )));
+        }
+        Err(s) => {
+            return Err(Failure::Failed(format!(
+                "the allocator at {url} answered {:?}: {}",
+                s.code(),
+                s.message()
+            )));
+        }
+    };
+    let basis = r.basis.as_ref();
+    let variables: BTreeMap<String, String> = r.variables.clone().into_iter().collect();
+    let answer = json!({
+        "workload": workload,
+        "ref": args.git_ref,
+        "cpu_request_millicores": r.cpu_request_millicores,
+        "cpu_limit_millicores": r.cpu_limit_millicores,
+        "memory_request_bytes": r.memory_request_bytes,
+        "memory_limit_bytes": r.memory_limit_bytes,
+        "build_jobs": r.build_jobs,
+        "retry_count": r.retry_count,
+        "basis": basis.map(|b| json!({
+            "samples": b.samples,
+            "matched": b.matched,
+            "statistic": b.statistic,
+            "oom_bump": b.oom_bump,
+        })),
+        "variables": variables,
+    });
+    if global.json {
+        out_json(&answer);
+        return Ok(EXIT_OK);
+    }
+    let mib = |b: u64| format!("{b} ({})", bytesize::ByteSize::b(b));
+    let mut rows = vec![
+        vec![
+            "cpu request".to_owned(),
+            format!("{}m", r.cpu_request_millicores),
+        ],
+        vec![
+            "cpu limit".to_owned(),
+            format!("{}m", r.cpu_limit_millicores),
+        ],
+        vec!["memory request".to_owned(), mib(r.memory_request_bytes)],
+        vec!["memory limit".to_owned(), mib(r.memory_limit_bytes)],
+        vec!["build jobs".to_owned(), r.build_jobs.to_string()],
+        vec!["retry count".to_owned(), r.retry_count.to_string()],
+    ];
+    if let Some(b) = basis {
+        rows.push(vec![
+            "basis".to_owned(),
+            format!(
+                "{} sample(s), {}, matched {}{}",
+                b.samples,
+                b.statistic,
+                show(&json!(b.matched)),
+                if b.oom_bump { ", OOM bump" } else { "" }
+            ),
+        ]);
+    }
+    for (k, v) in &variables {
+        rows.push(vec![k.clone(), v.clone()]);
+    }
+    out(&table(&["", "value"], rows));
+    Ok(EXIT_OK)
+}
