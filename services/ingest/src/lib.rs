@@ -4,6 +4,7 @@
 //! duplicate delivery is never counted twice.
 
 pub mod config;
+pub mod limits;
 mod metrics;
 mod routes;
 
@@ -32,6 +33,8 @@ struct Inner {
     github_secret: Option<SecretString>,
     gitlab_token: Option<SecretString>,
     usage_token: Option<SecretString>,
+    /// `RUNYARD_GITHUB_INSTANCES`, lower-cased.
+    github_instances: Vec<String>,
     max_body: usize,
     registry: Metrics,
     metrics: IngestMetrics,
@@ -70,11 +73,13 @@ impl App {
             replicas: config.stream_replicas,
             ..StreamSettings::default()
         };
+        let github_instances = config.github_instances();
         let state = Arc::new(Inner {
             bus,
             github_secret: config.github_webhook_secret,
             gitlab_token: config.gitlab_webhook_token,
             usage_token: config.usage_token,
+            github_instances,
             max_body: usize::try_from(config.ingest_max_body.as_u64()).unwrap_or(usize::MAX),
             registry,
             metrics,

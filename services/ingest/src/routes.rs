@@ -23,17 +23,10 @@ use serde_json::json;
 use time::OffsetDateTime;
 
 use crate::AppState;
+use crate::limits::{self, Shape};
 
 /// Seconds a client should wait before retrying a 503.
 const RETRY_AFTER_SECS: u64 = 5;
-
-/// Headers never copied into the raw-delivery stream.
-const SECRET_HEADERS: &[&str] = &[
-    "authorization",
-    "proxy-authorization",
-    "cookie",
-    "x-gitlab-token",
-];
 
 pub(crate) fn router(state: AppState) -> Router {
     Router::new()
@@ -174,6 +167,42 @@ where
     finish(state, forge, outcome, span)
 }
 
+/// The door checks ([`limits::check`]) as an answer: 400 naming the field.
+fn door(shape: Shape, delivery_header: &str, events: &[Event]) -> Result<(), Outcome> {
+    limits::check(shape, delivery_header, events).map_err(|r| Outcome::Invalid {
+        message: format!("{}: {}", r.field, r.reason),
+        field: Some(r.field),
+    })
+}
+
+/// A GitHub delivery must come from a configured instance
+/// (`RUNYARD_GITHUB_INSTANCES`): the `X-GitHub-Enterprise-Host` header that
+/// names it is not covered by the signature.
+fn github_instance(
+    state: &AppState,
+    delivery: &GithubDelivery<'_>,
+    events: &[Event],
+) -> Result<(), Outcome> {
+    for event in events {
+        let instance = event.source.as_ref().map_or("", |s| s.instance.as_str());
+        if !state.github_instances.iter().any(|i| i == instance) {
+            let field = if delivery
+                .enterprise_host
+                .is_some_and(|h| !h.trim().is_empty())
+            {
+                "X-GitHub-Enterprise-Host"
+            } else {
+                "repository.html_url"
+            };
+            return Err(Outcome::Invalid {
+                message: format!("{field}: not a GitHub instance this ingest accepts"),
+                field: Some(field.into()),
+            });
+        }
+    }
+    Ok(())
+}
+
 fn payload_outcome(e: PayloadError) -> Outcome {
     match e {
         PayloadError::UnsupportedMediaType(ct) => Outcome::UnsupportedMediaType(ct),
@@ -202,9 +231,12 @@ async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Byte
     }
 }
 
-/// The raw delivery as kept in `<NS>_RAW`: original headers (minus secrets)
-/// under an `Http-` prefix so they can never be taken for NATS's own headers.
-/// Of a repeated request header, the last value is kept.
+/// The raw delivery as kept in `<NS>_RAW`: the request headers of an
+/// allowlist (what the forges and common proxies send that a replay or an
+/// investigation needs; never credentials, cookies or unknown headers,
+/// which may carry either) under an `Http-` prefix so they can never be
+/// taken for NATS's own headers. Of a repeated request header, the last
+/// value is kept.
 pub fn raw_message(
     ns: &runyard_events::Namespace,
     kind: &str,
@@ -218,9 +250,6 @@ pub fn raw_message(
         .insert(runyard_bus::TRACEPARENT, traceparent.clone());
     msg.headers.insert(runyard_bus::EVENT_TYPE, "RawDelivery");
     for (name, value) in headers {
-        if SECRET_HEADERS.contains(&name.as_str()) {
-            continue;
-        }
         if let (Some(name), Ok(v)) = (http_header_name(name), value.to_str()) {
             msg.headers.insert(name, v);
         }
@@ -228,13 +257,13 @@ pub fn raw_message(
     msg
 }
 
-/// Declares the request headers the forges and common proxies send, whose
-/// `Http-` names are then static rather than built per delivery.
+/// Declares the allowlist of request headers kept with a raw delivery:
+/// those the forges and common proxies send. Their `Http-` names are static
+/// rather than built per delivery.
 macro_rules! http_header_names {
     ($($name:literal),* $(,)?) => {
-        /// The NATS header name `Http-<name>` of a request header. An
-        /// HTTP header name is a token (visible ASCII, no `:`), which is all
-        /// a NATS header name must be, so this is never `None` in practice.
+        /// The NATS header name `Http-<name>` of a request header on the
+        /// allowlist; `None` for every other header (dropped).
         fn http_header_name(
             name: &axum::http::HeaderName,
         ) -> Option<runyard_bus::HeaderName> {
@@ -245,12 +274,7 @@ macro_rules! http_header_names {
                         runyard_bus::HeaderName::from_static(concat!("Http-", $name))
                     }),
                 )*
-                other => {
-                    let mut prefixed = String::with_capacity(5 + other.len());
-                    prefixed.push_str("Http-");
-                    prefixed.push_str(other);
-                    runyard_bus::HeaderName::try_from(prefixed).ok()
-                }
+                _ => None,
             }
         }
     };
@@ -259,7 +283,6 @@ macro_rules! http_header_names {
 http_header_names!(
     "accept",
     "accept-encoding",
-    "connection",
     "content-length",
     "content-type",
     "host",
@@ -452,6 +475,11 @@ async fn github_outcome(
         Err(e) => payload_outcome(e),
         Ok(Normalized::Ignored(reason)) => Outcome::Ignored(reason),
         Ok(Normalized::Events(events)) => {
+            if let Err(o) = door(Shape::Github, "X-GitHub-Delivery", &events)
+                .and_then(|()| github_instance(state, &delivery, &events))
+            {
+                return o;
+            }
             let tp = trace.header_value();
             let key = delivery.delivery_id.map(ids::github).unwrap_or_default();
             let raw = raw_message(
@@ -513,6 +541,21 @@ async fn gitlab_outcome(
         Err(e) => payload_outcome(e),
         Ok(Normalized::Ignored(reason)) => Outcome::Ignored(reason),
         Ok(Normalized::Events(events)) => {
+            let shape = match delivery.event {
+                Some("Pipeline Hook") => Shape::GitlabPipeline,
+                _ => Shape::GitlabJob,
+            };
+            let from_key = delivery
+                .idempotency_key
+                .is_some_and(|k| !k.trim().is_empty());
+            let header = if from_key {
+                "Idempotency-Key"
+            } else {
+                "X-Gitlab-Event-UUID"
+            };
+            if let Err(o) = door(shape, header, &events) {
+                return o;
+            }
             let tp = trace.header_value();
             let key = delivery
                 .idempotency_key
@@ -567,6 +610,9 @@ async fn usage_outcome(
     match normalize_usage(content_type, &body, OffsetDateTime::now_utc()) {
         Err(e) => payload_outcome(e),
         Ok(event) => {
+            if let Err(o) = door(Shape::Usage, "", std::slice::from_ref(&event)) {
+                return o;
+            }
             let tp = trace.header_value();
             let raw = raw_message(
                 state.bus.namespace(),

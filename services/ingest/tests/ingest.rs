@@ -222,9 +222,13 @@ async fn raw_delivery_keeps_request_headers_and_the_delivery_is_one_trace() {
         .header("X-Gitlab-Token", GL_TOKEN)
         .header("Content-Type", "application/json")
         .header("traceparent", sender)
-        // Not one of the names ingest knows, and repeated: the last is kept.
+        // On the allowlist and repeated: the last is kept.
+        .header("X-Forwarded-For", "10.0.0.1")
+        .header("X-Forwarded-For", "10.0.0.2")
+        // Not on the allowlist: dropped, whatever it may carry.
         .header("X-Proxy-Hop", "edge-1")
-        .header("X-Proxy-Hop", "edge-2")
+        .header("Cookie", "session=s3cret")
+        .header("X-Api-Key", "s3cret")
         .body(fixture("gitlab_job_failed.json"));
     let (status, answer) = send(req).await;
     assert_eq!(status, 202, "{answer}");
@@ -238,12 +242,15 @@ async fn raw_delivery_keeps_request_headers_and_the_delivery_is_one_trace() {
     assert_eq!(header(r, "Http-idempotency-key"), Some("hdr-1"));
     assert_eq!(header(r, "Http-content-type"), Some("application/json"));
     assert_eq!(header(r, "Http-traceparent"), Some(sender));
-    assert_eq!(header(r, "Http-x-proxy-hop"), Some("edge-2"));
-    assert_eq!(
-        header(r, "Http-x-gitlab-token"),
-        None,
-        "secrets are not kept"
-    );
+    assert_eq!(header(r, "Http-x-forwarded-for"), Some("10.0.0.2"));
+    for dropped in [
+        "Http-x-gitlab-token",
+        "Http-x-proxy-hop",
+        "Http-cookie",
+        "Http-x-api-key",
+    ] {
+        assert_eq!(header(r, dropped), None, "{dropped} is not kept");
+    }
     // The sender's trace, continued in one new span that the raw delivery
     // and its events share.
     let tp = header(r, "traceparent").expect("traceparent");
@@ -898,5 +905,1107 @@ async fn health_readiness_and_metrics() {
     );
     assert!(text.contains("runyard_ingest_publish_latency_seconds"));
     assert!(!text.contains(GH_SECRET));
+    h.stop().await;
+}
+
+/// One hostile request of the door table and what it must get.
+struct Hostile {
+    name: String,
+    method: reqwest::Method,
+    path: &'static str,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+    status: u16,
+    /// The field the 400 must name, if the answer names one.
+    field: Option<String>,
+}
+
+/// A JSON fixture with the value at `pointer` replaced.
+fn with(fixture_name: &str, pointer: &str, value: Value) -> Value {
+    let mut v: Value = serde_json::from_str(&fixture(fixture_name)).expect("test data");
+    *v.pointer_mut(pointer)
+        .unwrap_or_else(|| panic!("{pointer} in {fixture_name}")) = value;
+    v
+}
+
+/// A JSON fixture with the object member at `pointer` removed.
+fn without(fixture_name: &str, pointer: &str) -> Value {
+    let mut v: Value = serde_json::from_str(&fixture(fixture_name)).expect("test data");
+    let (parent, key) = pointer.rsplit_once('/').expect("test data");
+    v.pointer_mut(parent)
+        .and_then(Value::as_object_mut)
+        .and_then(|o| o.remove(key))
+        .unwrap_or_else(|| panic!("{pointer} in {fixture_name}"));
+    v
+}
+
+/// Past `i64::MAX`: what Postgres's `bigint` cannot hold.
+const PAST_BIGINT: u64 = i64::MAX as u64 + 1;
+
+#[allow(clippy::too_many_lines)]
+fn hostile_table() -> Vec<Hostile> {
+    let mut t = Vec::new();
+    let gh_job = "github_workflow_job_queued.json";
+    let gl_job = "gitlab_job_running.json";
+    let gl_pipe = "gitlab_pipeline_failed.json";
+    let report = "usage_report.json";
+
+    // --- GitHub -------------------------------------------------------------
+    let github =
+        |name: &str, headers: Vec<(&str, String)>, body: Vec<u8>, status, field: Option<&str>| {
+            Hostile {
+                name: format!("github: {name}"),
+                method: reqwest::Method::POST,
+                path: "/webhooks/github",
+                headers: headers
+                    .into_iter()
+                    .map(|(k, v)| (k.to_owned(), v))
+                    .collect(),
+                body,
+                status,
+                field: field.map(str::to_owned),
+            }
+        };
+    // A correctly signed workflow_job delivery with `extra` headers.
+    let signed = |name: &str,
+                  delivery: &str,
+                  body: Vec<u8>,
+                  extra: Vec<(&str, String)>,
+                  status,
+                  field: Option<&str>| {
+        let mut headers = vec![
+            ("X-GitHub-Event", "workflow_job".to_owned()),
+            ("X-GitHub-Delivery", delivery.to_owned()),
+            ("X-GitHub-Hook-ID", "42".to_owned()),
+            ("Content-Type", "application/json".to_owned()),
+            ("X-Hub-Signature-256", github_signature(GH_SECRET, &body)),
+        ];
+        for (k, v) in extra {
+            headers.retain(|(h, _)| *h != k);
+            headers.push((k, v));
+        }
+        github(name, headers, body, status, field)
+    };
+    let good = fixture(gh_job).into_bytes();
+    let json = |v: Value| v.to_string().into_bytes();
+
+    t.push(github(
+        "signature with another secret",
+        vec![
+            ("X-GitHub-Event", "workflow_job".into()),
+            ("X-GitHub-Delivery", "h-sig-1".into()),
+            (
+                "X-Hub-Signature-256",
+                github_signature("not-the-secret", &good),
+            ),
+        ],
+        good.clone(),
+        401,
+        None,
+    ));
+    t.push(github(
+        "no signature",
+        vec![
+            ("X-GitHub-Event", "workflow_job".into()),
+            ("X-GitHub-Delivery", "h-sig-2".into()),
+        ],
+        good.clone(),
+        401,
+        None,
+    ));
+    t.push(github(
+        "sha1 signature only",
+        vec![
+            ("X-GitHub-Event", "workflow_job".into()),
+            ("X-GitHub-Delivery", "h-sig-3".into()),
+            (
+                "X-Hub-Signature",
+                "sha1=0123456789abcdef0123456789abcdef01234567".into(),
+            ),
+        ],
+        good.clone(),
+        401,
+        None,
+    ));
+    t.push(github(
+        "signature not hex",
+        vec![
+            ("X-GitHub-Event", "workflow_job".into()),
+            ("X-GitHub-Delivery", "h-sig-4".into()),
+            ("X-Hub-Signature-256", "sha256=zz".into()),
+        ],
+        good.clone(),
+        401,
+        None,
+    ));
+    t.push(github(
+        "signature of another body",
+        vec![
+            ("X-GitHub-Event", "workflow_job".into()),
+            ("X-GitHub-Delivery", "h-sig-5".into()),
+            ("X-Hub-Signature-256", github_signature(GH_SECRET, b"{}")),
+        ],
+        good.clone(),
+        401,
+        None,
+    ));
+    t.push(signed(
+        "xml content type",
+        "h-ct-1",
+        good.clone(),
+        vec![("Content-Type", "text/xml".into())],
+        415,
+        None,
+    ));
+    t.push(signed(
+        "truncated JSON",
+        "h-json-1",
+        good[..good.len() / 2].to_vec(),
+        vec![],
+        400,
+        Some("body"),
+    ));
+    t.push(signed(
+        "not JSON",
+        "h-json-2",
+        b"{not json".to_vec(),
+        vec![],
+        400,
+        Some("body"),
+    ));
+    t.push(signed(
+        "empty body",
+        "h-json-3",
+        Vec::new(),
+        vec![],
+        400,
+        Some("body"),
+    ));
+    t.push(signed(
+        "a JSON array",
+        "h-json-4",
+        b"[1,2,3]".to_vec(),
+        vec![],
+        400,
+        Some("body"),
+    ));
+    t.push(signed(
+        "form body without payload",
+        "h-form-1",
+        b"other=1".to_vec(),
+        vec![("Content-Type", "application/x-www-form-urlencoded".into())],
+        400,
+        Some("payload"),
+    ));
+    t.push(signed(
+        "form payload not JSON",
+        "h-form-2",
+        b"payload=%7Bnope".to_vec(),
+        vec![("Content-Type", "application/x-www-form-urlencoded".into())],
+        400,
+        Some("payload"),
+    ));
+    for (name, pointer, value, field) in [
+        (
+            "job id a string",
+            "/workflow_job/id",
+            json!("1"),
+            "workflow_job.id",
+        ),
+        (
+            "job id negative",
+            "/workflow_job/id",
+            json!(-5),
+            "workflow_job.id",
+        ),
+        (
+            "job id a fraction",
+            "/workflow_job/id",
+            json!(1.5),
+            "workflow_job.id",
+        ),
+        (
+            "job id past bigint",
+            "/workflow_job/id",
+            json!(PAST_BIGINT),
+            "workflow_job.id",
+        ),
+        (
+            "job id u64::MAX",
+            "/workflow_job/id",
+            json!(u64::MAX),
+            "workflow_job.id",
+        ),
+        (
+            "repository id past bigint",
+            "/repository/id",
+            json!(PAST_BIGINT),
+            "repository.id",
+        ),
+        (
+            "run id past bigint",
+            "/workflow_job/run_id",
+            json!(PAST_BIGINT),
+            "workflow_job.run_id",
+        ),
+        (
+            "runner id past bigint",
+            "/workflow_job/runner_id",
+            json!(PAST_BIGINT),
+            "workflow_job.runner_id",
+        ),
+        (
+            "runner group id past bigint",
+            "/workflow_job/runner_group_id",
+            json!(u64::MAX),
+            "workflow_job.runner_group_id",
+        ),
+        (
+            "run attempt past integer",
+            "/workflow_job/run_attempt",
+            json!(1_u64 << 31),
+            "workflow_job.run_attempt",
+        ),
+        (
+            "run attempt past u32",
+            "/workflow_job/run_attempt",
+            json!(1_u64 << 32),
+            "workflow_job.run_attempt",
+        ),
+        (
+            "NUL in the job name",
+            "/workflow_job/name",
+            json!("build\u{0}"),
+            "workflow_job.name",
+        ),
+        (
+            "NUL in a label",
+            "/workflow_job/labels/0",
+            json!("self-hosted\u{0}"),
+            "workflow_job.labels[0]",
+        ),
+        (
+            "NUL in the branch",
+            "/workflow_job/head_branch",
+            json!("main\u{0}x"),
+            "workflow_job.head_branch",
+        ),
+        (
+            "NUL in the repository",
+            "/repository/full_name",
+            json!("\u{0}"),
+            "repository.full_name",
+        ),
+        (
+            "NUL in the workflow name",
+            "/workflow_job/workflow_name",
+            json!("ci\u{0}"),
+            "workflow_job.workflow_name",
+        ),
+        (
+            "65 labels",
+            "/workflow_job/labels",
+            json!((0..65).map(|i| format!("l{i}")).collect::<Vec<_>>()),
+            "workflow_job.labels",
+        ),
+        (
+            "10,000 labels",
+            "/workflow_job/labels",
+            json!(vec!["x"; 10_000]),
+            "workflow_job.labels",
+        ),
+        (
+            "a 2 KiB label",
+            "/workflow_job/labels/1",
+            json!("l".repeat(2048)),
+            "workflow_job.labels[1]",
+        ),
+        (
+            "a 1 MiB job name",
+            "/workflow_job/name",
+            json!("n".repeat(1 << 20)),
+            "workflow_job.name",
+        ),
+        (
+            "a 5,000 byte branch",
+            "/workflow_job/head_branch",
+            json!("b".repeat(5000)),
+            "workflow_job.head_branch",
+        ),
+        (
+            "a 3 KiB html_url",
+            "/workflow_job/html_url",
+            json!(format!("https://github.com/{}", "p".repeat(3000))),
+            "workflow_job.html_url",
+        ),
+        (
+            "labels not an array",
+            "/workflow_job/labels",
+            json!("linux"),
+            "workflow_job.labels",
+        ),
+        (
+            "a label not a string",
+            "/workflow_job/labels/0",
+            json!(7),
+            "workflow_job.labels[0]",
+        ),
+        ("unknown action", "/action", json!("exploded"), "action"),
+        (
+            "workflow_job a string",
+            "/workflow_job",
+            json!("job"),
+            "workflow_job",
+        ),
+        (
+            "created_at in 1970",
+            "/workflow_job/created_at",
+            json!("1970-01-01T00:00:00Z"),
+            "workflow_job.created_at",
+        ),
+        (
+            "created_at not a time",
+            "/workflow_job/created_at",
+            json!("yesterday-ish"),
+            "workflow_job.created_at",
+        ),
+        (
+            "repository html_url of another instance",
+            "/repository/html_url",
+            json!("https://evil.example.com/a/b"),
+            "repository.html_url",
+        ),
+    ] {
+        t.push(signed(
+            name,
+            &format!("h-{}", t.len()),
+            json(with(gh_job, pointer, value)),
+            vec![],
+            400,
+            Some(field),
+        ));
+    }
+    // 2^64: not even a u64.
+    let huge = String::from_utf8(json(with(gh_job, "/workflow_job/id", json!("HUGE"))))
+        .expect("test data")
+        .replace("\"HUGE\"", "18446744073709551616");
+    t.push(signed(
+        "job id 2^64",
+        "h-huge",
+        huge.into_bytes(),
+        vec![],
+        400,
+        Some("workflow_job.id"),
+    ));
+    t.push(signed(
+        "no action",
+        "h-noaction",
+        json(without(gh_job, "/action")),
+        vec![],
+        400,
+        Some("action"),
+    ));
+    t.push(signed(
+        "no job id",
+        "h-noid",
+        json(without(gh_job, "/workflow_job/id")),
+        vec![],
+        400,
+        Some("workflow_job.id"),
+    ));
+    t.push(signed(
+        "delivery id of 129 bytes",
+        &"d".repeat(129),
+        good.clone(),
+        vec![],
+        400,
+        Some("X-GitHub-Delivery"),
+    ));
+    t.push(signed(
+        "delivery id with a space",
+        "a b",
+        good.clone(),
+        vec![],
+        400,
+        Some("X-GitHub-Delivery"),
+    ));
+    t.push(signed(
+        "delivery id with a slash",
+        "a/b",
+        good.clone(),
+        vec![],
+        400,
+        Some("X-GitHub-Delivery"),
+    ));
+    t.push(signed(
+        "delivery id with a wildcard",
+        "a.>",
+        good.clone(),
+        vec![],
+        400,
+        Some("X-GitHub-Delivery"),
+    ));
+    t.push(signed(
+        "delivery id with a quote",
+        "a\"b",
+        good.clone(),
+        vec![],
+        400,
+        Some("X-GitHub-Delivery"),
+    ));
+    t.push(signed(
+        "hook id of 200 bytes",
+        "h-hook",
+        good.clone(),
+        vec![("X-GitHub-Hook-ID", "9".repeat(200))],
+        400,
+        Some("X-GitHub-Hook-ID"),
+    ));
+    t.push(github(
+        "no delivery id",
+        vec![
+            ("X-GitHub-Event", "workflow_job".into()),
+            ("X-Hub-Signature-256", github_signature(GH_SECRET, &good)),
+        ],
+        good.clone(),
+        400,
+        Some("X-GitHub-Delivery"),
+    ));
+    t.push(signed(
+        "an instance not configured",
+        "h-ghes-1",
+        good.clone(),
+        vec![("X-GitHub-Enterprise-Host", "ghe.evil.example".into())],
+        400,
+        Some("X-GitHub-Enterprise-Host"),
+    ));
+    t.push(signed(
+        "an instance that is no host",
+        "h-ghes-2",
+        good.clone(),
+        vec![("X-GitHub-Enterprise-Host", "a b".into())],
+        400,
+        Some("X-GitHub-Enterprise-Host"),
+    ));
+    // Answered, but nothing to record.
+    t.push(signed(
+        "unknown event",
+        "h-ev-1",
+        good.clone(),
+        vec![("X-GitHub-Event", "issues".into())],
+        200,
+        None,
+    ));
+    t.push(github(
+        "no event header",
+        vec![
+            ("X-GitHub-Delivery", "h-ev-2".into()),
+            ("X-Hub-Signature-256", github_signature(GH_SECRET, &good)),
+        ],
+        good.clone(),
+        200,
+        None,
+    ));
+
+    // --- GitLab -------------------------------------------------------------
+    let gitlab = |name: &str,
+                  event: &str,
+                  key: Option<&str>,
+                  token: Option<&str>,
+                  body: Vec<u8>,
+                  status,
+                  field: Option<&str>| {
+        let mut headers = vec![
+            ("X-Gitlab-Event".to_owned(), event.to_owned()),
+            (
+                "X-Gitlab-Instance".to_owned(),
+                "https://gitlab.example.com".to_owned(),
+            ),
+            ("Content-Type".to_owned(), "application/json".to_owned()),
+        ];
+        if let Some(k) = key {
+            headers.push(("Idempotency-Key".to_owned(), k.to_owned()));
+        }
+        if let Some(t) = token {
+            headers.push(("X-Gitlab-Token".to_owned(), t.to_owned()));
+        }
+        Hostile {
+            name: format!("gitlab: {name}"),
+            method: reqwest::Method::POST,
+            path: "/webhooks/gitlab",
+            headers,
+            body,
+            status,
+            field: field.map(str::to_owned),
+        }
+    };
+    let gl_good = fixture(gl_job).into_bytes();
+    let tok = Some(GL_TOKEN);
+    t.push(gitlab(
+        "no token",
+        "Job Hook",
+        Some("g-1"),
+        None,
+        gl_good.clone(),
+        401,
+        None,
+    ));
+    t.push(gitlab(
+        "wrong token",
+        "Job Hook",
+        Some("g-2"),
+        Some("wrong"),
+        gl_good.clone(),
+        401,
+        None,
+    ));
+    t.push(gitlab(
+        "token with a trailing space",
+        "Job Hook",
+        Some("g-3"),
+        Some(&format!("{GL_TOKEN}x")),
+        gl_good.clone(),
+        401,
+        None,
+    ));
+    let mut ct = gitlab(
+        "plain-text content type",
+        "Job Hook",
+        Some("g-4"),
+        tok,
+        gl_good.clone(),
+        415,
+        None,
+    );
+    ct.headers.retain(|(k, _)| k != "Content-Type");
+    ct.headers
+        .push(("Content-Type".into(), "text/plain".into()));
+    t.push(ct);
+    t.push(gitlab(
+        "truncated JSON",
+        "Job Hook",
+        Some("g-5"),
+        tok,
+        gl_good[..40].to_vec(),
+        400,
+        Some("body"),
+    ));
+    t.push(gitlab(
+        "no idempotency key",
+        "Job Hook",
+        None,
+        tok,
+        gl_good.clone(),
+        400,
+        Some("Idempotency-Key"),
+    ));
+    t.push(gitlab(
+        "idempotency key with a space",
+        "Job Hook",
+        Some("a b"),
+        tok,
+        gl_good.clone(),
+        400,
+        Some("Idempotency-Key"),
+    ));
+    t.push(gitlab(
+        "idempotency key of 200 bytes",
+        "Job Hook",
+        Some(&"k".repeat(200)),
+        tok,
+        gl_good.clone(),
+        400,
+        Some("Idempotency-Key"),
+    ));
+    for (name, pointer, value, field) in [
+        (
+            "build id past bigint",
+            "/build_id",
+            json!(PAST_BIGINT),
+            "build_id",
+        ),
+        ("build id a string", "/build_id", json!("seven"), "build_id"),
+        (
+            "project id past bigint",
+            "/project_id",
+            json!(u64::MAX),
+            "project_id",
+        ),
+        (
+            "pipeline id past bigint",
+            "/pipeline_id",
+            json!(PAST_BIGINT),
+            "pipeline_id",
+        ),
+        (
+            "runner id past bigint",
+            "/runner/id",
+            json!(PAST_BIGINT),
+            "runner.id",
+        ),
+        (
+            "NUL in the build name",
+            "/build_name",
+            json!("rspec\u{0}"),
+            "build_name",
+        ),
+        (
+            "NUL in the stage",
+            "/build_stage",
+            json!("\u{0}test"),
+            "build_stage",
+        ),
+        (
+            "NUL in a runner tag",
+            "/runner/tags/0",
+            json!("spack\u{0}"),
+            "runner.tags[0]",
+        ),
+        ("NUL in the ref", "/ref", json!("develop\u{0}"), "ref"),
+        (
+            "65 runner tags",
+            "/runner/tags",
+            json!((0..65).map(|i| format!("t{i}")).collect::<Vec<_>>()),
+            "runner.tags",
+        ),
+        (
+            "a 4 KiB build name",
+            "/build_name",
+            json!("n".repeat(4096)),
+            "build_name",
+        ),
+        (
+            "a status word with a space",
+            "/build_status",
+            json!("run ning"),
+            "build_status",
+        ),
+        (
+            "object kind of a pipeline",
+            "/object_kind",
+            json!("pipeline"),
+            "object_kind",
+        ),
+    ] {
+        t.push(gitlab(
+            name,
+            "Job Hook",
+            Some(&format!("g-{}", t.len())),
+            tok,
+            json(with(gl_job, pointer, value)),
+            400,
+            Some(field),
+        ));
+    }
+    t.push(gitlab(
+        "no build id",
+        "Job Hook",
+        Some("g-noid"),
+        tok,
+        json(without(gl_job, "/build_id")),
+        400,
+        Some("build_id"),
+    ));
+    let mut flood: Value = serde_json::from_str(&fixture(gl_pipe)).expect("test data");
+    let first = flood["builds"][0].clone();
+    flood["builds"] = Value::Array(
+        (0..1001)
+            .map(|i| {
+                let mut b = first.clone();
+                b["id"] = json!(100_000 + i);
+                b
+            })
+            .collect(),
+    );
+    t.push(gitlab(
+        "1,001 builds",
+        "Pipeline Hook",
+        Some("g-flood"),
+        tok,
+        json(flood),
+        400,
+        Some("builds"),
+    ));
+    for (name, pointer, value, field) in [
+        (
+            "pipeline id past bigint",
+            "/object_attributes/id",
+            json!(PAST_BIGINT),
+            "object_attributes.id",
+        ),
+        (
+            "a build id past bigint",
+            "/builds/1/id",
+            json!(PAST_BIGINT),
+            "builds[1].id",
+        ),
+        (
+            "NUL in a build name",
+            "/builds/1/name",
+            json!("x\u{0}"),
+            "builds[1].name",
+        ),
+        (
+            "65 tags on a build",
+            "/builds/0/runner/tags",
+            json!(vec!["t"; 65]),
+            "builds[0].runner.tags",
+        ),
+        (
+            "NUL in the pipeline ref",
+            "/object_attributes/ref",
+            json!("\u{0}"),
+            "object_attributes.ref",
+        ),
+        ("builds not an array", "/builds", json!({}), "builds"),
+    ] {
+        t.push(gitlab(
+            name,
+            "Pipeline Hook",
+            Some(&format!("g-{}", t.len())),
+            tok,
+            json(with(gl_pipe, pointer, value)),
+            400,
+            Some(field),
+        ));
+    }
+    t.push(gitlab(
+        "a push hook",
+        "Push Hook",
+        Some("g-push"),
+        tok,
+        br#"{"object_kind":"push"}"#.to_vec(),
+        200,
+        None,
+    ));
+
+    // --- usage reports ------------------------------------------------------
+    let usage = |name: &str, auth: Option<String>, body: Vec<u8>, status, field: Option<&str>| {
+        let mut headers = vec![("Content-Type".to_owned(), "application/json".to_owned())];
+        if let Some(a) = auth {
+            headers.push(("Authorization".to_owned(), a));
+        }
+        Hostile {
+            name: format!("usage: {name}"),
+            method: reqwest::Method::POST,
+            path: "/v1/usage",
+            headers,
+            body,
+            status,
+            field: field.map(str::to_owned),
+        }
+    };
+    let bearer = || Some(format!("Bearer {USAGE_TOKEN}"));
+    let report_good = fixture(report).into_bytes();
+    t.push(usage("no token", None, report_good.clone(), 401, None));
+    t.push(usage(
+        "wrong token",
+        Some("Bearer wrong".into()),
+        report_good.clone(),
+        401,
+        None,
+    ));
+    t.push(usage(
+        "basic auth",
+        Some(format!("Basic {USAGE_TOKEN}")),
+        report_good.clone(),
+        401,
+        None,
+    ));
+    let mut ct = usage(
+        "plain-text content type",
+        bearer(),
+        report_good.clone(),
+        415,
+        None,
+    );
+    ct.headers.retain(|(k, _)| k != "Content-Type");
+    ct.headers
+        .push(("Content-Type".into(), "text/plain".into()));
+    t.push(ct);
+    t.push(usage(
+        "truncated JSON",
+        bearer(),
+        report_good[..30].to_vec(),
+        400,
+        Some("body"),
+    ));
+    t.push(usage(
+        "a JSON string",
+        bearer(),
+        b"\"report\"".to_vec(),
+        400,
+        Some("body"),
+    ));
+    for (name, pointer, value, field) in [
+        (
+            "peak 2^64-1",
+            "/peak_memory_bytes",
+            json!(u64::MAX),
+            "peak_memory_bytes",
+        ),
+        (
+            "peak past bigint",
+            "/peak_memory_bytes",
+            json!(PAST_BIGINT),
+            "peak_memory_bytes",
+        ),
+        (
+            "peak negative",
+            "/peak_memory_bytes",
+            json!(-1),
+            "peak_memory_bytes",
+        ),
+        (
+            "peak a string",
+            "/peak_memory_bytes",
+            json!("lots"),
+            "peak_memory_bytes",
+        ),
+        (
+            "limit past bigint",
+            "/memory_limit_bytes",
+            json!(PAST_BIGINT),
+            "memory_limit_bytes",
+        ),
+        (
+            "request past bigint",
+            "/memory_request_bytes",
+            json!(u64::MAX),
+            "memory_request_bytes",
+        ),
+        (
+            "millicores past bigint",
+            "/cpu_request_millicores",
+            json!(PAST_BIGINT),
+            "cpu_request_millicores",
+        ),
+        (
+            "job id past bigint",
+            "/job_id",
+            json!(PAST_BIGINT),
+            "job_id",
+        ),
+        (
+            "attempt past integer",
+            "/attempt",
+            json!(1_u64 << 31),
+            "attempt",
+        ),
+        (
+            "exit code past i32",
+            "/exit_code",
+            json!(1_u64 << 40),
+            "exit_code",
+        ),
+        (
+            "cpu seconds a string",
+            "/cpu_seconds",
+            json!("many"),
+            "cpu_seconds",
+        ),
+        ("NUL in the ref", "/ref", json!("develop\u{0}"), "ref"),
+        (
+            "NUL in a workload value",
+            "/workload/package",
+            json!("py\u{0}torch"),
+            "workload.package",
+        ),
+        (
+            "a 2 KiB workload value",
+            "/workload/package",
+            json!("p".repeat(2048)),
+            "workload.package",
+        ),
+        ("unknown forge", "/forge", json!("bitbucket"), "forge"),
+        ("cgroup v3", "/cgroup", json!("v3"), "cgroup"),
+        ("instance not a host", "/instance", json!("a b"), "instance"),
+        (
+            "workload not an object",
+            "/workload",
+            json!(["a"]),
+            "workload",
+        ),
+    ] {
+        t.push(usage(
+            name,
+            bearer(),
+            json(with(report, pointer, value)),
+            400,
+            Some(field),
+        ));
+    }
+    let mut nul_key: Value = serde_json::from_str(&fixture(report)).expect("test data");
+    nul_key["workload"]["pack\u{0}age"] = json!("x");
+    t.push(usage(
+        "NUL in a workload key",
+        bearer(),
+        json(nul_key),
+        400,
+        Some("workload"),
+    ));
+    let mut wide: Value = serde_json::from_str(&fixture(report)).expect("test data");
+    for i in 0..65 {
+        wide["workload"][format!("k{i}")] = json!("v");
+    }
+    t.push(usage(
+        "70 workload attributes",
+        bearer(),
+        json(wide),
+        400,
+        Some("workload"),
+    ));
+    t.push(usage(
+        "no job id",
+        bearer(),
+        json(without(report, "/job_id")),
+        400,
+        Some("job_id"),
+    ));
+    t.push(usage(
+        "no peak",
+        bearer(),
+        json(without(report, "/peak_memory_bytes")),
+        400,
+        Some("peak_memory_bytes"),
+    ));
+    t.push(usage(
+        "5 MiB body",
+        bearer(),
+        vec![b' '; 5 << 20],
+        413,
+        Some("body"),
+    ));
+
+    // --- anything else ----------------------------------------------------
+    for (method, path, status) in [
+        (reqwest::Method::GET, "/webhooks/github", 405),
+        (reqwest::Method::PUT, "/v1/usage", 405),
+        (reqwest::Method::POST, "/webhooks/bitbucket", 404),
+    ] {
+        t.push(Hostile {
+            name: format!("{method} {path}"),
+            method,
+            path,
+            headers: Vec::new(),
+            body: Vec::new(),
+            status,
+            field: None,
+        });
+    }
+    t
+}
+
+#[tokio::test]
+async fn hostile_requests_are_refused_at_the_door_and_publish_nothing() {
+    let mut h = Harness::start_with(TestNats::get().await, |c| {
+        c.ingest_max_body = bytesize::ByteSize::mib(4);
+    })
+    .await;
+    let table = hostile_table();
+    assert!(table.len() >= 60, "{} cases", table.len());
+    let mut wrong = Vec::new();
+    for case in &table {
+        let mut req = h
+            .http
+            .request(case.method.clone(), format!("{}{}", h.base, case.path))
+            .body(case.body.clone());
+        for (k, v) in &case.headers {
+            req = req.header(k.as_str(), v.as_str());
+        }
+        let (status, answer) = send(req).await;
+        let field = answer.get("field").and_then(Value::as_str);
+        let named_ok = case.field.as_deref().is_none_or(|f| field == Some(f));
+        let message_ok =
+            status < 400 || status == 404 || status == 405 || answer["error"].is_string();
+        if status != case.status || !named_ok || !message_ok {
+            wrong.push(format!(
+                "{}: want {} {:?}, got {status} {answer}",
+                case.name, case.status, case.field
+            ));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "{} of {} wrong:\n{}",
+        wrong.len(),
+        table.len(),
+        wrong.join("\n")
+    );
+
+    // Nothing refused (or ignored) was published, raw or normalized.
+    assert_eq!(
+        h.events().await.len(),
+        0,
+        "events published for refused requests"
+    );
+    assert_eq!(
+        h.raw().await.len(),
+        0,
+        "raw deliveries kept for refused requests"
+    );
+    // The service is alive and still takes a good delivery.
+    assert_eq!(
+        h.http
+            .get(format!("{}/healthz", h.base))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    let (s, a) = h
+        .github(
+            "workflow_job",
+            "after-the-storm",
+            &fixture("github_workflow_job_queued.json"),
+        )
+        .await;
+    assert_eq!(s, 202, "{a}");
+    assert_eq!(h.events().await.len(), 1);
+    assert_eq!(h.raw().await.len(), 1);
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn github_instances_are_an_allowlist() {
+    let mut h = Harness::start_with(TestNats::get().await, |c| {
+        c.github_instances = "github.com, GHE.corp.example.".into();
+    })
+    .await;
+    let body = fixture("github_workflow_job_queued.json");
+    let post = |delivery: &str, host: Option<&str>| {
+        let mut req = h
+            .http
+            .post(format!("{}/webhooks/github", h.base))
+            .header("X-GitHub-Event", "workflow_job")
+            .header("X-GitHub-Delivery", delivery)
+            .header(
+                "X-Hub-Signature-256",
+                github_signature(GH_SECRET, body.as_bytes()),
+            )
+            .body(body.clone());
+        if let Some(host) = host {
+            req = req.header("X-GitHub-Enterprise-Host", host);
+        }
+        send(req)
+    };
+    let (s, a) = post("inst-1", None).await;
+    assert_eq!(s, 202, "github.com: {a}");
+    let (s, a) = post("inst-2", Some("ghe.corp.example")).await;
+    assert_eq!(s, 202, "a listed instance: {a}");
+    let (s, a) = post("inst-3", Some("ghe.other.example")).await;
+    assert_eq!(
+        (s, a["field"].as_str()),
+        (400, Some("X-GitHub-Enterprise-Host")),
+        "{a}"
+    );
+    let events = decode_events(&h.events().await);
+    let instances: Vec<_> = events
+        .iter()
+        .map(|e| job(e).job.as_ref().unwrap().instance.clone())
+        .collect();
+    assert_eq!(instances, ["github.com", "ghe.corp.example"]);
+    assert_eq!(h.raw().await.len(), 2, "nothing kept of the refused one");
     h.stop().await;
 }
