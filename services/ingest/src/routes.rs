@@ -56,7 +56,7 @@ enum Outcome {
     Ignored(String),
     NotConfigured(&'static str),
     Unauthorized(String),
-    TooLarge(usize),
+    TooLarge(TooLarge),
     UnsupportedMediaType(String),
     Invalid {
         field: Option<String>,
@@ -108,10 +108,18 @@ impl IntoResponse for Outcome {
                 r
             }
             Outcome::Unauthorized(msg) => error(StatusCode::UNAUTHORIZED, msg, None),
-            Outcome::TooLarge(limit) => error(
+            Outcome::TooLarge(TooLarge::Body { limit }) => error(
                 StatusCode::PAYLOAD_TOO_LARGE,
-                format!("body exceeds the limit of {limit} bytes"),
+                format!("body exceeds RUNYARD_INGEST_MAX_BODY, the limit of {limit} bytes"),
                 Some("body".into()),
+            ),
+            Outcome::TooLarge(TooLarge::Event { bytes, max_payload }) => error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!(
+                    "the event made of this delivery is {bytes} bytes, over the event log's \
+                     message limit (NATS max_payload) of {max_payload} bytes"
+                ),
+                None,
             ),
             Outcome::UnsupportedMediaType(ct) => error(
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -126,6 +134,16 @@ impl IntoResponse for Outcome {
             }
         }
     }
+}
+
+/// What a 413 is about: the body itself, or the event made of it (which
+/// must fit in one NATS message).
+#[derive(Debug)]
+enum TooLarge {
+    /// The body is over `RUNYARD_INGEST_MAX_BODY`.
+    Body { limit: usize },
+    /// An event is over the server's `max_payload`.
+    Event { bytes: usize, max_payload: usize },
 }
 
 fn error(status: StatusCode, message: impl Into<String>, field: Option<String>) -> Response {
@@ -219,11 +237,13 @@ async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Byte
     let declared =
         header_str(headers, header::CONTENT_LENGTH.as_str()).and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > limit as u64) {
-        return Err(Outcome::TooLarge(limit));
+        return Err(Outcome::TooLarge(TooLarge::Body { limit }));
     }
     match http_body_util::Limited::new(body, limit).collect().await {
         Ok(collected) => Ok(collected.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(Outcome::TooLarge(limit)),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+            Err(Outcome::TooLarge(TooLarge::Body { limit }))
+        }
         Err(_) => Err(Outcome::Invalid {
             field: Some("body".into()),
             message: "body: could not be read".into(),
@@ -346,10 +366,13 @@ async fn publish(
             state.bus.publish_prepared(raw).await.map(Some)
         } else {
             state.metrics.raw_skipped.inc();
-            tracing::warn!(
-                bytes = raw.payload.len(),
-                "raw delivery over max_payload not kept"
-            );
+            if let Some(suppressed) = state.quiet.admit("raw_skipped") {
+                tracing::warn!(
+                    bytes = raw.payload.len(),
+                    suppressed,
+                    "raw delivery over max_payload not kept"
+                );
+            }
             Ok(None)
         }
     };
@@ -369,15 +392,22 @@ async fn publish(
             Ok(Some(stored)) if i == 1 => duplicate = stored.duplicate,
             Ok(_) => {}
             Err(BusError::TooLarge(n)) => {
-                tracing::warn!(bytes = n, "event over max_payload");
-                return Outcome::TooLarge(state.bus.max_payload());
+                if let Some(suppressed) = state.quiet.admit("event_too_large") {
+                    tracing::warn!(bytes = n, suppressed, "event over max_payload");
+                }
+                return Outcome::TooLarge(TooLarge::Event {
+                    bytes: n,
+                    max_payload: state.bus.max_payload(),
+                });
             }
             Err(error) => {
                 if matches!(error, BusError::Nats { .. }) {
                     // Possibly a missing stream: let the keeper check again.
                     state.streams_ready.store(false, Ordering::SeqCst);
                 }
-                tracing::warn!(%error, event_id = %primary, "delivery not made durable");
+                if let Some(suppressed) = state.quiet.admit("not_durable") {
+                    tracing::warn!(%error, event_id = %primary, suppressed, "delivery not made durable");
+                }
                 return Outcome::Unavailable("event log unavailable, retry later".into());
             }
         }
@@ -410,7 +440,11 @@ fn finish(state: &AppState, forge: &'static str, outcome: Outcome, span: Option<
             tracing::debug!(forge, %event_id, duplicate, "delivery accepted");
         }
         Outcome::Unavailable(_) | Outcome::NotConfigured(_) | Outcome::Unauthorized(_) => {
-            tracing::warn!(forge, result, "delivery refused");
+            // One line per kind and window, not per delivery: an outage or a
+            // misconfigured sender refuses thousands a second.
+            if let Some(suppressed) = state.quiet.admit(result) {
+                tracing::warn!(forge, result, suppressed, "delivery refused");
+            }
         }
         _ => tracing::debug!(forge, result, "delivery answered"),
     }

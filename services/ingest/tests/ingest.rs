@@ -2009,3 +2009,202 @@ async fn github_instances_are_an_allowlist() {
     assert_eq!(h.raw().await.len(), 2, "nothing kept of the refused one");
     h.stop().await;
 }
+
+#[tokio::test]
+async fn ingest_started_while_nats_is_down_answers_503_then_comes_up() {
+    runyard_telemetry::install_crypto_provider();
+    let mut server = NatsServer::start().await;
+    server.stop().await;
+    let ns = unique_namespace();
+    let app = App::build(test_config(server.url(), &ns))
+        .await
+        .expect("builds with NATS down");
+    let base = format!("http://{}", app.local_addr());
+    let (tx, rx) = oneshot::channel::<()>();
+    let task = tokio::spawn(app.run(async move {
+        let _ = rx.await;
+    }));
+    let http = reqwest::Client::new();
+    let readyz = format!("{base}/readyz");
+    assert_eq!(http.get(&readyz).send().await.unwrap().status(), 503);
+    let body = fixture("github_workflow_job_queued.json");
+    let post = |delivery: &'static str| {
+        http.post(format!("{base}/webhooks/github"))
+            .header("X-GitHub-Event", "workflow_job")
+            .header("X-GitHub-Delivery", delivery)
+            .header(
+                "X-Hub-Signature-256",
+                github_signature(GH_SECRET, body.as_bytes()),
+            )
+            .body(body.clone())
+    };
+    let resp = post("early-1").send().await.unwrap();
+    assert_eq!(resp.status().as_u16(), 503);
+    assert!(resp.headers().get("retry-after").is_some());
+
+    server.start_again().await;
+    assert!(
+        poll_status(&http, &readyz, 200, Duration::from_secs(20)).await,
+        "ingest comes up once NATS does, without a restart"
+    );
+    assert_eq!(post("later-1").send().await.unwrap().status().as_u16(), 202);
+    let client = async_nats::connect(server.url()).await.unwrap();
+    let events = decode_events(&stream_messages(&client, &ns.events_stream()).await);
+    let ids: Vec<_> = events.iter().map(|e| e.id.as_str()).collect();
+    assert_eq!(ids, ["github:later-1"], "nothing answered 503 was stored");
+    let _ = tx.send(());
+    task.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn a_413_names_nats_max_payload_when_that_is_the_limit_hit() {
+    let server = NatsServer::start_with_max_payload(32 * 1024).await;
+    let mut h = Harness::start_with(TestNats::Shared(server.url()), |c| {
+        c.ingest_max_body = bytesize::ByteSize::mib(1);
+    })
+    .await;
+    // A body over the body limit: 413 naming the body and the setting.
+    let big = "x".repeat(2 << 20);
+    let (s, a) = h.github("workflow_job", "big-body", &big).await;
+    assert_eq!((s, a["field"].as_str()), (413, Some("body")), "{a}");
+    assert!(
+        a["error"]
+            .as_str()
+            .unwrap()
+            .contains("RUNYARD_INGEST_MAX_BODY"),
+        "{a}"
+    );
+    // An event over NATS's max_payload (40 labels of 1000 bytes, each
+    // within the door's limits): 413 naming max_payload, not the body limit.
+    let labels: Vec<String> = (0..40)
+        .map(|i| format!("{i:04}{}", "l".repeat(996)))
+        .collect();
+    let body = with(
+        "github_workflow_job_queued.json",
+        "/workflow_job/labels",
+        json!(labels),
+    )
+    .to_string();
+    let (s, a) = h.github("workflow_job", "big-event", &body).await;
+    assert_eq!(s, 413, "{a}");
+    let message = a["error"].as_str().unwrap();
+    assert!(message.contains("max_payload"), "{a}");
+    assert!(message.contains("32768"), "{a}");
+    assert!(!message.contains("1048576"), "{a}");
+    // A raw body over max_payload whose event is small: accepted, the raw
+    // copy is skipped and counted.
+    let padded = with(
+        "github_workflow_job_queued.json",
+        "/workflow_job/steps",
+        json!(vec!["s".repeat(1000); 40]),
+    )
+    .to_string();
+    let (s, a) = h.github("workflow_job", "big-raw", &padded).await;
+    assert_eq!(s, 202, "{a}");
+    let ids: Vec<_> = decode_events(&h.events().await)
+        .into_iter()
+        .map(|e| e.id)
+        .collect();
+    assert_eq!(ids, ["github:big-raw"]);
+    assert_eq!(h.raw().await.len(), 0);
+    h.stop().await;
+}
+
+/// Waits until `log` holds `needle` (the binary writes as it goes).
+async fn log_contains(log: &std::path::Path, needle: &str) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        if std::fs::read_to_string(log).is_ok_and(|t| t.contains(needle)) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}
+
+#[tokio::test]
+async fn the_binary_warns_of_a_small_max_payload_and_aggregates_repeated_refusals() {
+    runyard_telemetry::install_crypto_provider();
+    let server = NatsServer::start_with_max_payload(64 * 1024).await;
+    let ns = unique_namespace();
+    let port = runyard_testkit::free_port();
+    let log = std::env::temp_dir().join(format!("runyard-ingest-{ns}.log"));
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_runyard-ingest"))
+        .env("RUNYARD_NATS_URL", server.url())
+        .env("RUNYARD_NAMESPACE", ns.as_str())
+        .env("RUNYARD_INGEST_LISTEN", format!("127.0.0.1:{port}"))
+        .env("RUNYARD_GITHUB_WEBHOOK_SECRET", GH_SECRET)
+        .env("RUNYARD_INGEST_MAX_BODY", "1MiB")
+        .env("RUST_LOG", "info")
+        .env("RUNYARD_LOG_FORMAT", "json")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _child = Kill(child);
+    let base = format!("http://127.0.0.1:{port}");
+    let http = reqwest::Client::new();
+    assert!(
+        poll_status(
+            &http,
+            &format!("{base}/readyz"),
+            200,
+            Duration::from_secs(20)
+        )
+        .await,
+        "ingest ready"
+    );
+    assert!(
+        log_contains(&log, "max_payload is below RUNYARD_INGEST_MAX_BODY").await,
+        "no start-up warning about max_payload"
+    );
+
+    // 500 deliveries with a bad signature, as a misconfigured hook sends.
+    let body = fixture("github_workflow_job_queued.json");
+    for i in 0..500 {
+        let resp = http
+            .post(format!("{base}/webhooks/github"))
+            .header("X-GitHub-Event", "workflow_job")
+            .header("X-GitHub-Delivery", format!("noisy-{i}"))
+            .header(
+                "X-Hub-Signature-256",
+                github_signature("wrong", body.as_bytes()),
+            )
+            .body(body.clone())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), 401);
+    }
+    let metrics = http
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains(
+            r#"runyard_ingest_deliveries_total{forge="github",result="unauthorized"} 500"#
+        ),
+        "every refusal is counted: {metrics}"
+    );
+    let text = std::fs::read_to_string(&log).unwrap();
+    let _ = std::fs::remove_file(&log);
+    let lines = text
+        .lines()
+        .filter(|l| l.contains("delivery refused"))
+        .count();
+    assert!(
+        (1..=2).contains(&lines),
+        "500 refusals within seconds gave {lines} WARN lines:\n{text}"
+    );
+}
