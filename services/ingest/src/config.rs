@@ -40,6 +40,13 @@ pub struct Config {
     pub github_instances: String,
     /// `RUNYARD_INGEST_MAX_BODY` (default 25 MiB, GitHub's payload cap).
     pub ingest_max_body: ByteSize,
+    /// `RUNYARD_INGEST_MAX_IN_FLIGHT`: deliveries handled at once; one more
+    /// is answered 503 with `Retry-After` at once.
+    pub ingest_max_in_flight: usize,
+    /// `RUNYARD_INGEST_MAX_IN_FLIGHT_BYTES`: body bytes (as declared by
+    /// `Content-Length`, else the body limit) of the deliveries handled at
+    /// once; a delivery alone is always let through.
+    pub ingest_max_in_flight_bytes: ByteSize,
     /// `RUNYARD_INGEST_ACK_TIMEOUT`: how long a delivery waits for
     /// JetStream before answering 503 (below the forges' 10 s delivery
     /// timeout).
@@ -69,6 +76,8 @@ impl Default for Config {
             usage_token_file: None,
             github_instances: runyard_forge::GITHUB_DOT_COM.into(),
             ingest_max_body: ByteSize::mib(25),
+            ingest_max_in_flight: 512,
+            ingest_max_in_flight_bytes: ByteSize::mib(64),
             ingest_ack_timeout: Duration::from_secs(5),
             events_max_age: Duration::from_secs(90 * 24 * 3600),
             raw_max_age: Duration::from_secs(7 * 24 * 3600),
@@ -91,6 +100,8 @@ const ENV_KEYS: &[&str] = &[
     "usage_token_file",
     "github_instances",
     "ingest_max_body",
+    "ingest_max_in_flight",
+    "ingest_max_in_flight_bytes",
     "ingest_ack_timeout",
     "events_max_age",
     "raw_max_age",

@@ -8,6 +8,7 @@ pub mod limits;
 mod metrics;
 pub mod quiet;
 mod routes;
+pub mod shed;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -44,6 +45,8 @@ struct Inner {
     streams_ready: AtomicBool,
     /// Rate limit of repeated warnings.
     quiet: quiet::Quiet,
+    /// The in-flight budget (load shedding).
+    load: Arc<shed::Load>,
 }
 
 type AppState = Arc<Inner>;
@@ -88,6 +91,10 @@ impl App {
             metrics,
             streams_ready: AtomicBool::new(false),
             quiet: quiet::Quiet::default(),
+            load: shed::Load::new(
+                config.ingest_max_in_flight,
+                usize::try_from(config.ingest_max_in_flight_bytes.as_u64()).unwrap_or(usize::MAX),
+            ),
         });
         // Give a server that is up a moment to answer, so a freshly built app
         // is ready at once; a server that is down is handled by the keeper.

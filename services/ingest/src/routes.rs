@@ -29,10 +29,13 @@ use crate::limits::{self, Shape};
 const RETRY_AFTER_SECS: u64 = 5;
 
 pub(crate) fn router(state: AppState) -> Router {
-    Router::new()
+    let deliveries = Router::new()
         .route("/webhooks/github", post(github))
         .route("/webhooks/gitlab", post(gitlab))
         .route("/v1/usage", post(usage))
+        .route_layer(axum::middleware::from_fn_with_state(state.clone(), shed));
+    Router::new()
+        .merge(deliveries)
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
@@ -43,6 +46,60 @@ pub(crate) fn router(state: AppState) -> Router {
             Duration::from_secs(30),
         ))
         .with_state(state)
+}
+
+/// The door before the door: a delivery that would pass the in-flight
+/// bounds, or that arrives while NATS is known to be down, is answered 503
+/// with `Retry-After` at once, before its body is read.
+async fn shed(
+    State(state): State<AppState>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let forge = match request.uri().path() {
+        "/webhooks/github" => "github",
+        "/webhooks/gitlab" => "gitlab",
+        _ => "usage",
+    };
+    let declared = header_str(request.headers(), header::CONTENT_LENGTH.as_str())
+        .and_then(|v| v.parse::<usize>().ok());
+    // An undeclared (chunked) body may be as large as the limit; a declared
+    // one over the limit is refused by the handler without being read.
+    let bytes = declared.unwrap_or(state.max_body).min(state.max_body);
+    let Some(_admitted) = state.load.try_admit(bytes) else {
+        state.metrics.delivery(forge, "overloaded");
+        if let Some(suppressed) = state.quiet.admit("overloaded") {
+            let (requests, held) = state.load.in_flight();
+            tracing::warn!(
+                forge,
+                requests,
+                bytes = held,
+                suppressed,
+                "delivery shed: ingest at capacity"
+            );
+        }
+        let mut r = error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "ingest is at capacity, retry later",
+            None,
+        );
+        retry_after(&mut r);
+        return r;
+    };
+    if !state.bus.is_connected() {
+        state.metrics.delivery(forge, "unavailable");
+        if let Some(suppressed) = state.quiet.admit("unavailable") {
+            tracing::warn!(forge, suppressed, "delivery refused: nats is down");
+        }
+        let mut r = error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "event log unavailable, retry later",
+            None,
+        );
+        retry_after(&mut r);
+        return r;
+    }
+    next.run(request).await
 }
 
 /// Every answer ingest gives, mapped to a status in one place.

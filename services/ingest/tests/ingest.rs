@@ -799,7 +799,7 @@ async fn graceful_shutdown_finishes_in_flight_deliveries() {
         github_signature(GH_SECRET, body.as_bytes()),
         body.len()
     );
-    held.write_all(head.as_bytes()).await.unwrap();
+    held.write_all(head.as_bytes()).await.expect("write head");
     let mut buf = Vec::new();
     let interim = read_head(&mut held, &mut buf).await;
     assert!(interim.starts_with("HTTP/1.1 100 "), "{interim}");
@@ -2207,4 +2207,116 @@ async fn the_binary_warns_of_a_small_max_payload_and_aggregates_repeated_refusal
         (1..=2).contains(&lines),
         "500 refusals within seconds gave {lines} WARN lines:\n{text}"
     );
+}
+
+/// Opens a GitHub delivery of `len` body bytes and holds it inside the
+/// handler: the server's `100 Continue` proves it was admitted and is
+/// reading the body, which is not sent yet.
+async fn hold_delivery(
+    addr: &str,
+    delivery: &str,
+    signature: &str,
+    len: usize,
+) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt as _;
+    let mut held = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let head = format!(
+        "POST /webhooks/github HTTP/1.1\r\nHost: {addr}\r\nX-GitHub-Event: workflow_job\r\n\
+         X-GitHub-Delivery: {delivery}\r\nX-Hub-Signature-256: {signature}\r\n\
+         Content-Type: application/json\r\nContent-Length: {len}\r\n\
+         Expect: 100-continue\r\n\r\n"
+    );
+    held.write_all(head.as_bytes()).await.expect("write head");
+    let mut buf = Vec::new();
+    let interim = read_head(&mut held, &mut buf).await;
+    assert!(interim.starts_with("HTTP/1.1 100 "), "{interim}");
+    held
+}
+
+/// Sends the held delivery's body and returns the status line.
+async fn release(mut held: tokio::net::TcpStream, body: &[u8]) -> String {
+    use tokio::io::AsyncWriteExt as _;
+    held.write_all(body).await.expect("write body");
+    let mut buf = Vec::new();
+    let head = read_head(&mut held, &mut buf).await;
+    head.lines().next().unwrap_or_default().to_owned()
+}
+
+#[tokio::test]
+async fn a_full_ingest_sheds_deliveries_at_once_with_retry_after() {
+    let mut h = Harness::start_with(TestNats::get().await, |c| {
+        c.ingest_max_in_flight = 2;
+        c.ingest_max_in_flight_bytes = bytesize::ByteSize::kib(1024);
+    })
+    .await;
+    let addr = h.base.trim_start_matches("http://").to_owned();
+    let body = fixture("github_workflow_job_queued.json");
+    let sig = github_signature(GH_SECRET, body.as_bytes());
+
+    // Two deliveries in flight: the third is shed, without reading it.
+    let a = hold_delivery(&addr, "held-a", &sig, body.len()).await;
+    let b = hold_delivery(&addr, "held-b", &sig, body.len()).await;
+    let resp = h
+        .http
+        .post(format!("{}/webhooks/github", h.base))
+        .header("X-GitHub-Event", "workflow_job")
+        .header("X-GitHub-Delivery", "shed-1")
+        .header("X-Hub-Signature-256", &sig)
+        .body(body.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 503);
+    assert!(resp.headers().get("retry-after").is_some());
+    let answer: Value = resp.json().await.unwrap();
+    assert!(
+        answer["error"].as_str().unwrap().contains("capacity"),
+        "{answer}"
+    );
+    // Usage reports share the budget.
+    assert_eq!(h.usage(&fixture("usage_report.json")).await.0, 503);
+    assert!(release(a, body.as_bytes()).await.contains(" 202 "));
+    assert!(release(b, body.as_bytes()).await.contains(" 202 "));
+
+    // Bytes: one delivery declaring 900 KiB leaves room for a small one,
+    // not for another 200 KiB.
+    let big = hold_delivery(&addr, "held-big", &sig, 900 * 1024).await;
+    let (s, a) = h
+        .github(
+            "workflow_job",
+            "shed-2",
+            &format!("{body}{}", " ".repeat(200 * 1024)),
+        )
+        .await;
+    assert_eq!(s, 503, "{a}");
+    let (s, a) = h.github("workflow_job", "small-1", &body).await;
+    assert_eq!(s, 202, "{a}");
+    // The held one's body does not match its signature: 401, nothing kept.
+    assert!(
+        release(big, &vec![b' '; 900 * 1024])
+            .await
+            .contains(" 401 ")
+    );
+
+    let mut ids: Vec<_> = decode_events(&h.events().await)
+        .into_iter()
+        .map(|e| e.id)
+        .collect();
+    ids.sort();
+    assert_eq!(ids, ["github:held-a", "github:held-b", "github:small-1"]);
+    let metrics = h
+        .http
+        .get(format!("{}/metrics", h.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics
+            .contains(r#"runyard_ingest_deliveries_total{forge="github",result="overloaded"} 2"#),
+        "{metrics}"
+    );
+    h.stop().await;
 }
