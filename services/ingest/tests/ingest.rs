@@ -2320,3 +2320,95 @@ async fn a_full_ingest_sheds_deliveries_at_once_with_retry_after() {
     );
     h.stop().await;
 }
+
+/// Sends SIGSTOP or SIGCONT to a process this test started.
+fn signal(pid: u32, sig: &str) {
+    let status = std::process::Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(status.success(), "kill {sig} {pid}");
+}
+
+#[tokio::test]
+async fn nats_frozen_under_load_then_retries_lose_and_double_nothing() {
+    let server = NatsServer::start().await;
+    let pid = server.pid().expect("running");
+    let mut h = Harness::start_with(TestNats::Shared(server.url()), |c| {
+        c.ingest_ack_timeout = Duration::from_secs(1);
+    })
+    .await;
+    let body = fixture("github_workflow_job_queued.json");
+    assert_eq!(h.github("workflow_job", "before", &body).await.0, 202);
+
+    // Frozen with deliveries in flight: each waits for its ack, is answered
+    // 503, and is retried (as a forge would) until it is answered 202.
+    signal(pid, "-STOP");
+    let mut senders = Vec::new();
+    for i in 0..40 {
+        let http = h.http.clone();
+        let url = format!("{}/webhooks/github", h.base);
+        let body = body.clone();
+        senders.push(tokio::spawn(async move {
+            let mut unavailable = 0;
+            let deadline = Instant::now() + Duration::from_secs(60);
+            loop {
+                let resp = http
+                    .post(&url)
+                    .header("X-GitHub-Event", "workflow_job")
+                    .header("X-GitHub-Delivery", format!("frozen-{i}"))
+                    .header(
+                        "X-Hub-Signature-256",
+                        github_signature(GH_SECRET, body.as_bytes()),
+                    )
+                    .body(body.clone())
+                    .send()
+                    .await
+                    .expect("answered");
+                match resp.status().as_u16() {
+                    202 => {
+                        let a: Value = resp.json().await.expect("json");
+                        return (unavailable, a["duplicate"].as_bool().expect("flag"));
+                    }
+                    503 => {
+                        assert!(resp.headers().get("retry-after").is_some());
+                        unavailable += 1;
+                    }
+                    other => panic!("answered {other}"),
+                }
+                assert!(Instant::now() < deadline, "frozen-{i} never accepted");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }));
+    }
+    // Longer than the ack timeout, so deliveries are answered 503 while
+    // their messages wait in the server's socket.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    signal(pid, "-CONT");
+    let mut refused = 0;
+    let mut duplicates = 0;
+    for s in senders {
+        let (unavailable, duplicate) = s.await.expect("sender");
+        refused += unavailable;
+        duplicates += usize::from(duplicate);
+    }
+    assert!(refused > 0, "the freeze was not felt");
+    // A 503 does not mean "not stored": messages sent during the freeze
+    // were stored once NATS went on, so their retries are duplicates.
+    assert!(duplicates > 0, "no 503 turned out to be stored");
+    let mut ids: Vec<_> = decode_events(&h.events().await)
+        .into_iter()
+        .map(|e| e.id)
+        .collect();
+    let stored = ids.len();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(
+        (stored, ids.len()),
+        (41, 41),
+        "each delivery stored exactly once"
+    );
+    assert_eq!(h.raw().await.len(), 41);
+    println!("frozen: {refused} answers 503, {duplicates} of 40 accepted as duplicates");
+    h.stop().await;
+}
