@@ -2412,3 +2412,72 @@ async fn nats_frozen_under_load_then_retries_lose_and_double_nothing() {
     println!("frozen: {refused} answers 503, {duplicates} of 40 accepted as duplicates");
     h.stop().await;
 }
+
+#[tokio::test]
+async fn nats_killed_under_load_then_retries_lose_and_double_nothing() {
+    let mut server = NatsServer::start().await;
+    let mut h = Harness::start_with(TestNats::Shared(server.url()), |c| {
+        c.ingest_ack_timeout = Duration::from_secs(1);
+    })
+    .await;
+    let body = fixture("github_workflow_job_queued.json");
+    // Senders keep going through the outage, retrying each 503 as a forge
+    // would, until every delivery is answered 202.
+    let mut senders = Vec::new();
+    for i in 0..40 {
+        let http = h.http.clone();
+        let url = format!("{}/webhooks/github", h.base);
+        let body = body.clone();
+        senders.push(tokio::spawn(async move {
+            let mut unavailable = 0;
+            let deadline = Instant::now() + Duration::from_secs(60);
+            // Spread over the outage.
+            tokio::time::sleep(Duration::from_millis(50 * i)).await;
+            loop {
+                let resp = http
+                    .post(&url)
+                    .header("X-GitHub-Event", "workflow_job")
+                    .header("X-GitHub-Delivery", format!("killed-{i}"))
+                    .header(
+                        "X-Hub-Signature-256",
+                        github_signature(GH_SECRET, body.as_bytes()),
+                    )
+                    .body(body.clone())
+                    .send()
+                    .await
+                    .expect("answered");
+                match resp.status().as_u16() {
+                    202 => return unavailable,
+                    503 => unavailable += 1,
+                    other => panic!("answered {other}"),
+                }
+                assert!(Instant::now() < deadline, "killed-{i} never accepted");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    server.stop().await; // SIGKILL
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    server.start_again().await;
+    let mut refused = 0;
+    for s in senders {
+        refused += s.await.expect("sender");
+    }
+    assert!(refused > 0, "the outage was not felt");
+    let client = async_nats::connect(server.url()).await.unwrap();
+    let mut ids: Vec<_> = decode_events(&stream_messages(&client, &h.ns.events_stream()).await)
+        .into_iter()
+        .map(|e| e.id)
+        .collect();
+    let stored = ids.len();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(
+        (stored, ids.len()),
+        (40, 40),
+        "each delivery stored exactly once"
+    );
+    println!("killed: {refused} answers 503, 40 of 40 stored once");
+    h.stop().await;
+}
