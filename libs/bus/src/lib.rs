@@ -51,12 +51,36 @@ pub enum BusError {
     /// Could not connect at all.
     #[error("connecting to {url}: {source}")]
     Connect {
-        /// Where.
+        /// Where, with credentials redacted ([`redact_url`]).
         url: String,
         /// Why.
         #[source]
         source: async_nats::ConnectError,
     },
+}
+
+/// A NATS URL (or comma-separated list of them) fit for a log line or an
+/// error: the password of `nats://user:pw@host` becomes `***`, and so does a
+/// token given as the user part (`nats://<token>@host`).
+pub fn redact_url(url: &str) -> String {
+    url.split(',')
+        .map(|one| {
+            let Some(scheme_end) = one.find("://") else {
+                return one.to_owned();
+            };
+            let rest = &one[scheme_end + 3..];
+            let head_end = rest.find(['?', '#']).unwrap_or(rest.len());
+            let Some(at) = rest[..head_end].rfind('@') else {
+                return one.to_owned();
+            };
+            let user = match rest[..at].split_once(':') {
+                Some((user, _)) => format!("{user}:***"),
+                None => "***".to_owned(),
+            };
+            format!("{}{user}{}", &one[..scheme_end + 3], &rest[at..])
+        })
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// How long streams keep what they hold, and the dedup window.
@@ -198,7 +222,7 @@ impl Bus {
             .connect(url)
             .await
             .map_err(|source| BusError::Connect {
-                url: url.to_owned(),
+                url: redact_url(url),
                 source,
             })?;
         Ok(Self::from_client(client, ns))
@@ -505,5 +529,36 @@ fn nats_err(context: &'static str, e: impl Into<async_nats::Error>) -> BusError 
     BusError::Nats {
         context,
         source: e.into(),
+    }
+}
+
+#[cfg(test)]
+mod redaction_tests {
+    use super::*;
+
+    #[test]
+    fn credentials_never_leave_a_nats_url() {
+        assert_eq!(
+            redact_url("nats://user:pw@nats:4222"),
+            "nats://user:***@nats:4222"
+        );
+        assert_eq!(redact_url("tls://s3cr3t@nats:4222"), "tls://***@nats:4222");
+        assert_eq!(
+            redact_url("nats://a:b@n1:4222,nats://a:b@n2:4222"),
+            "nats://a:***@n1:4222,nats://a:***@n2:4222"
+        );
+        assert_eq!(redact_url("nats://127.0.0.1:4222"), "nats://127.0.0.1:4222");
+    }
+
+    #[tokio::test]
+    async fn a_connect_error_does_not_carry_the_password() {
+        let ns = Namespace::new("redact".to_owned()).expect("namespace");
+        // Nothing listens on port 1.
+        let err = Bus::connect("nats://user:s3cret@127.0.0.1:1", ns, "test", false)
+            .await
+            .expect_err("nothing listens there");
+        let text = format!("{err} / {err:?}");
+        assert!(!text.contains("s3cret"), "{text}");
+        assert!(text.contains("user:***@127.0.0.1:1"), "{text}");
     }
 }

@@ -10,11 +10,13 @@ use sea_orm_migration::MigratorTrait as _;
 
 pub use migration::Migrator;
 
+use std::time::Duration;
+
 /// Errors of store housekeeping.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// The database URL has no database name.
-    #[error("database url {0:?} names no database")]
+    #[error("database url {} names no database", redact_url(.0))]
     NoDatabase(String),
     /// Postgres said no.
     #[error(transparent)]
@@ -22,6 +24,74 @@ pub enum StoreError {
     /// A migration failed.
     #[error("migrating: {0}")]
     Migrate(#[from] sea_orm::DbErr),
+}
+
+impl StoreError {
+    /// True when the error says Postgres could not be reached (yet): down,
+    /// starting up, refusing connections, or a connection lost midway. Such
+    /// an error is worth retrying; any other (bad SQL, wrong password, a
+    /// missing database server name) is not.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Self::NoDatabase(_) => false,
+            Self::Db(e) => transient_sqlx(e),
+            Self::Migrate(e) => transient_db_err(e),
+        }
+    }
+}
+
+fn transient_sqlx(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => true,
+        // 57P01-57P03: admin shutdown, crash shutdown, cannot connect now
+        // (starting up / recovering); class 08: connection exceptions.
+        sqlx::Error::Database(d) => d
+            .code()
+            .is_some_and(|c| c.starts_with("57P") || c.starts_with("08")),
+        _ => false,
+    }
+}
+
+fn transient_db_err(e: &sea_orm::DbErr) -> bool {
+    use sea_orm::{DbErr, RuntimeErr};
+    match e {
+        DbErr::ConnectionAcquire(_) | DbErr::Conn(RuntimeErr::SqlxError(_)) => match e {
+            DbErr::Conn(RuntimeErr::SqlxError(inner)) => transient_sqlx(inner),
+            _ => true,
+        },
+        DbErr::Exec(RuntimeErr::SqlxError(inner)) | DbErr::Query(RuntimeErr::SqlxError(inner)) => {
+            transient_sqlx(inner)
+        }
+        _ => false,
+    }
+}
+
+/// `url` with any password replaced by `***`, fit for a log line or an
+/// error message: `postgres://runyard:***@db:5432/runyard`. Text that is not
+/// a URL with credentials comes back unchanged.
+pub fn redact_url(url: &str) -> String {
+    let Some(scheme_end) = url.find("://") else {
+        return url.to_owned();
+    };
+    let rest = &url[scheme_end + 3..];
+    // The last `@` before the query ends the credentials, even when an
+    // unencoded `/` in a password makes the authority look shorter.
+    let head_end = rest.find(['?', '#']).unwrap_or(rest.len());
+    let Some(at) = rest[..head_end].rfind('@') else {
+        return url.to_owned();
+    };
+    let userinfo = &rest[..at];
+    let user = match userinfo.split_once(':') {
+        Some((user, _)) => format!("{user}:***"),
+        // A lone user part may itself be a token (`nats://<token>@host`);
+        // only a password-less user name is safe to show, and it cannot be
+        // told apart, so hide it too.
+        None => "***".to_owned(),
+    };
+    format!("{}{user}{}", &url[..scheme_end + 3], &rest[at..])
 }
 
 /// Splits `postgres://.../name?opts` into server part, database name and
@@ -66,8 +136,11 @@ pub async fn create_database_if_missing(url: &str) -> Result<(), StoreError> {
         let sql = format!("CREATE DATABASE \"{}\"", name.replace('"', "\"\""));
         match sqlx::query(&sql).execute(&mut conn).await {
             Ok(_) => tracing::info!(database = %name, "created database"),
-            // Another replica created it in the meantime.
-            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42P04") => {}
+            // Another replica created it in the meantime: 42P04 when it was
+            // there by the time we asked, 23505 (on
+            // `pg_database_datname_index`) when both asked at once.
+            Err(sqlx::Error::Database(e))
+                if matches!(e.code().as_deref(), Some("42P04" | "23505")) => {}
             Err(e) => return Err(e.into()),
         }
     }
@@ -86,13 +159,62 @@ pub async fn drop_database(url: &str) -> Result<(), StoreError> {
     Ok(())
 }
 
+/// The key of the session-level advisory lock migrations run under
+/// (`pg_advisory_lock`), the same in every process of every version.
+pub const MIGRATION_LOCK: i64 = 0x7275_6e79_6172_6400; // "runyard\0"
+
 /// Creates the database if needed and brings its schema up to date.
+///
+/// Migrations run under a Postgres advisory lock ([`MIGRATION_LOCK`]) on
+/// the one connection that runs them, so replicas started at the same
+/// instant on a fresh database take turns: the first migrates, the others
+/// find nothing left to do. The lock goes with the session if the process
+/// dies.
 pub async fn migrate(url: &str) -> Result<(), StoreError> {
+    use sea_orm::ConnectionTrait as _;
     create_database_if_missing(url).await?;
-    let db = sea_orm::Database::connect(url).await?;
-    Migrator::up(&db, None).await?;
+    let mut options = sea_orm::ConnectOptions::new(url.to_owned());
+    options
+        .max_connections(1)
+        .min_connections(1)
+        .connect_timeout(Duration::from_secs(5))
+        .sqlx_logging(false);
+    let db = sea_orm::Database::connect(options).await?;
+    db.execute_unprepared(&format!("SELECT pg_advisory_lock({MIGRATION_LOCK})"))
+        .await?;
+    let migrated = Migrator::up(&db, None).await;
+    let unlocked = db
+        .execute_unprepared(&format!("SELECT pg_advisory_unlock({MIGRATION_LOCK})"))
+        .await;
+    migrated?;
+    unlocked?;
     db.close().await?;
     Ok(())
+}
+
+/// [`migrate`], waiting for Postgres: while it cannot be reached (down,
+/// starting up), retries with exponential back-off and jitter (100 ms up to
+/// 5 s), logging each failure with the URL's password redacted. Errors that
+/// are not about reaching Postgres are returned at once.
+pub async fn migrate_when_reachable(url: &str) -> Result<(), StoreError> {
+    use backon::Retryable as _;
+    let backoff = backon::ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(100))
+        .with_max_delay(Duration::from_secs(5))
+        .with_jitter()
+        .without_max_times();
+    (|| migrate(url))
+        .retry(backoff)
+        .when(StoreError::is_transient)
+        .notify(|error, wait| {
+            tracing::warn!(
+                database = %redact_url(url),
+                %error,
+                retry_in = ?wait,
+                "postgres not reachable; waiting"
+            );
+        })
+        .await
 }
 
 /// A canonical text dump of the projection — every row of every table,
@@ -141,6 +263,32 @@ pub async fn canonical_dump(pool: &sqlx::PgPool) -> Result<String, sqlx::Error> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn passwords_never_leave_a_url() {
+        for (url, shown) in [
+            (
+                "postgres://runyard:s3cret@db:5432/runyard",
+                "postgres://runyard:***@db:5432/runyard",
+            ),
+            (
+                "postgres://u:p@ss:w0rd@h/db?sslmode=require",
+                "postgres://u:***@h/db?sslmode=require",
+            ),
+            ("nats://tok3n@nats:4222", "nats://***@nats:4222"),
+            ("nats://u:a/b@nats:4222", "nats://u:***@nats:4222"),
+            (
+                "postgres://postgres@127.0.0.1:5432/runyard",
+                "postgres://***@127.0.0.1:5432/runyard",
+            ),
+            ("postgres://h/db?user=a", "postgres://h/db?user=a"),
+            ("not a url", "not a url"),
+        ] {
+            assert_eq!(redact_url(url), shown, "{url}");
+        }
+        let e = StoreError::NoDatabase("postgres://u:s3cret@h/".into());
+        assert!(!e.to_string().contains("s3cret"), "{e}");
+    }
 
     #[test]
     fn database_urls_split_into_server_and_name() {

@@ -63,17 +63,26 @@ pub struct NatsServer {
     port: u16,
     dir: tempfile::TempDir,
     child: Option<tokio::process::Child>,
+    /// Bytes.
+    max_payload: u32,
 }
 
 impl NatsServer {
     /// Starts a server on a free port and waits until it accepts connections.
     pub async fn start() -> Self {
+        Self::start_with_max_payload(32 * 1024 * 1024).await
+    }
+
+    /// [`NatsServer::start`] with another `max_payload` (bytes), to test
+    /// what happens at the server's message limit.
+    pub async fn start_with_max_payload(max_payload: u32) -> Self {
         #[allow(clippy::unwrap_used)]
         let dir = tempfile::tempdir().unwrap();
         let mut s = Self {
             port: free_port(),
             dir,
             child: None,
+            max_payload,
         };
         s.start_again().await;
         s
@@ -97,8 +106,9 @@ impl NatsServer {
         std::fs::write(
             &conf,
             format!(
-                "listen: 127.0.0.1:{}\nmax_payload: 32MB\njetstream {{ store_dir: {:?} }}\n",
+                "listen: 127.0.0.1:{}\nmax_payload: {}\njetstream {{ store_dir: {:?} }}\n",
                 self.port,
+                self.max_payload,
                 store.display().to_string()
             ),
         )

@@ -34,8 +34,19 @@ pub struct Config {
     pub usage_token: Option<SecretString>,
     /// `RUNYARD_USAGE_TOKEN_FILE`.
     pub usage_token_file: Option<PathBuf>,
+    /// `RUNYARD_GITHUB_INSTANCES`: the GitHub hosts deliveries are accepted
+    /// from, comma-separated (default `github.com`); a GitHub Enterprise
+    /// Server must be listed by its host name.
+    pub github_instances: String,
     /// `RUNYARD_INGEST_MAX_BODY` (default 25 MiB, GitHub's payload cap).
     pub ingest_max_body: ByteSize,
+    /// `RUNYARD_INGEST_MAX_IN_FLIGHT`: deliveries handled at once; one more
+    /// is answered 503 with `Retry-After` at once.
+    pub ingest_max_in_flight: usize,
+    /// `RUNYARD_INGEST_MAX_IN_FLIGHT_BYTES`: body bytes (as declared by
+    /// `Content-Length`, else the body limit) of the deliveries handled at
+    /// once; a delivery alone is always let through.
+    pub ingest_max_in_flight_bytes: ByteSize,
     /// `RUNYARD_INGEST_ACK_TIMEOUT`: how long a delivery waits for
     /// JetStream before answering 503 (below the forges' 10 s delivery
     /// timeout).
@@ -63,7 +74,10 @@ impl Default for Config {
             gitlab_webhook_token_file: None,
             usage_token: None,
             usage_token_file: None,
+            github_instances: runyard_forge::GITHUB_DOT_COM.into(),
             ingest_max_body: ByteSize::mib(25),
+            ingest_max_in_flight: 512,
+            ingest_max_in_flight_bytes: ByteSize::mib(64),
             ingest_ack_timeout: Duration::from_secs(5),
             events_max_age: Duration::from_secs(90 * 24 * 3600),
             raw_max_age: Duration::from_secs(7 * 24 * 3600),
@@ -84,7 +98,10 @@ const ENV_KEYS: &[&str] = &[
     "gitlab_webhook_token_file",
     "usage_token",
     "usage_token_file",
+    "github_instances",
     "ingest_max_body",
+    "ingest_max_in_flight",
+    "ingest_max_in_flight_bytes",
     "ingest_ack_timeout",
     "events_max_age",
     "raw_max_age",
@@ -113,6 +130,15 @@ impl Config {
         let mut config: Config = runyard_telemetry::load_config(file, ENV_KEYS)?;
         config.resolve_secret_files()?;
         Ok(config)
+    }
+
+    /// The accepted GitHub hosts, lower-cased, without a trailing dot.
+    pub fn github_instances(&self) -> Vec<String> {
+        self.github_instances
+            .split(',')
+            .map(|h| h.trim().trim_end_matches('.').to_ascii_lowercase())
+            .filter(|h| !h.is_empty())
+            .collect()
     }
 
     /// A secret given as a file wins only when the value itself is unset.

@@ -4,8 +4,11 @@
 //! duplicate delivery is never counted twice.
 
 pub mod config;
+pub mod limits;
 mod metrics;
+pub mod quiet;
 mod routes;
+pub mod shed;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -32,12 +35,18 @@ struct Inner {
     github_secret: Option<SecretString>,
     gitlab_token: Option<SecretString>,
     usage_token: Option<SecretString>,
+    /// `RUNYARD_GITHUB_INSTANCES`, lower-cased.
+    github_instances: Vec<String>,
     max_body: usize,
     registry: Metrics,
     metrics: IngestMetrics,
     /// Set once the streams are known to exist; cleared when a publish fails
     /// in a way that may mean they are gone, so the keeper re-creates them.
     streams_ready: AtomicBool,
+    /// Rate limit of repeated warnings.
+    quiet: quiet::Quiet,
+    /// The in-flight budget (load shedding).
+    load: Arc<shed::Load>,
 }
 
 type AppState = Arc<Inner>;
@@ -70,15 +79,22 @@ impl App {
             replicas: config.stream_replicas,
             ..StreamSettings::default()
         };
+        let github_instances = config.github_instances();
         let state = Arc::new(Inner {
             bus,
             github_secret: config.github_webhook_secret,
             gitlab_token: config.gitlab_webhook_token,
             usage_token: config.usage_token,
+            github_instances,
             max_body: usize::try_from(config.ingest_max_body.as_u64()).unwrap_or(usize::MAX),
             registry,
             metrics,
             streams_ready: AtomicBool::new(false),
+            quiet: quiet::Quiet::default(),
+            load: shed::Load::new(
+                config.ingest_max_in_flight,
+                usize::try_from(config.ingest_max_in_flight_bytes.as_u64()).unwrap_or(usize::MAX),
+            ),
         });
         // Give a server that is up a moment to answer, so a freshly built app
         // is ready at once; a server that is down is handled by the keeper.
@@ -141,9 +157,30 @@ async fn ensure_streams(state: &Inner, settings: &StreamSettings) {
         Ok(()) => {
             if !state.streams_ready.swap(true, Ordering::SeqCst) {
                 tracing::info!("event log streams ready");
+                check_max_payload(state);
             }
         }
-        Err(error) => tracing::warn!(%error, "could not set up the event log streams"),
+        Err(error) => {
+            if let Some(suppressed) = state.quiet.admit("streams") {
+                tracing::warn!(%error, suppressed, "could not set up the event log streams");
+            }
+        }
+    }
+}
+
+/// Warns when the server's `max_payload` is below `RUNYARD_INGEST_MAX_BODY`:
+/// a delivery between the two is accepted, but its raw body is not kept
+/// (counted in `runyard_ingest_raw_skipped_total`), and an event that large
+/// would be refused with 413. Checked whenever a (re)connected server's
+/// streams are set up, since another server may have other limits.
+fn check_max_payload(state: &Inner) {
+    let max_payload = state.bus.max_payload();
+    if max_payload < state.max_body {
+        tracing::warn!(
+            max_payload,
+            max_body = state.max_body,
+            "nats max_payload is below RUNYARD_INGEST_MAX_BODY: raw deliveries larger than it are not kept; raise max_payload in nats-server.conf or lower the body limit"
+        );
     }
 }
 

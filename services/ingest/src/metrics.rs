@@ -12,7 +12,8 @@ pub struct DeliveryLabels {
     /// `github`, `gitlab` or `usage`.
     pub forge: &'static str,
     /// `accepted`, `duplicate`, `ignored`, `unauthorized`, `invalid`,
-    /// `too_large`, `unsupported_media_type`, `not_configured`, `unavailable`.
+    /// `too_large`, `unsupported_media_type`, `not_configured`, `unavailable`,
+    /// `overloaded` (shed at the door, see [`crate::shed`]).
     pub result: &'static str,
 }
 

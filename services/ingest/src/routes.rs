@@ -25,23 +25,19 @@ use time::OffsetDateTime;
 use tracing::Instrument as _;
 
 use crate::AppState;
+use crate::limits::{self, Shape};
 
 /// Seconds a client should wait before retrying a 503.
 const RETRY_AFTER_SECS: u64 = 5;
 
-/// Headers never copied into the raw-delivery stream.
-const SECRET_HEADERS: &[&str] = &[
-    "authorization",
-    "proxy-authorization",
-    "cookie",
-    "x-gitlab-token",
-];
-
 pub(crate) fn router(state: AppState) -> Router {
-    Router::new()
+    let deliveries = Router::new()
         .route("/webhooks/github", post(github))
         .route("/webhooks/gitlab", post(gitlab))
         .route("/v1/usage", post(usage))
+        .route_layer(axum::middleware::from_fn_with_state(state.clone(), shed));
+    Router::new()
+        .merge(deliveries)
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
@@ -52,6 +48,60 @@ pub(crate) fn router(state: AppState) -> Router {
             Duration::from_secs(30),
         ))
         .with_state(state)
+}
+
+/// The door before the door: a delivery that would pass the in-flight
+/// bounds, or that arrives while NATS is known to be down, is answered 503
+/// with `Retry-After` at once, before its body is read.
+async fn shed(
+    State(state): State<AppState>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let forge = match request.uri().path() {
+        "/webhooks/github" => "github",
+        "/webhooks/gitlab" => "gitlab",
+        _ => "usage",
+    };
+    let declared = header_str(request.headers(), header::CONTENT_LENGTH.as_str())
+        .and_then(|v| v.parse::<usize>().ok());
+    // An undeclared (chunked) body may be as large as the limit; a declared
+    // one over the limit is refused by the handler without being read.
+    let bytes = declared.unwrap_or(state.max_body).min(state.max_body);
+    let Some(_admitted) = state.load.try_admit(bytes) else {
+        state.metrics.delivery(forge, "overloaded");
+        if let Some(suppressed) = state.quiet.admit("overloaded") {
+            let (requests, held) = state.load.in_flight();
+            tracing::warn!(
+                forge,
+                requests,
+                bytes = held,
+                suppressed,
+                "delivery shed: ingest at capacity"
+            );
+        }
+        let mut r = error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "ingest is at capacity, retry later",
+            None,
+        );
+        retry_after(&mut r);
+        return r;
+    };
+    if !state.bus.is_connected() {
+        state.metrics.delivery(forge, "unavailable");
+        if let Some(suppressed) = state.quiet.admit("unavailable") {
+            tracing::warn!(forge, suppressed, "delivery refused: nats is down");
+        }
+        let mut r = error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "event log unavailable, retry later",
+            None,
+        );
+        retry_after(&mut r);
+        return r;
+    }
+    next.run(request).await
 }
 
 /// Every answer ingest gives, mapped to a status in one place.
@@ -65,7 +115,7 @@ enum Outcome {
     Ignored(String),
     NotConfigured(&'static str),
     Unauthorized(String),
-    TooLarge(usize),
+    TooLarge(TooLarge),
     UnsupportedMediaType(String),
     Invalid {
         field: Option<String>,
@@ -117,10 +167,18 @@ impl IntoResponse for Outcome {
                 r
             }
             Outcome::Unauthorized(msg) => error(StatusCode::UNAUTHORIZED, msg, None),
-            Outcome::TooLarge(limit) => error(
+            Outcome::TooLarge(TooLarge::Body { limit }) => error(
                 StatusCode::PAYLOAD_TOO_LARGE,
-                format!("body exceeds the limit of {limit} bytes"),
+                format!("body exceeds RUNYARD_INGEST_MAX_BODY, the limit of {limit} bytes"),
                 Some("body".into()),
+            ),
+            Outcome::TooLarge(TooLarge::Event { bytes, max_payload }) => error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!(
+                    "the event made of this delivery is {bytes} bytes, over the event log's \
+                     message limit (NATS max_payload) of {max_payload} bytes"
+                ),
+                None,
             ),
             Outcome::UnsupportedMediaType(ct) => error(
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -135,6 +193,16 @@ impl IntoResponse for Outcome {
             }
         }
     }
+}
+
+/// What a 413 is about: the body itself, or the event made of it (which
+/// must fit in one NATS message).
+#[derive(Debug)]
+enum TooLarge {
+    /// The body is over `RUNYARD_INGEST_MAX_BODY`.
+    Body { limit: usize },
+    /// An event is over the server's `max_payload`.
+    Event { bytes: usize, max_payload: usize },
 }
 
 fn error(status: StatusCode, message: impl Into<String>, field: Option<String>) -> Response {
@@ -185,6 +253,42 @@ where
         .await
 }
 
+/// The door checks ([`limits::check`]) as an answer: 400 naming the field.
+fn door(shape: Shape, delivery_header: &str, events: &[Event]) -> Result<(), Outcome> {
+    limits::check(shape, delivery_header, events).map_err(|r| Outcome::Invalid {
+        message: format!("{}: {}", r.field, r.reason),
+        field: Some(r.field),
+    })
+}
+
+/// A GitHub delivery must come from a configured instance
+/// (`RUNYARD_GITHUB_INSTANCES`): the `X-GitHub-Enterprise-Host` header that
+/// names it is not covered by the signature.
+fn github_instance(
+    state: &AppState,
+    delivery: &GithubDelivery<'_>,
+    events: &[Event],
+) -> Result<(), Outcome> {
+    for event in events {
+        let instance = event.source.as_ref().map_or("", |s| s.instance.as_str());
+        if !state.github_instances.iter().any(|i| i == instance) {
+            let field = if delivery
+                .enterprise_host
+                .is_some_and(|h| !h.trim().is_empty())
+            {
+                "X-GitHub-Enterprise-Host"
+            } else {
+                "repository.html_url"
+            };
+            return Err(Outcome::Invalid {
+                message: format!("{field}: not a GitHub instance this ingest accepts"),
+                field: Some(field.into()),
+            });
+        }
+    }
+    Ok(())
+}
+
 fn payload_outcome(e: PayloadError) -> Outcome {
     match e {
         PayloadError::UnsupportedMediaType(ct) => Outcome::UnsupportedMediaType(ct),
@@ -201,21 +305,40 @@ async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Byte
     let declared =
         header_str(headers, header::CONTENT_LENGTH.as_str()).and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > limit as u64) {
-        return Err(Outcome::TooLarge(limit));
+        return Err(Outcome::TooLarge(TooLarge::Body { limit }));
     }
-    match http_body_util::Limited::new(body, limit).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(Outcome::TooLarge(limit)),
-        Err(_) => Err(Outcome::Invalid {
-            field: Some("body".into()),
-            message: "body: could not be read".into(),
-        }),
+    // Into one buffer of the declared size: collecting the frames and then
+    // joining them would hold every body twice at its peak.
+    let capacity = declared.map_or(0, |n| usize::try_from(n).unwrap_or(limit).min(limit));
+    let mut buf = bytes::BytesMut::with_capacity(capacity);
+    let mut body = http_body_util::Limited::new(body, limit);
+    while let Some(frame) = body.frame().await {
+        match frame {
+            Ok(frame) => {
+                if let Ok(data) = frame.into_data() {
+                    buf.extend_from_slice(&data);
+                }
+            }
+            Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+                return Err(Outcome::TooLarge(TooLarge::Body { limit }));
+            }
+            Err(_) => {
+                return Err(Outcome::Invalid {
+                    field: Some("body".into()),
+                    message: "body: could not be read".into(),
+                });
+            }
+        }
     }
+    Ok(buf.freeze())
 }
 
-/// The raw delivery as kept in `<NS>_RAW`: original headers (minus secrets)
-/// under an `Http-` prefix so they can never be taken for NATS's own headers.
-/// Of a repeated request header, the last value is kept.
+/// The raw delivery as kept in `<NS>_RAW`: the request headers of an
+/// allowlist (what the forges and common proxies send that a replay or an
+/// investigation needs; never credentials, cookies or unknown headers,
+/// which may carry either) under an `Http-` prefix so they can never be
+/// taken for NATS's own headers. Of a repeated request header, the last
+/// value is kept.
 pub fn raw_message(
     ns: &runyard_events::Namespace,
     kind: &str,
@@ -229,9 +352,6 @@ pub fn raw_message(
         .insert(runyard_bus::TRACEPARENT, traceparent.clone());
     msg.headers.insert(runyard_bus::EVENT_TYPE, "RawDelivery");
     for (name, value) in headers {
-        if SECRET_HEADERS.contains(&name.as_str()) {
-            continue;
-        }
         if let (Some(name), Ok(v)) = (http_header_name(name), value.to_str()) {
             msg.headers.insert(name, v);
         }
@@ -239,13 +359,13 @@ pub fn raw_message(
     msg
 }
 
-/// Declares the request headers the forges and common proxies send, whose
-/// `Http-` names are then static rather than built per delivery.
+/// Declares the allowlist of request headers kept with a raw delivery:
+/// those the forges and common proxies send. Their `Http-` names are static
+/// rather than built per delivery.
 macro_rules! http_header_names {
     ($($name:literal),* $(,)?) => {
-        /// The NATS header name `Http-<name>` of a request header. An
-        /// HTTP header name is a token (visible ASCII, no `:`), which is all
-        /// a NATS header name must be, so this is never `None` in practice.
+        /// The NATS header name `Http-<name>` of a request header on the
+        /// allowlist; `None` for every other header (dropped).
         fn http_header_name(
             name: &axum::http::HeaderName,
         ) -> Option<runyard_bus::HeaderName> {
@@ -256,12 +376,7 @@ macro_rules! http_header_names {
                         runyard_bus::HeaderName::from_static(concat!("Http-", $name))
                     }),
                 )*
-                other => {
-                    let mut prefixed = String::with_capacity(5 + other.len());
-                    prefixed.push_str("Http-");
-                    prefixed.push_str(other);
-                    runyard_bus::HeaderName::try_from(prefixed).ok()
-                }
+                _ => None,
             }
         }
     };
@@ -270,7 +385,6 @@ macro_rules! http_header_names {
 http_header_names!(
     "accept",
     "accept-encoding",
-    "connection",
     "content-length",
     "content-type",
     "host",
@@ -334,10 +448,13 @@ async fn publish(
             state.bus.publish_prepared(raw).await.map(Some)
         } else {
             state.metrics.raw_skipped.inc();
-            tracing::warn!(
-                bytes = raw.payload.len(),
-                "raw delivery over max_payload not kept"
-            );
+            if let Some(suppressed) = state.quiet.admit("raw_skipped") {
+                tracing::warn!(
+                    bytes = raw.payload.len(),
+                    suppressed,
+                    "raw delivery over max_payload not kept"
+                );
+            }
             Ok(None)
         }
     };
@@ -357,15 +474,22 @@ async fn publish(
             Ok(Some(stored)) if i == 1 => duplicate = stored.duplicate,
             Ok(_) => {}
             Err(BusError::TooLarge(n)) => {
-                tracing::warn!(bytes = n, "event over max_payload");
-                return Outcome::TooLarge(state.bus.max_payload());
+                if let Some(suppressed) = state.quiet.admit("event_too_large") {
+                    tracing::warn!(bytes = n, suppressed, "event over max_payload");
+                }
+                return Outcome::TooLarge(TooLarge::Event {
+                    bytes: n,
+                    max_payload: state.bus.max_payload(),
+                });
             }
             Err(error) => {
                 if matches!(error, BusError::Nats { .. }) {
                     // Possibly a missing stream: let the keeper check again.
                     state.streams_ready.store(false, Ordering::SeqCst);
                 }
-                tracing::warn!(%error, event_id = %primary, "delivery not made durable");
+                if let Some(suppressed) = state.quiet.admit("not_durable") {
+                    tracing::warn!(%error, event_id = %primary, suppressed, "delivery not made durable");
+                }
                 return Outcome::Unavailable("event log unavailable, retry later".into());
             }
         }
@@ -403,7 +527,11 @@ fn finish(
             tracing::debug!(forge, %event_id, duplicate, "delivery accepted");
         }
         Outcome::Unavailable(_) | Outcome::NotConfigured(_) | Outcome::Unauthorized(_) => {
-            tracing::warn!(forge, result, "delivery refused");
+            // One line per kind and window, not per delivery: an outage or a
+            // misconfigured sender refuses thousands a second.
+            if let Some(suppressed) = state.quiet.admit(result) {
+                tracing::warn!(forge, result, suppressed, "delivery refused");
+            }
         }
         _ => tracing::debug!(forge, result, "delivery answered"),
     }
@@ -461,6 +589,11 @@ async fn github_outcome(
         Err(e) => payload_outcome(e),
         Ok(Normalized::Ignored(reason)) => Outcome::Ignored(reason),
         Ok(Normalized::Events(events)) => {
+            if let Err(o) = door(Shape::Github, "X-GitHub-Delivery", &events)
+                .and_then(|()| github_instance(state, &delivery, &events))
+            {
+                return o;
+            }
             let tp = trace.header_value();
             let key = delivery.delivery_id.map(ids::github).unwrap_or_default();
             let raw = raw_message(
@@ -522,6 +655,21 @@ async fn gitlab_outcome(
         Err(e) => payload_outcome(e),
         Ok(Normalized::Ignored(reason)) => Outcome::Ignored(reason),
         Ok(Normalized::Events(events)) => {
+            let shape = match delivery.event {
+                Some("Pipeline Hook") => Shape::GitlabPipeline,
+                _ => Shape::GitlabJob,
+            };
+            let from_key = delivery
+                .idempotency_key
+                .is_some_and(|k| !k.trim().is_empty());
+            let header = if from_key {
+                "Idempotency-Key"
+            } else {
+                "X-Gitlab-Event-UUID"
+            };
+            if let Err(o) = door(shape, header, &events) {
+                return o;
+            }
             let tp = trace.header_value();
             let key = delivery
                 .idempotency_key
@@ -580,6 +728,9 @@ async fn usage_outcome(
     match normalize_usage(content_type, &body, OffsetDateTime::now_utc()) {
         Err(e) => payload_outcome(e),
         Ok(event) => {
+            if let Err(o) = door(Shape::Usage, "", std::slice::from_ref(&event)) {
+                return o;
+            }
             let tp = trace.header_value();
             let raw = raw_message(
                 state.bus.namespace(),

@@ -222,9 +222,13 @@ async fn raw_delivery_keeps_request_headers_and_the_delivery_is_one_trace() {
         .header("X-Gitlab-Token", GL_TOKEN)
         .header("Content-Type", "application/json")
         .header("traceparent", sender)
-        // Not one of the names ingest knows, and repeated: the last is kept.
+        // On the allowlist and repeated: the last is kept.
+        .header("X-Forwarded-For", "10.0.0.1")
+        .header("X-Forwarded-For", "10.0.0.2")
+        // Not on the allowlist: dropped, whatever it may carry.
         .header("X-Proxy-Hop", "edge-1")
-        .header("X-Proxy-Hop", "edge-2")
+        .header("Cookie", "session=s3cret")
+        .header("X-Api-Key", "s3cret")
         .body(fixture("gitlab_job_failed.json"));
     let (status, answer) = send(req).await;
     assert_eq!(status, 202, "{answer}");
@@ -238,12 +242,15 @@ async fn raw_delivery_keeps_request_headers_and_the_delivery_is_one_trace() {
     assert_eq!(header(r, "Http-idempotency-key"), Some("hdr-1"));
     assert_eq!(header(r, "Http-content-type"), Some("application/json"));
     assert_eq!(header(r, "Http-traceparent"), Some(sender));
-    assert_eq!(header(r, "Http-x-proxy-hop"), Some("edge-2"));
-    assert_eq!(
-        header(r, "Http-x-gitlab-token"),
-        None,
-        "secrets are not kept"
-    );
+    assert_eq!(header(r, "Http-x-forwarded-for"), Some("10.0.0.2"));
+    for dropped in [
+        "Http-x-gitlab-token",
+        "Http-x-proxy-hop",
+        "Http-cookie",
+        "Http-x-api-key",
+    ] {
+        assert_eq!(header(r, dropped), None, "{dropped} is not kept");
+    }
     // The sender's trace, continued in one new span that the raw delivery
     // and its events share.
     let tp = header(r, "traceparent").expect("traceparent");
@@ -792,7 +799,7 @@ async fn graceful_shutdown_finishes_in_flight_deliveries() {
         github_signature(GH_SECRET, body.as_bytes()),
         body.len()
     );
-    held.write_all(head.as_bytes()).await.unwrap();
+    held.write_all(head.as_bytes()).await.expect("write head");
     let mut buf = Vec::new();
     let interim = read_head(&mut held, &mut buf).await;
     assert!(interim.starts_with("HTTP/1.1 100 "), "{interim}");
@@ -898,5 +905,1579 @@ async fn health_readiness_and_metrics() {
     );
     assert!(text.contains("runyard_ingest_publish_latency_seconds"));
     assert!(!text.contains(GH_SECRET));
+    h.stop().await;
+}
+
+/// One hostile request of the door table and what it must get.
+struct Hostile {
+    name: String,
+    method: reqwest::Method,
+    path: &'static str,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+    status: u16,
+    /// The field the 400 must name, if the answer names one.
+    field: Option<String>,
+}
+
+/// A JSON fixture with the value at `pointer` replaced.
+fn with(fixture_name: &str, pointer: &str, value: Value) -> Value {
+    let mut v: Value = serde_json::from_str(&fixture(fixture_name)).expect("test data");
+    *v.pointer_mut(pointer)
+        .unwrap_or_else(|| panic!("{pointer} in {fixture_name}")) = value;
+    v
+}
+
+/// A JSON fixture with the object member at `pointer` removed.
+fn without(fixture_name: &str, pointer: &str) -> Value {
+    let mut v: Value = serde_json::from_str(&fixture(fixture_name)).expect("test data");
+    let (parent, key) = pointer.rsplit_once('/').expect("test data");
+    v.pointer_mut(parent)
+        .and_then(Value::as_object_mut)
+        .and_then(|o| o.remove(key))
+        .unwrap_or_else(|| panic!("{pointer} in {fixture_name}"));
+    v
+}
+
+/// Past `i64::MAX`: what Postgres's `bigint` cannot hold.
+const PAST_BIGINT: u64 = i64::MAX as u64 + 1;
+
+#[allow(clippy::too_many_lines)]
+fn hostile_table() -> Vec<Hostile> {
+    let mut t = Vec::new();
+    let gh_job = "github_workflow_job_queued.json";
+    let gl_job = "gitlab_job_running.json";
+    let gl_pipe = "gitlab_pipeline_failed.json";
+    let report = "usage_report.json";
+
+    // --- GitHub -------------------------------------------------------------
+    let github =
+        |name: &str, headers: Vec<(&str, String)>, body: Vec<u8>, status, field: Option<&str>| {
+            Hostile {
+                name: format!("github: {name}"),
+                method: reqwest::Method::POST,
+                path: "/webhooks/github",
+                headers: headers
+                    .into_iter()
+                    .map(|(k, v)| (k.to_owned(), v))
+                    .collect(),
+                body,
+                status,
+                field: field.map(str::to_owned),
+            }
+        };
+    // A correctly signed workflow_job delivery with `extra` headers.
+    let signed = |name: &str,
+                  delivery: &str,
+                  body: Vec<u8>,
+                  extra: Vec<(&str, String)>,
+                  status,
+                  field: Option<&str>| {
+        let mut headers = vec![
+            ("X-GitHub-Event", "workflow_job".to_owned()),
+            ("X-GitHub-Delivery", delivery.to_owned()),
+            ("X-GitHub-Hook-ID", "42".to_owned()),
+            ("Content-Type", "application/json".to_owned()),
+            ("X-Hub-Signature-256", github_signature(GH_SECRET, &body)),
+        ];
+        for (k, v) in extra {
+            headers.retain(|(h, _)| *h != k);
+            headers.push((k, v));
+        }
+        github(name, headers, body, status, field)
+    };
+    let good = fixture(gh_job).into_bytes();
+    let json = |v: Value| v.to_string().into_bytes();
+
+    t.push(github(
+        "signature with another secret",
+        vec![
+            ("X-GitHub-Event", "workflow_job".into()),
+            ("X-GitHub-Delivery", "h-sig-1".into()),
+            (
+                "X-Hub-Signature-256",
+                github_signature("not-the-secret", &good),
+            ),
+        ],
+        good.clone(),
+        401,
+        None,
+    ));
+    t.push(github(
+        "no signature",
+        vec![
+            ("X-GitHub-Event", "workflow_job".into()),
+            ("X-GitHub-Delivery", "h-sig-2".into()),
+        ],
+        good.clone(),
+        401,
+        None,
+    ));
+    t.push(github(
+        "sha1 signature only",
+        vec![
+            ("X-GitHub-Event", "workflow_job".into()),
+            ("X-GitHub-Delivery", "h-sig-3".into()),
+            (
+                "X-Hub-Signature",
+                "sha1=0123456789abcdef0123456789abcdef01234567".into(),
+            ),
+        ],
+        good.clone(),
+        401,
+        None,
+    ));
+    t.push(github(
+        "signature not hex",
+        vec![
+            ("X-GitHub-Event", "workflow_job".into()),
+            ("X-GitHub-Delivery", "h-sig-4".into()),
+            ("X-Hub-Signature-256", "sha256=zz".into()),
+        ],
+        good.clone(),
+        401,
+        None,
+    ));
+    t.push(github(
+        "signature of another body",
+        vec![
+            ("X-GitHub-Event", "workflow_job".into()),
+            ("X-GitHub-Delivery", "h-sig-5".into()),
+            ("X-Hub-Signature-256", github_signature(GH_SECRET, b"{}")),
+        ],
+        good.clone(),
+        401,
+        None,
+    ));
+    t.push(signed(
+        "xml content type",
+        "h-ct-1",
+        good.clone(),
+        vec![("Content-Type", "text/xml".into())],
+        415,
+        None,
+    ));
+    t.push(signed(
+        "truncated JSON",
+        "h-json-1",
+        good[..good.len() / 2].to_vec(),
+        vec![],
+        400,
+        Some("body"),
+    ));
+    t.push(signed(
+        "not JSON",
+        "h-json-2",
+        b"{not json".to_vec(),
+        vec![],
+        400,
+        Some("body"),
+    ));
+    t.push(signed(
+        "empty body",
+        "h-json-3",
+        Vec::new(),
+        vec![],
+        400,
+        Some("body"),
+    ));
+    t.push(signed(
+        "a JSON array",
+        "h-json-4",
+        b"[1,2,3]".to_vec(),
+        vec![],
+        400,
+        Some("body"),
+    ));
+    t.push(signed(
+        "form body without payload",
+        "h-form-1",
+        b"other=1".to_vec(),
+        vec![("Content-Type", "application/x-www-form-urlencoded".into())],
+        400,
+        Some("payload"),
+    ));
+    t.push(signed(
+        "form payload not JSON",
+        "h-form-2",
+        b"payload=%7Bnope".to_vec(),
+        vec![("Content-Type", "application/x-www-form-urlencoded".into())],
+        400,
+        Some("payload"),
+    ));
+    for (name, pointer, value, field) in [
+        (
+            "job id a string",
+            "/workflow_job/id",
+            json!("1"),
+            "workflow_job.id",
+        ),
+        (
+            "job id negative",
+            "/workflow_job/id",
+            json!(-5),
+            "workflow_job.id",
+        ),
+        (
+            "job id a fraction",
+            "/workflow_job/id",
+            json!(1.5),
+            "workflow_job.id",
+        ),
+        (
+            "job id past bigint",
+            "/workflow_job/id",
+            json!(PAST_BIGINT),
+            "workflow_job.id",
+        ),
+        (
+            "job id u64::MAX",
+            "/workflow_job/id",
+            json!(u64::MAX),
+            "workflow_job.id",
+        ),
+        (
+            "repository id past bigint",
+            "/repository/id",
+            json!(PAST_BIGINT),
+            "repository.id",
+        ),
+        (
+            "run id past bigint",
+            "/workflow_job/run_id",
+            json!(PAST_BIGINT),
+            "workflow_job.run_id",
+        ),
+        (
+            "runner id past bigint",
+            "/workflow_job/runner_id",
+            json!(PAST_BIGINT),
+            "workflow_job.runner_id",
+        ),
+        (
+            "runner group id past bigint",
+            "/workflow_job/runner_group_id",
+            json!(u64::MAX),
+            "workflow_job.runner_group_id",
+        ),
+        (
+            "run attempt past integer",
+            "/workflow_job/run_attempt",
+            json!(1_u64 << 31),
+            "workflow_job.run_attempt",
+        ),
+        (
+            "run attempt past u32",
+            "/workflow_job/run_attempt",
+            json!(1_u64 << 32),
+            "workflow_job.run_attempt",
+        ),
+        (
+            "NUL in the job name",
+            "/workflow_job/name",
+            json!("build\u{0}"),
+            "workflow_job.name",
+        ),
+        (
+            "NUL in a label",
+            "/workflow_job/labels/0",
+            json!("self-hosted\u{0}"),
+            "workflow_job.labels[0]",
+        ),
+        (
+            "NUL in the branch",
+            "/workflow_job/head_branch",
+            json!("main\u{0}x"),
+            "workflow_job.head_branch",
+        ),
+        (
+            "NUL in the repository",
+            "/repository/full_name",
+            json!("\u{0}"),
+            "repository.full_name",
+        ),
+        (
+            "NUL in the workflow name",
+            "/workflow_job/workflow_name",
+            json!("ci\u{0}"),
+            "workflow_job.workflow_name",
+        ),
+        (
+            "65 labels",
+            "/workflow_job/labels",
+            json!((0..65).map(|i| format!("l{i}")).collect::<Vec<_>>()),
+            "workflow_job.labels",
+        ),
+        (
+            "10,000 labels",
+            "/workflow_job/labels",
+            json!(vec!["x"; 10_000]),
+            "workflow_job.labels",
+        ),
+        (
+            "a 2 KiB label",
+            "/workflow_job/labels/1",
+            json!("l".repeat(2048)),
+            "workflow_job.labels[1]",
+        ),
+        (
+            "a 1 MiB job name",
+            "/workflow_job/name",
+            json!("n".repeat(1 << 20)),
+            "workflow_job.name",
+        ),
+        (
+            "a 5,000 byte branch",
+            "/workflow_job/head_branch",
+            json!("b".repeat(5000)),
+            "workflow_job.head_branch",
+        ),
+        (
+            "a 3 KiB html_url",
+            "/workflow_job/html_url",
+            json!(format!("https://github.com/{}", "p".repeat(3000))),
+            "workflow_job.html_url",
+        ),
+        (
+            "labels not an array",
+            "/workflow_job/labels",
+            json!("linux"),
+            "workflow_job.labels",
+        ),
+        (
+            "a label not a string",
+            "/workflow_job/labels/0",
+            json!(7),
+            "workflow_job.labels[0]",
+        ),
+        ("unknown action", "/action", json!("exploded"), "action"),
+        (
+            "workflow_job a string",
+            "/workflow_job",
+            json!("job"),
+            "workflow_job",
+        ),
+        (
+            "created_at in 1970",
+            "/workflow_job/created_at",
+            json!("1970-01-01T00:00:00Z"),
+            "workflow_job.created_at",
+        ),
+        (
+            "created_at not a time",
+            "/workflow_job/created_at",
+            json!("yesterday-ish"),
+            "workflow_job.created_at",
+        ),
+        (
+            "repository html_url of another instance",
+            "/repository/html_url",
+            json!("https://evil.example.com/a/b"),
+            "repository.html_url",
+        ),
+    ] {
+        t.push(signed(
+            name,
+            &format!("h-{}", t.len()),
+            json(with(gh_job, pointer, value)),
+            vec![],
+            400,
+            Some(field),
+        ));
+    }
+    // 2^64: not even a u64.
+    let huge = String::from_utf8(json(with(gh_job, "/workflow_job/id", json!("HUGE"))))
+        .expect("test data")
+        .replace("\"HUGE\"", "18446744073709551616");
+    t.push(signed(
+        "job id 2^64",
+        "h-huge",
+        huge.into_bytes(),
+        vec![],
+        400,
+        Some("workflow_job.id"),
+    ));
+    t.push(signed(
+        "no action",
+        "h-noaction",
+        json(without(gh_job, "/action")),
+        vec![],
+        400,
+        Some("action"),
+    ));
+    t.push(signed(
+        "no job id",
+        "h-noid",
+        json(without(gh_job, "/workflow_job/id")),
+        vec![],
+        400,
+        Some("workflow_job.id"),
+    ));
+    t.push(signed(
+        "delivery id of 129 bytes",
+        &"d".repeat(129),
+        good.clone(),
+        vec![],
+        400,
+        Some("X-GitHub-Delivery"),
+    ));
+    t.push(signed(
+        "delivery id with a space",
+        "a b",
+        good.clone(),
+        vec![],
+        400,
+        Some("X-GitHub-Delivery"),
+    ));
+    t.push(signed(
+        "delivery id with a slash",
+        "a/b",
+        good.clone(),
+        vec![],
+        400,
+        Some("X-GitHub-Delivery"),
+    ));
+    t.push(signed(
+        "delivery id with a wildcard",
+        "a.>",
+        good.clone(),
+        vec![],
+        400,
+        Some("X-GitHub-Delivery"),
+    ));
+    t.push(signed(
+        "delivery id with a quote",
+        "a\"b",
+        good.clone(),
+        vec![],
+        400,
+        Some("X-GitHub-Delivery"),
+    ));
+    t.push(signed(
+        "hook id of 200 bytes",
+        "h-hook",
+        good.clone(),
+        vec![("X-GitHub-Hook-ID", "9".repeat(200))],
+        400,
+        Some("X-GitHub-Hook-ID"),
+    ));
+    t.push(github(
+        "no delivery id",
+        vec![
+            ("X-GitHub-Event", "workflow_job".into()),
+            ("X-Hub-Signature-256", github_signature(GH_SECRET, &good)),
+        ],
+        good.clone(),
+        400,
+        Some("X-GitHub-Delivery"),
+    ));
+    t.push(signed(
+        "an instance not configured",
+        "h-ghes-1",
+        good.clone(),
+        vec![("X-GitHub-Enterprise-Host", "ghe.evil.example".into())],
+        400,
+        Some("X-GitHub-Enterprise-Host"),
+    ));
+    t.push(signed(
+        "an instance that is no host",
+        "h-ghes-2",
+        good.clone(),
+        vec![("X-GitHub-Enterprise-Host", "a b".into())],
+        400,
+        Some("X-GitHub-Enterprise-Host"),
+    ));
+    // Answered, but nothing to record.
+    t.push(signed(
+        "unknown event",
+        "h-ev-1",
+        good.clone(),
+        vec![("X-GitHub-Event", "issues".into())],
+        200,
+        None,
+    ));
+    t.push(github(
+        "no event header",
+        vec![
+            ("X-GitHub-Delivery", "h-ev-2".into()),
+            ("X-Hub-Signature-256", github_signature(GH_SECRET, &good)),
+        ],
+        good.clone(),
+        200,
+        None,
+    ));
+
+    // --- GitLab -------------------------------------------------------------
+    let gitlab = |name: &str,
+                  event: &str,
+                  key: Option<&str>,
+                  token: Option<&str>,
+                  body: Vec<u8>,
+                  status,
+                  field: Option<&str>| {
+        let mut headers = vec![
+            ("X-Gitlab-Event".to_owned(), event.to_owned()),
+            (
+                "X-Gitlab-Instance".to_owned(),
+                "https://gitlab.example.com".to_owned(),
+            ),
+            ("Content-Type".to_owned(), "application/json".to_owned()),
+        ];
+        if let Some(k) = key {
+            headers.push(("Idempotency-Key".to_owned(), k.to_owned()));
+        }
+        if let Some(t) = token {
+            headers.push(("X-Gitlab-Token".to_owned(), t.to_owned()));
+        }
+        Hostile {
+            name: format!("gitlab: {name}"),
+            method: reqwest::Method::POST,
+            path: "/webhooks/gitlab",
+            headers,
+            body,
+            status,
+            field: field.map(str::to_owned),
+        }
+    };
+    let gl_good = fixture(gl_job).into_bytes();
+    let tok = Some(GL_TOKEN);
+    t.push(gitlab(
+        "no token",
+        "Job Hook",
+        Some("g-1"),
+        None,
+        gl_good.clone(),
+        401,
+        None,
+    ));
+    t.push(gitlab(
+        "wrong token",
+        "Job Hook",
+        Some("g-2"),
+        Some("wrong"),
+        gl_good.clone(),
+        401,
+        None,
+    ));
+    t.push(gitlab(
+        "token with a trailing space",
+        "Job Hook",
+        Some("g-3"),
+        Some(&format!("{GL_TOKEN}x")),
+        gl_good.clone(),
+        401,
+        None,
+    ));
+    let mut ct = gitlab(
+        "plain-text content type",
+        "Job Hook",
+        Some("g-4"),
+        tok,
+        gl_good.clone(),
+        415,
+        None,
+    );
+    ct.headers.retain(|(k, _)| k != "Content-Type");
+    ct.headers
+        .push(("Content-Type".into(), "text/plain".into()));
+    t.push(ct);
+    t.push(gitlab(
+        "truncated JSON",
+        "Job Hook",
+        Some("g-5"),
+        tok,
+        gl_good[..40].to_vec(),
+        400,
+        Some("body"),
+    ));
+    t.push(gitlab(
+        "no idempotency key",
+        "Job Hook",
+        None,
+        tok,
+        gl_good.clone(),
+        400,
+        Some("Idempotency-Key"),
+    ));
+    t.push(gitlab(
+        "idempotency key with a space",
+        "Job Hook",
+        Some("a b"),
+        tok,
+        gl_good.clone(),
+        400,
+        Some("Idempotency-Key"),
+    ));
+    t.push(gitlab(
+        "idempotency key of 200 bytes",
+        "Job Hook",
+        Some(&"k".repeat(200)),
+        tok,
+        gl_good.clone(),
+        400,
+        Some("Idempotency-Key"),
+    ));
+    for (name, pointer, value, field) in [
+        (
+            "build id past bigint",
+            "/build_id",
+            json!(PAST_BIGINT),
+            "build_id",
+        ),
+        ("build id a string", "/build_id", json!("seven"), "build_id"),
+        (
+            "project id past bigint",
+            "/project_id",
+            json!(u64::MAX),
+            "project_id",
+        ),
+        (
+            "pipeline id past bigint",
+            "/pipeline_id",
+            json!(PAST_BIGINT),
+            "pipeline_id",
+        ),
+        (
+            "runner id past bigint",
+            "/runner/id",
+            json!(PAST_BIGINT),
+            "runner.id",
+        ),
+        (
+            "NUL in the build name",
+            "/build_name",
+            json!("rspec\u{0}"),
+            "build_name",
+        ),
+        (
+            "NUL in the stage",
+            "/build_stage",
+            json!("\u{0}test"),
+            "build_stage",
+        ),
+        (
+            "NUL in a runner tag",
+            "/runner/tags/0",
+            json!("spack\u{0}"),
+            "runner.tags[0]",
+        ),
+        ("NUL in the ref", "/ref", json!("develop\u{0}"), "ref"),
+        (
+            "65 runner tags",
+            "/runner/tags",
+            json!((0..65).map(|i| format!("t{i}")).collect::<Vec<_>>()),
+            "runner.tags",
+        ),
+        (
+            "a 4 KiB build name",
+            "/build_name",
+            json!("n".repeat(4096)),
+            "build_name",
+        ),
+        (
+            "a status word with a space",
+            "/build_status",
+            json!("run ning"),
+            "build_status",
+        ),
+        (
+            "object kind of a pipeline",
+            "/object_kind",
+            json!("pipeline"),
+            "object_kind",
+        ),
+    ] {
+        t.push(gitlab(
+            name,
+            "Job Hook",
+            Some(&format!("g-{}", t.len())),
+            tok,
+            json(with(gl_job, pointer, value)),
+            400,
+            Some(field),
+        ));
+    }
+    t.push(gitlab(
+        "no build id",
+        "Job Hook",
+        Some("g-noid"),
+        tok,
+        json(without(gl_job, "/build_id")),
+        400,
+        Some("build_id"),
+    ));
+    let mut flood: Value = serde_json::from_str(&fixture(gl_pipe)).expect("test data");
+    let first = flood["builds"][0].clone();
+    flood["builds"] = Value::Array(
+        (0..1001)
+            .map(|i| {
+                let mut b = first.clone();
+                b["id"] = json!(100_000 + i);
+                b
+            })
+            .collect(),
+    );
+    t.push(gitlab(
+        "1,001 builds",
+        "Pipeline Hook",
+        Some("g-flood"),
+        tok,
+        json(flood),
+        400,
+        Some("builds"),
+    ));
+    for (name, pointer, value, field) in [
+        (
+            "pipeline id past bigint",
+            "/object_attributes/id",
+            json!(PAST_BIGINT),
+            "object_attributes.id",
+        ),
+        (
+            "a build id past bigint",
+            "/builds/1/id",
+            json!(PAST_BIGINT),
+            "builds[1].id",
+        ),
+        (
+            "NUL in a build name",
+            "/builds/1/name",
+            json!("x\u{0}"),
+            "builds[1].name",
+        ),
+        (
+            "65 tags on a build",
+            "/builds/0/runner/tags",
+            json!(vec!["t"; 65]),
+            "builds[0].runner.tags",
+        ),
+        (
+            "NUL in the pipeline ref",
+            "/object_attributes/ref",
+            json!("\u{0}"),
+            "object_attributes.ref",
+        ),
+        ("builds not an array", "/builds", json!({}), "builds"),
+    ] {
+        t.push(gitlab(
+            name,
+            "Pipeline Hook",
+            Some(&format!("g-{}", t.len())),
+            tok,
+            json(with(gl_pipe, pointer, value)),
+            400,
+            Some(field),
+        ));
+    }
+    t.push(gitlab(
+        "a push hook",
+        "Push Hook",
+        Some("g-push"),
+        tok,
+        br#"{"object_kind":"push"}"#.to_vec(),
+        200,
+        None,
+    ));
+
+    // --- usage reports ------------------------------------------------------
+    let usage = |name: &str, auth: Option<String>, body: Vec<u8>, status, field: Option<&str>| {
+        let mut headers = vec![("Content-Type".to_owned(), "application/json".to_owned())];
+        if let Some(a) = auth {
+            headers.push(("Authorization".to_owned(), a));
+        }
+        Hostile {
+            name: format!("usage: {name}"),
+            method: reqwest::Method::POST,
+            path: "/v1/usage",
+            headers,
+            body,
+            status,
+            field: field.map(str::to_owned),
+        }
+    };
+    let bearer = || Some(format!("Bearer {USAGE_TOKEN}"));
+    let report_good = fixture(report).into_bytes();
+    t.push(usage("no token", None, report_good.clone(), 401, None));
+    t.push(usage(
+        "wrong token",
+        Some("Bearer wrong".into()),
+        report_good.clone(),
+        401,
+        None,
+    ));
+    t.push(usage(
+        "basic auth",
+        Some(format!("Basic {USAGE_TOKEN}")),
+        report_good.clone(),
+        401,
+        None,
+    ));
+    let mut ct = usage(
+        "plain-text content type",
+        bearer(),
+        report_good.clone(),
+        415,
+        None,
+    );
+    ct.headers.retain(|(k, _)| k != "Content-Type");
+    ct.headers
+        .push(("Content-Type".into(), "text/plain".into()));
+    t.push(ct);
+    t.push(usage(
+        "truncated JSON",
+        bearer(),
+        report_good[..30].to_vec(),
+        400,
+        Some("body"),
+    ));
+    t.push(usage(
+        "a JSON string",
+        bearer(),
+        b"\"report\"".to_vec(),
+        400,
+        Some("body"),
+    ));
+    for (name, pointer, value, field) in [
+        (
+            "peak 2^64-1",
+            "/peak_memory_bytes",
+            json!(u64::MAX),
+            "peak_memory_bytes",
+        ),
+        (
+            "peak past bigint",
+            "/peak_memory_bytes",
+            json!(PAST_BIGINT),
+            "peak_memory_bytes",
+        ),
+        (
+            "peak negative",
+            "/peak_memory_bytes",
+            json!(-1),
+            "peak_memory_bytes",
+        ),
+        (
+            "peak a string",
+            "/peak_memory_bytes",
+            json!("lots"),
+            "peak_memory_bytes",
+        ),
+        (
+            "limit past bigint",
+            "/memory_limit_bytes",
+            json!(PAST_BIGINT),
+            "memory_limit_bytes",
+        ),
+        (
+            "request past bigint",
+            "/memory_request_bytes",
+            json!(u64::MAX),
+            "memory_request_bytes",
+        ),
+        (
+            "millicores past bigint",
+            "/cpu_request_millicores",
+            json!(PAST_BIGINT),
+            "cpu_request_millicores",
+        ),
+        (
+            "job id past bigint",
+            "/job_id",
+            json!(PAST_BIGINT),
+            "job_id",
+        ),
+        (
+            "attempt past integer",
+            "/attempt",
+            json!(1_u64 << 31),
+            "attempt",
+        ),
+        (
+            "exit code past i32",
+            "/exit_code",
+            json!(1_u64 << 40),
+            "exit_code",
+        ),
+        (
+            "cpu seconds a string",
+            "/cpu_seconds",
+            json!("many"),
+            "cpu_seconds",
+        ),
+        ("NUL in the ref", "/ref", json!("develop\u{0}"), "ref"),
+        (
+            "NUL in a workload value",
+            "/workload/package",
+            json!("py\u{0}torch"),
+            "workload.package",
+        ),
+        (
+            "a 2 KiB workload value",
+            "/workload/package",
+            json!("p".repeat(2048)),
+            "workload.package",
+        ),
+        ("unknown forge", "/forge", json!("bitbucket"), "forge"),
+        ("cgroup v3", "/cgroup", json!("v3"), "cgroup"),
+        ("instance not a host", "/instance", json!("a b"), "instance"),
+        (
+            "workload not an object",
+            "/workload",
+            json!(["a"]),
+            "workload",
+        ),
+    ] {
+        t.push(usage(
+            name,
+            bearer(),
+            json(with(report, pointer, value)),
+            400,
+            Some(field),
+        ));
+    }
+    let mut nul_key: Value = serde_json::from_str(&fixture(report)).expect("test data");
+    nul_key["workload"]["pack\u{0}age"] = json!("x");
+    t.push(usage(
+        "NUL in a workload key",
+        bearer(),
+        json(nul_key),
+        400,
+        Some("workload"),
+    ));
+    let mut wide: Value = serde_json::from_str(&fixture(report)).expect("test data");
+    for i in 0..65 {
+        wide["workload"][format!("k{i}")] = json!("v");
+    }
+    t.push(usage(
+        "70 workload attributes",
+        bearer(),
+        json(wide),
+        400,
+        Some("workload"),
+    ));
+    t.push(usage(
+        "no job id",
+        bearer(),
+        json(without(report, "/job_id")),
+        400,
+        Some("job_id"),
+    ));
+    t.push(usage(
+        "no peak",
+        bearer(),
+        json(without(report, "/peak_memory_bytes")),
+        400,
+        Some("peak_memory_bytes"),
+    ));
+    t.push(usage(
+        "5 MiB body",
+        bearer(),
+        vec![b' '; 5 << 20],
+        413,
+        Some("body"),
+    ));
+
+    // --- anything else ----------------------------------------------------
+    for (method, path, status) in [
+        (reqwest::Method::GET, "/webhooks/github", 405),
+        (reqwest::Method::PUT, "/v1/usage", 405),
+        (reqwest::Method::POST, "/webhooks/bitbucket", 404),
+    ] {
+        t.push(Hostile {
+            name: format!("{method} {path}"),
+            method,
+            path,
+            headers: Vec::new(),
+            body: Vec::new(),
+            status,
+            field: None,
+        });
+    }
+    t
+}
+
+#[tokio::test]
+async fn hostile_requests_are_refused_at_the_door_and_publish_nothing() {
+    let mut h = Harness::start_with(TestNats::get().await, |c| {
+        c.ingest_max_body = bytesize::ByteSize::mib(4);
+    })
+    .await;
+    let table = hostile_table();
+    assert!(table.len() >= 60, "{} cases", table.len());
+    let mut wrong = Vec::new();
+    for case in &table {
+        let mut req = h
+            .http
+            .request(case.method.clone(), format!("{}{}", h.base, case.path))
+            .body(case.body.clone());
+        for (k, v) in &case.headers {
+            req = req.header(k.as_str(), v.as_str());
+        }
+        let (status, answer) = send(req).await;
+        let field = answer.get("field").and_then(Value::as_str);
+        let named_ok = case.field.as_deref().is_none_or(|f| field == Some(f));
+        let message_ok =
+            status < 400 || status == 404 || status == 405 || answer["error"].is_string();
+        if status != case.status || !named_ok || !message_ok {
+            wrong.push(format!(
+                "{}: want {} {:?}, got {status} {answer}",
+                case.name, case.status, case.field
+            ));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "{} of {} wrong:\n{}",
+        wrong.len(),
+        table.len(),
+        wrong.join("\n")
+    );
+
+    // Nothing refused (or ignored) was published, raw or normalized.
+    assert_eq!(
+        h.events().await.len(),
+        0,
+        "events published for refused requests"
+    );
+    assert_eq!(
+        h.raw().await.len(),
+        0,
+        "raw deliveries kept for refused requests"
+    );
+    // The service is alive and still takes a good delivery.
+    assert_eq!(
+        h.http
+            .get(format!("{}/healthz", h.base))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    let (s, a) = h
+        .github(
+            "workflow_job",
+            "after-the-storm",
+            &fixture("github_workflow_job_queued.json"),
+        )
+        .await;
+    assert_eq!(s, 202, "{a}");
+    assert_eq!(h.events().await.len(), 1);
+    assert_eq!(h.raw().await.len(), 1);
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn github_instances_are_an_allowlist() {
+    let mut h = Harness::start_with(TestNats::get().await, |c| {
+        c.github_instances = "github.com, GHE.corp.example.".into();
+    })
+    .await;
+    let body = fixture("github_workflow_job_queued.json");
+    let post = |delivery: &str, host: Option<&str>| {
+        let mut req = h
+            .http
+            .post(format!("{}/webhooks/github", h.base))
+            .header("X-GitHub-Event", "workflow_job")
+            .header("X-GitHub-Delivery", delivery)
+            .header(
+                "X-Hub-Signature-256",
+                github_signature(GH_SECRET, body.as_bytes()),
+            )
+            .body(body.clone());
+        if let Some(host) = host {
+            req = req.header("X-GitHub-Enterprise-Host", host);
+        }
+        send(req)
+    };
+    let (s, a) = post("inst-1", None).await;
+    assert_eq!(s, 202, "github.com: {a}");
+    let (s, a) = post("inst-2", Some("ghe.corp.example")).await;
+    assert_eq!(s, 202, "a listed instance: {a}");
+    let (s, a) = post("inst-3", Some("ghe.other.example")).await;
+    assert_eq!(
+        (s, a["field"].as_str()),
+        (400, Some("X-GitHub-Enterprise-Host")),
+        "{a}"
+    );
+    let events = decode_events(&h.events().await);
+    let instances: Vec<_> = events
+        .iter()
+        .map(|e| job(e).job.as_ref().unwrap().instance.clone())
+        .collect();
+    assert_eq!(instances, ["github.com", "ghe.corp.example"]);
+    assert_eq!(h.raw().await.len(), 2, "nothing kept of the refused one");
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn ingest_started_while_nats_is_down_answers_503_then_comes_up() {
+    runyard_telemetry::install_crypto_provider();
+    let mut server = NatsServer::start().await;
+    server.stop().await;
+    let ns = unique_namespace();
+    let app = App::build(test_config(server.url(), &ns))
+        .await
+        .expect("builds with NATS down");
+    let base = format!("http://{}", app.local_addr());
+    let (tx, rx) = oneshot::channel::<()>();
+    let task = tokio::spawn(app.run(async move {
+        let _ = rx.await;
+    }));
+    let http = reqwest::Client::new();
+    let readyz = format!("{base}/readyz");
+    assert_eq!(http.get(&readyz).send().await.unwrap().status(), 503);
+    let body = fixture("github_workflow_job_queued.json");
+    let post = |delivery: &'static str| {
+        http.post(format!("{base}/webhooks/github"))
+            .header("X-GitHub-Event", "workflow_job")
+            .header("X-GitHub-Delivery", delivery)
+            .header(
+                "X-Hub-Signature-256",
+                github_signature(GH_SECRET, body.as_bytes()),
+            )
+            .body(body.clone())
+    };
+    let resp = post("early-1").send().await.unwrap();
+    assert_eq!(resp.status().as_u16(), 503);
+    assert!(resp.headers().get("retry-after").is_some());
+
+    server.start_again().await;
+    assert!(
+        poll_status(&http, &readyz, 200, Duration::from_secs(20)).await,
+        "ingest comes up once NATS does, without a restart"
+    );
+    assert_eq!(post("later-1").send().await.unwrap().status().as_u16(), 202);
+    let client = async_nats::connect(server.url()).await.unwrap();
+    let events = decode_events(&stream_messages(&client, &ns.events_stream()).await);
+    let ids: Vec<_> = events.iter().map(|e| e.id.as_str()).collect();
+    assert_eq!(ids, ["github:later-1"], "nothing answered 503 was stored");
+    let _ = tx.send(());
+    task.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn a_413_names_nats_max_payload_when_that_is_the_limit_hit() {
+    let server = NatsServer::start_with_max_payload(32 * 1024).await;
+    let mut h = Harness::start_with(TestNats::Shared(server.url()), |c| {
+        c.ingest_max_body = bytesize::ByteSize::mib(1);
+    })
+    .await;
+    // A body over the body limit: 413 naming the body and the setting.
+    let big = "x".repeat(2 << 20);
+    let (s, a) = h.github("workflow_job", "big-body", &big).await;
+    assert_eq!((s, a["field"].as_str()), (413, Some("body")), "{a}");
+    assert!(
+        a["error"]
+            .as_str()
+            .unwrap()
+            .contains("RUNYARD_INGEST_MAX_BODY"),
+        "{a}"
+    );
+    // An event over NATS's max_payload (40 labels of 1000 bytes, each
+    // within the door's limits): 413 naming max_payload, not the body limit.
+    let labels: Vec<String> = (0..40)
+        .map(|i| format!("{i:04}{}", "l".repeat(996)))
+        .collect();
+    let body = with(
+        "github_workflow_job_queued.json",
+        "/workflow_job/labels",
+        json!(labels),
+    )
+    .to_string();
+    let (s, a) = h.github("workflow_job", "big-event", &body).await;
+    assert_eq!(s, 413, "{a}");
+    let message = a["error"].as_str().unwrap();
+    assert!(message.contains("max_payload"), "{a}");
+    assert!(message.contains("32768"), "{a}");
+    assert!(!message.contains("1048576"), "{a}");
+    // A raw body over max_payload whose event is small: accepted, the raw
+    // copy is skipped and counted.
+    let padded = with(
+        "github_workflow_job_queued.json",
+        "/workflow_job/steps",
+        json!(vec!["s".repeat(1000); 40]),
+    )
+    .to_string();
+    let (s, a) = h.github("workflow_job", "big-raw", &padded).await;
+    assert_eq!(s, 202, "{a}");
+    let ids: Vec<_> = decode_events(&h.events().await)
+        .into_iter()
+        .map(|e| e.id)
+        .collect();
+    assert_eq!(ids, ["github:big-raw"]);
+    assert_eq!(h.raw().await.len(), 0);
+    h.stop().await;
+}
+
+/// Waits until `log` holds `needle` (the binary writes as it goes).
+async fn log_contains(log: &std::path::Path, needle: &str) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        if std::fs::read_to_string(log).is_ok_and(|t| t.contains(needle)) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}
+
+#[tokio::test]
+async fn the_binary_warns_of_a_small_max_payload_and_aggregates_repeated_refusals() {
+    runyard_telemetry::install_crypto_provider();
+    let server = NatsServer::start_with_max_payload(64 * 1024).await;
+    let ns = unique_namespace();
+    let port = runyard_testkit::free_port();
+    let log = std::env::temp_dir().join(format!("runyard-ingest-{ns}.log"));
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_runyard-ingest"))
+        .env("RUNYARD_NATS_URL", server.url())
+        .env("RUNYARD_NAMESPACE", ns.as_str())
+        .env("RUNYARD_INGEST_LISTEN", format!("127.0.0.1:{port}"))
+        .env("RUNYARD_GITHUB_WEBHOOK_SECRET", GH_SECRET)
+        .env("RUNYARD_INGEST_MAX_BODY", "1MiB")
+        .env("RUST_LOG", "info")
+        .env("RUNYARD_LOG_FORMAT", "json")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _child = Kill(child);
+    let base = format!("http://127.0.0.1:{port}");
+    let http = reqwest::Client::new();
+    assert!(
+        poll_status(
+            &http,
+            &format!("{base}/readyz"),
+            200,
+            Duration::from_secs(20)
+        )
+        .await,
+        "ingest ready"
+    );
+    assert!(
+        log_contains(&log, "max_payload is below RUNYARD_INGEST_MAX_BODY").await,
+        "no start-up warning about max_payload"
+    );
+
+    // 500 deliveries with a bad signature, as a misconfigured hook sends.
+    let body = fixture("github_workflow_job_queued.json");
+    for i in 0..500 {
+        let resp = http
+            .post(format!("{base}/webhooks/github"))
+            .header("X-GitHub-Event", "workflow_job")
+            .header("X-GitHub-Delivery", format!("noisy-{i}"))
+            .header(
+                "X-Hub-Signature-256",
+                github_signature("wrong", body.as_bytes()),
+            )
+            .body(body.clone())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), 401);
+    }
+    let metrics = http
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains(
+            r#"runyard_ingest_deliveries_total{forge="github",result="unauthorized"} 500"#
+        ),
+        "every refusal is counted: {metrics}"
+    );
+    let text = std::fs::read_to_string(&log).unwrap();
+    let _ = std::fs::remove_file(&log);
+    let lines = text
+        .lines()
+        .filter(|l| l.contains("delivery refused"))
+        .count();
+    assert!(
+        (1..=2).contains(&lines),
+        "500 refusals within seconds gave {lines} WARN lines:\n{text}"
+    );
+}
+
+/// Opens a GitHub delivery of `len` body bytes and holds it inside the
+/// handler: the server's `100 Continue` proves it was admitted and is
+/// reading the body, which is not sent yet.
+async fn hold_delivery(
+    addr: &str,
+    delivery: &str,
+    signature: &str,
+    len: usize,
+) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt as _;
+    let mut held = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let head = format!(
+        "POST /webhooks/github HTTP/1.1\r\nHost: {addr}\r\nX-GitHub-Event: workflow_job\r\n\
+         X-GitHub-Delivery: {delivery}\r\nX-Hub-Signature-256: {signature}\r\n\
+         Content-Type: application/json\r\nContent-Length: {len}\r\n\
+         Expect: 100-continue\r\n\r\n"
+    );
+    held.write_all(head.as_bytes()).await.expect("write head");
+    let mut buf = Vec::new();
+    let interim = read_head(&mut held, &mut buf).await;
+    assert!(interim.starts_with("HTTP/1.1 100 "), "{interim}");
+    held
+}
+
+/// Sends the held delivery's body and returns the status line.
+async fn release(mut held: tokio::net::TcpStream, body: &[u8]) -> String {
+    use tokio::io::AsyncWriteExt as _;
+    held.write_all(body).await.expect("write body");
+    let mut buf = Vec::new();
+    let head = read_head(&mut held, &mut buf).await;
+    head.lines().next().unwrap_or_default().to_owned()
+}
+
+#[tokio::test]
+async fn a_full_ingest_sheds_deliveries_at_once_with_retry_after() {
+    let mut h = Harness::start_with(TestNats::get().await, |c| {
+        c.ingest_max_in_flight = 2;
+        c.ingest_max_in_flight_bytes = bytesize::ByteSize::kib(1024);
+    })
+    .await;
+    let addr = h.base.trim_start_matches("http://").to_owned();
+    let body = fixture("github_workflow_job_queued.json");
+    let sig = github_signature(GH_SECRET, body.as_bytes());
+
+    // Two deliveries in flight: the third is shed, without reading it.
+    let a = hold_delivery(&addr, "held-a", &sig, body.len()).await;
+    let b = hold_delivery(&addr, "held-b", &sig, body.len()).await;
+    let resp = h
+        .http
+        .post(format!("{}/webhooks/github", h.base))
+        .header("X-GitHub-Event", "workflow_job")
+        .header("X-GitHub-Delivery", "shed-1")
+        .header("X-Hub-Signature-256", &sig)
+        .body(body.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 503);
+    assert!(resp.headers().get("retry-after").is_some());
+    let answer: Value = resp.json().await.unwrap();
+    assert!(
+        answer["error"].as_str().unwrap().contains("capacity"),
+        "{answer}"
+    );
+    // Usage reports share the budget.
+    assert_eq!(h.usage(&fixture("usage_report.json")).await.0, 503);
+    assert!(release(a, body.as_bytes()).await.contains(" 202 "));
+    assert!(release(b, body.as_bytes()).await.contains(" 202 "));
+
+    // Bytes: one delivery declaring 900 KiB leaves room for a small one,
+    // not for another 200 KiB.
+    let big = hold_delivery(&addr, "held-big", &sig, 900 * 1024).await;
+    let (s, a) = h
+        .github(
+            "workflow_job",
+            "shed-2",
+            &format!("{body}{}", " ".repeat(200 * 1024)),
+        )
+        .await;
+    assert_eq!(s, 503, "{a}");
+    let (s, a) = h.github("workflow_job", "small-1", &body).await;
+    assert_eq!(s, 202, "{a}");
+    // The held one's body does not match its signature: 401, nothing kept.
+    assert!(
+        release(big, &vec![b' '; 900 * 1024])
+            .await
+            .contains(" 401 ")
+    );
+
+    let mut ids: Vec<_> = decode_events(&h.events().await)
+        .into_iter()
+        .map(|e| e.id)
+        .collect();
+    ids.sort();
+    assert_eq!(ids, ["github:held-a", "github:held-b", "github:small-1"]);
+    let metrics = h
+        .http
+        .get(format!("{}/metrics", h.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics
+            .contains(r#"runyard_ingest_deliveries_total{forge="github",result="overloaded"} 2"#),
+        "{metrics}"
+    );
+    h.stop().await;
+}
+
+/// Sends SIGSTOP or SIGCONT to a process this test started.
+fn signal(pid: u32, sig: &str) {
+    let status = std::process::Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(status.success(), "kill {sig} {pid}");
+}
+
+#[tokio::test]
+async fn nats_frozen_under_load_then_retries_lose_and_double_nothing() {
+    let server = NatsServer::start().await;
+    let pid = server.pid().expect("running");
+    let mut h = Harness::start_with(TestNats::Shared(server.url()), |c| {
+        c.ingest_ack_timeout = Duration::from_secs(1);
+    })
+    .await;
+    let body = fixture("github_workflow_job_queued.json");
+    assert_eq!(h.github("workflow_job", "before", &body).await.0, 202);
+
+    // Frozen with deliveries in flight: each waits for its ack, is answered
+    // 503, and is retried (as a forge would) until it is answered 202.
+    signal(pid, "-STOP");
+    let mut senders = Vec::new();
+    for i in 0..40 {
+        let http = h.http.clone();
+        let url = format!("{}/webhooks/github", h.base);
+        let body = body.clone();
+        senders.push(tokio::spawn(async move {
+            let mut unavailable = 0;
+            let deadline = Instant::now() + Duration::from_secs(60);
+            loop {
+                let resp = http
+                    .post(&url)
+                    .header("X-GitHub-Event", "workflow_job")
+                    .header("X-GitHub-Delivery", format!("frozen-{i}"))
+                    .header(
+                        "X-Hub-Signature-256",
+                        github_signature(GH_SECRET, body.as_bytes()),
+                    )
+                    .body(body.clone())
+                    .send()
+                    .await
+                    .expect("answered");
+                match resp.status().as_u16() {
+                    202 => {
+                        let a: Value = resp.json().await.expect("json");
+                        return (unavailable, a["duplicate"].as_bool().expect("flag"));
+                    }
+                    503 => {
+                        assert!(resp.headers().get("retry-after").is_some());
+                        unavailable += 1;
+                    }
+                    other => panic!("answered {other}"),
+                }
+                assert!(Instant::now() < deadline, "frozen-{i} never accepted");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }));
+    }
+    // Longer than the ack timeout, so deliveries are answered 503 while
+    // their messages wait in the server's socket.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    signal(pid, "-CONT");
+    let mut refused = 0;
+    let mut duplicates = 0;
+    for s in senders {
+        let (unavailable, duplicate) = s.await.expect("sender");
+        refused += unavailable;
+        duplicates += usize::from(duplicate);
+    }
+    assert!(refused > 0, "the freeze was not felt");
+    // A 503 does not mean "not stored": messages sent during the freeze
+    // were stored once NATS went on, so their retries are duplicates.
+    assert!(duplicates > 0, "no 503 turned out to be stored");
+    let mut ids: Vec<_> = decode_events(&h.events().await)
+        .into_iter()
+        .map(|e| e.id)
+        .collect();
+    let stored = ids.len();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(
+        (stored, ids.len()),
+        (41, 41),
+        "each delivery stored exactly once"
+    );
+    assert_eq!(h.raw().await.len(), 41);
+    println!("frozen: {refused} answers 503, {duplicates} of 40 accepted as duplicates");
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn nats_killed_under_load_then_retries_lose_and_double_nothing() {
+    let mut server = NatsServer::start().await;
+    let mut h = Harness::start_with(TestNats::Shared(server.url()), |c| {
+        c.ingest_ack_timeout = Duration::from_secs(1);
+    })
+    .await;
+    let body = fixture("github_workflow_job_queued.json");
+    // Senders keep going through the outage, retrying each 503 as a forge
+    // would, until every delivery is answered 202.
+    let mut senders = Vec::new();
+    for i in 0..40 {
+        let http = h.http.clone();
+        let url = format!("{}/webhooks/github", h.base);
+        let body = body.clone();
+        senders.push(tokio::spawn(async move {
+            let mut unavailable = 0;
+            let deadline = Instant::now() + Duration::from_secs(60);
+            // Spread over the outage.
+            tokio::time::sleep(Duration::from_millis(50 * i)).await;
+            loop {
+                let resp = http
+                    .post(&url)
+                    .header("X-GitHub-Event", "workflow_job")
+                    .header("X-GitHub-Delivery", format!("killed-{i}"))
+                    .header(
+                        "X-Hub-Signature-256",
+                        github_signature(GH_SECRET, body.as_bytes()),
+                    )
+                    .body(body.clone())
+                    .send()
+                    .await
+                    .expect("answered");
+                match resp.status().as_u16() {
+                    202 => return unavailable,
+                    503 => unavailable += 1,
+                    other => panic!("answered {other}"),
+                }
+                assert!(Instant::now() < deadline, "killed-{i} never accepted");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    server.stop().await; // SIGKILL
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    server.start_again().await;
+    let mut refused = 0;
+    for s in senders {
+        refused += s.await.expect("sender");
+    }
+    assert!(refused > 0, "the outage was not felt");
+    let client = async_nats::connect(server.url()).await.unwrap();
+    let mut ids: Vec<_> = decode_events(&stream_messages(&client, &h.ns.events_stream()).await)
+        .into_iter()
+        .map(|e| e.id)
+        .collect();
+    let stored = ids.len();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(
+        (stored, ids.len()),
+        (40, 40),
+        "each delivery stored exactly once"
+    );
+    println!("killed: {refused} answers 503, 40 of 40 stored once");
     h.stop().await;
 }

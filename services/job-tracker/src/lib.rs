@@ -55,18 +55,24 @@ pub struct App {
 }
 
 impl App {
-    /// Runs the migrations, connects to Postgres and NATS and binds the HTTP
-    /// listener.
+    /// Binds the HTTP listener, runs the migrations and connects to Postgres
+    /// and NATS. A Postgres that is down (or still starting) is waited for
+    /// with back-off rather than fatal; meanwhile the listener answers
+    /// `/healthz` 200 and `/readyz` 503, so an orchestrator sees a live,
+    /// not-ready service. NATS is waited for in the background as always.
     pub async fn build(config: Config) -> anyhow::Result<Self> {
         let ns = Namespace::new(config.namespace.clone())?;
-        runyard_store::migrate(&config.database_url)
+        let listener = std::net::TcpListener::bind(config.tracker_http_listen)
+            .with_context(|| format!("binding {}", config.tracker_http_listen))?;
+        listener.set_nonblocking(true)?;
+        let starting = Starting::serve(listener.try_clone().context("cloning the listener")?)?;
+        let listener = TcpListener::from_std(listener)?;
+        runyard_store::migrate_when_reachable(&config.database_url)
             .await
             .context("migrating the projection database")?;
         let pool = rebuild::pool(&config.database_url, config.database_pool_size).await?;
         let bus = Bus::connect(&config.nats_url, ns, "runyard-job-tracker", true).await?;
-        let listener = TcpListener::bind(config.tracker_http_listen)
-            .await
-            .with_context(|| format!("binding {}", config.tracker_http_listen))?;
+        starting.stop().await;
         let registry = Metrics::new();
         let metrics = metrics::register(&registry);
         // Binds once running (creating the stream if ingest has not yet).
@@ -130,6 +136,48 @@ impl App {
         self.state.pool.close().await;
         tracing::info!("job-tracker stopped");
         Ok(())
+    }
+}
+
+/// The HTTP answers of a tracker that is still starting: alive, not ready.
+/// Serves a second handle on the real listener's socket, so the port
+/// answers from the moment it is bound; once stopped, connections wait in
+/// the socket's backlog for the real router.
+struct Starting {
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Starting {
+    fn serve(second: std::net::TcpListener) -> anyhow::Result<Self> {
+        let second = TcpListener::from_std(second)?;
+        let router = axum::Router::new()
+            .route(
+                "/healthz",
+                get(|| async { axum::Json(json!({"status": "ok"})) }),
+            )
+            .route(
+                "/readyz",
+                get(|| async {
+                    (
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        axum::Json(json!({"starting": true})),
+                    )
+                }),
+            );
+        let stop = CancellationToken::new();
+        let until = stop.clone();
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(second, router)
+                .with_graceful_shutdown(async move { until.cancelled().await })
+                .await;
+        });
+        Ok(Self { stop, task })
+    }
+
+    async fn stop(self) {
+        self.stop.cancel();
+        let _ = self.task.await;
     }
 }
 

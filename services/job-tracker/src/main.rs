@@ -72,7 +72,7 @@ async fn main() -> anyhow::Result<()> {
                 batch_size,
             };
             let (url, done) = rebuild::rebuild(&bus, &opts).await?;
-            tracing::info!(database = %url, applied = done.applied, skipped = done.skipped, through = done.through, "rebuild finished");
+            tracing::info!(database = %runyard_store::redact_url(&url), applied = done.applied, skipped = done.skipped, through = done.through, "rebuild finished");
             Ok(())
         }
     }

@@ -1585,3 +1585,200 @@ async fn github_usage_is_keyed_from_the_jobs_webhook_whatever_the_report_says() 
     p.close().await;
     db.drop_db().await;
 }
+
+/// Spawns the real `runyard-job-tracker` binary with its HTTP on `port`;
+/// stderr goes to `log` when given.
+fn spawn_tracker(
+    nats_url: &str,
+    ns: &Namespace,
+    db_url: &str,
+    port: u16,
+    log: Option<&std::path::Path>,
+) -> KillOnDrop {
+    let stderr = match log {
+        Some(path) => std::process::Stdio::from(std::fs::File::create(path).unwrap()),
+        None => std::process::Stdio::null(),
+    };
+    std::process::Command::new(env!("CARGO_BIN_EXE_runyard-job-tracker"))
+        .env("RUNYARD_NATS_URL", nats_url)
+        .env("RUNYARD_NAMESPACE", ns.as_str())
+        .env("RUNYARD_DATABASE_URL", db_url)
+        .env("RUNYARD_TRACKER_HTTP_LISTEN", format!("127.0.0.1:{port}"))
+        .env("RUST_LOG", "info")
+        .env("RUNYARD_LOG_FORMAT", "json")
+        .stdout(std::process::Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .map(KillOnDrop)
+        .unwrap()
+}
+
+/// The status `/readyz` answers on `port`, if anything answers.
+async fn readyz(port: u16) -> Option<u16> {
+    runyard_telemetry::install_crypto_provider();
+    let r = reqwest::Client::new()
+        .get(format!("http://127.0.0.1:{port}/readyz"))
+        .timeout(Duration::from_secs(2))
+        .send()
+        .await
+        .ok()?;
+    Some(r.status().as_u16())
+}
+
+#[tokio::test]
+async fn two_trackers_started_at_the_same_instant_on_a_fresh_database_both_come_up() {
+    let nats = TestNats::get().await;
+    // Several fresh databases: the race the advisory lock closes is hit
+    // more often than not without it, once is not proof enough.
+    for round in 0..4 {
+        let ns = unique_namespace();
+        let db = TestDb::new();
+        let ports = [runyard_testkit::free_port(), runyard_testkit::free_port()];
+        let mut children: Vec<KillOnDrop> = ports
+            .iter()
+            .map(|&port| spawn_tracker(&nats.url(), &ns, &db.url, port, None))
+            .collect();
+        let deadline = tokio::time::Instant::now() + WAIT;
+        let mut ready = [false, false];
+        while ready != [true, true] {
+            for (i, child) in children.iter_mut().enumerate() {
+                if let Some(status) = child.0.try_wait().unwrap() {
+                    panic!("round {round}: a tracker exited with {status}");
+                }
+                ready[i] = ready[i] || readyz(ports[i]).await == Some(200);
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "round {round}: not both ready: {ready:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let p = pool(&db.url).await;
+        assert_eq!(count(&p, "seaql_migrations").await, 3, "round {round}");
+        p.close().await;
+        drop(children);
+        db.drop_db().await;
+    }
+}
+
+#[tokio::test]
+async fn a_tracker_started_while_postgres_and_nats_are_down_waits_and_comes_up() {
+    // NATS: a private server, stopped before the tracker starts.
+    let mut server = runyard_testkit::NatsServer::start().await;
+    server.stop().await;
+    // Postgres: the shared server behind a proxy that refuses for now.
+    let db = TestDb::new();
+    let authority = db
+        .url
+        .split_once('@')
+        .and_then(|(_, rest)| rest.split_once('/'))
+        .map(|(a, _)| a.to_owned())
+        .unwrap();
+    let upstream: SocketAddr = tokio::net::lookup_host(&authority)
+        .await
+        .unwrap()
+        .next()
+        .unwrap();
+    let proxy = TcpProxy::start(upstream).await;
+    proxy.cut().await;
+    // Credentials in both URLs, to see that no log line carries them (the
+    // test servers do not ask for them).
+    let via_proxy = db.url.replacen(
+        &format!("@{authority}"),
+        &format!(":pg-s3cret@{}", proxy.addr()),
+        1,
+    );
+    let nats_url = server
+        .url()
+        .replacen("nats://", "nats://runyard:nats-s3cret@", 1);
+    let ns = unique_namespace();
+    let port = runyard_testkit::free_port();
+    let log = std::env::temp_dir().join(format!("runyard-tracker-{}.log", ns.as_str()));
+    let mut child = spawn_tracker(&nats_url, &ns, &via_proxy, port, Some(&log));
+
+    // Alive and not ready while both are down, for longer than a start-up
+    // that gives up would take.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+    let mut answered = 0;
+    while tokio::time::Instant::now() < deadline {
+        if let Some(status) = readyz(port).await {
+            assert_eq!(status, 503, "ready with Postgres and NATS down");
+            answered += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(answered > 0, "/readyz never answered while waiting");
+    assert!(child.0.try_wait().unwrap().is_none(), "the tracker exited");
+
+    // Both come up: the tracker follows without a restart.
+    proxy.restore().await;
+    server.start_again().await;
+    let ready = eventually(WAIT, || async move {
+        (readyz(port).await == Some(200)).then_some(())
+    })
+    .await;
+    assert!(
+        ready.is_some(),
+        "never ready once Postgres and NATS were up"
+    );
+    let publisher = Bus::connect(&server.url(), ns.clone(), "test-publisher", false)
+        .await
+        .unwrap();
+    let events = shuffled_lifecycles(5, 1);
+    publish(&publisher, &events).await;
+    let p = wait_applied(&db.url, events.len() as i64).await;
+    p.close().await;
+    drop(child);
+
+    let text = std::fs::read_to_string(&log).unwrap();
+    let _ = std::fs::remove_file(&log);
+    assert!(text.contains("postgres not reachable"), "{text}");
+    assert!(
+        !text.contains("pg-s3cret"),
+        "database password logged:\n{text}"
+    );
+    assert!(
+        !text.contains("nats-s3cret"),
+        "nats password logged:\n{text}"
+    );
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn the_rebuild_command_logs_the_database_without_its_password() {
+    let nats = TestNats::get().await;
+    let ns = unique_namespace();
+    let live = TestDb::new();
+    let publisher = bus(&nats, &ns).await;
+    publish(&publisher, &shuffled_lifecycles(3, 2)).await;
+    let with_password = live.url.replacen("postgres@", "postgres:pg-s3cret@", 1);
+    assert_ne!(
+        with_password, live.url,
+        "the test URL names the user postgres"
+    );
+    let target = format!("{}_rb", live.name);
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_runyard-job-tracker"))
+        .args(["rebuild", "--into", &target])
+        .env("RUNYARD_NATS_URL", nats.url())
+        .env("RUNYARD_NAMESPACE", ns.as_str())
+        .env("RUNYARD_DATABASE_URL", &with_password)
+        .env("RUST_LOG", "info")
+        .env("RUNYARD_LOG_FORMAT", "json")
+        .kill_on_drop(true)
+        .output()
+        .await
+        .unwrap();
+    assert!(out.status.success(), "rebuild exited with {}", out.status);
+    let text =
+        String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("rebuild finished"), "{text}");
+    assert!(text.contains("postgres:***@"), "{text}");
+    assert!(!text.contains("pg-s3cret"), "password logged:\n{text}");
+    TestDb {
+        url: live.sibling(&target),
+        name: target,
+    }
+    .drop_db()
+    .await;
+    live.drop_db().await;
+}
