@@ -190,7 +190,7 @@ def binary_of(command):
 
 
 # --- Kubernetes -----------------------------------------------------------
-WORKLOADS = {"Deployment", "StatefulSet", "DaemonSet", "Job"}
+WORKLOADS = {"Deployment", "StatefulSet", "DaemonSet", "Job", "CronJob"}
 base_settings = {}
 for rendered in sys.argv[1:]:
     label = pathlib.Path(rendered).stem
@@ -204,7 +204,8 @@ for rendered in sys.argv[1:]:
         if d["kind"] not in WORKLOADS:
             continue
         where = "%s %s/%s" % (label, d["kind"], d["metadata"]["name"])
-        pod = d["spec"]["template"]["spec"]
+        spec = d["spec"]["jobTemplate"]["spec"] if d["kind"] == "CronJob" else d["spec"]
+        pod = spec["template"]["spec"]
         for vol in pod.get("volumes", []):
             for kind, key in (("ConfigMap", "configMap"), ("Secret", "secret")):
                 if key in vol:
@@ -259,7 +260,7 @@ for rendered in sys.argv[1:]:
                     errors.append("%s: %s uses port %s, not a declared port name" % (cwhere, probe, port))
                 if not serves(binary, get["path"]):
                     errors.append("%s: %s asks for %s, which %s does not serve" % (cwhere, probe, get["path"], binary))
-            if label == "base":
+            if label == "base" and d["kind"] != "CronJob":
                 base_settings[binary] = (
                     {k: v for k, v in env.items() if k not in secret_vars},
                     set(env),
