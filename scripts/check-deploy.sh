@@ -16,7 +16,9 @@
 #     probes ask for routes the service serves and listen addresses use the
 #     declared container ports, and that docker-compose.yml sets the same
 #     variables (same values, secrets aside) and ports as deploy/k8s/base;
-#   - checks that the files compose and the base share are identical.
+#   - checks that the files compose and the base share are identical;
+#   - checks that every runyard_* metric the alerts, the Grafana dashboard and
+#     docs/operations.md name is one a service registers.
 # Tools are installed once into .runyard/deploy-tools (ignored by git).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -304,6 +306,27 @@ for svc, spec in compose["services"].items():
         errors.append("%s: ports %s, deploy/k8s/base declares %s" % (where, sorted(published), sorted(ports)))
 for binary in sorted(set(base_settings) - {binary_of(s.get("command")) for s in compose["services"].values()}):
     errors.append("docker-compose.yml: no service runs %s, which deploy/k8s/base deploys" % binary)
+
+# --- metric names in alerts, dashboards and the operations guide ---------------
+families = set()
+consumer_prefixes = set()
+for path in sorted(ROOT.glob("services/*/src/**/*.rs")) + sorted(ROOT.glob("libs/*/src/**/*.rs")):
+    text = path.read_text()
+    consumer_prefixes |= set(re.findall(r'ConsumerMetrics::register\(\s*[^,]+,\s*"([a-z_]+)"\s*\)', text))
+    prefixes = re.findall(r'sub_registry_with_prefix\(\s*"([a-z_]+)"\s*\)', text)
+    names = re.findall(r'\.register\(\s*"([a-z_]+)"', text)
+    if prefixes:
+        families |= {"runyard_%s_%s" % (p, n) for p in prefixes for n in names}
+    elif "sub_registry_with_prefix(prefix)" in text:
+        families |= {"runyard_{}_%s" % n for n in names}
+families = {f.format(p) for f in families for p in (consumer_prefixes or {""})}
+for path in [ROOT / "deploy/prometheus/alerts.yml", ROOT / "docs/operations.md"] + sorted(ROOT.glob("deploy/grafana/dashboards/*.json")):
+    if not path.exists():
+        continue
+    for name in sorted(set(re.findall(r"\brunyard_[a-z_]*[a-z]\b", path.read_text()))):
+        base = re.sub(r"_(total|bucket|sum|count)$", "", name)
+        if name not in families and base not in families:
+            errors.append("%s: %s is not a metric any service registers" % (path, name))
 
 for e in errors:
     print("\033[1;31mFAIL\033[0m %s" % e, file=sys.stderr)
