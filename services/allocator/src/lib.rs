@@ -388,11 +388,21 @@ impl App {
         health_reporter
             .set_serving::<proto::allocator_server::AllocatorServer<grpc::Service>>()
             .await;
-        let reflection = tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-            .build_v1()
-            .context("building reflection")?;
+        // Reflection in both versions: v1alpha for the clients that still
+        // speak only it (grpcio-reflection, Postman, older grpcurl/Evans).
+        let reflection = || {
+            tonic_reflection::server::Builder::configure()
+                .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
+                .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+                .register_encoded_file_descriptor_set(tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET)
+                .register_encoded_file_descriptor_set(
+                    tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET,
+                )
+        };
+        let reflection_v1 = reflection().build_v1().context("building reflection v1")?;
+        let reflection_v1alpha = reflection()
+            .build_v1alpha()
+            .context("building reflection v1alpha")?;
         let service = grpc::Service {
             state: self.state.clone(),
         };
@@ -400,7 +410,8 @@ impl App {
         let grpc = tokio::spawn(
             tonic::transport::Server::builder()
                 .add_service(health_service)
-                .add_service(reflection)
+                .add_service(reflection_v1)
+                .add_service(reflection_v1alpha)
                 .add_service(proto::allocator_server::AllocatorServer::new(service))
                 .serve_with_incoming_shutdown(tokio_stream_listener(self.grpc), async move {
                     grpc_stop.cancelled().await

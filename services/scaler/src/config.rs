@@ -62,6 +62,9 @@ pub struct Config {
     pub scaler_tls_cert: Option<PathBuf>,
     /// `RUNYARD_SCALER_TLS_KEY`: PEM private key.
     pub scaler_tls_key: Option<PathBuf>,
+    /// `RUNYARD_STREAM_REPLICAS`: replicas of the KV buckets the scaler
+    /// creates (3 on a 3-node NATS cluster), as ingest's for the streams.
+    pub stream_replicas: usize,
 }
 
 impl Default for Config {
@@ -86,6 +89,7 @@ impl Default for Config {
             scaler_instance_token_key: None,
             scaler_tls_cert: None,
             scaler_tls_key: None,
+            stream_replicas: 1,
         }
     }
 }
@@ -110,6 +114,7 @@ const ENV_KEYS: &[&str] = &[
     "scaler_instance_token_key",
     "scaler_tls_cert",
     "scaler_tls_key",
+    "stream_replicas",
 ];
 
 /// Secrets that may come from `RUNYARD_<NAME>_FILE`.

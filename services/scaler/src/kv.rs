@@ -46,7 +46,12 @@ pub struct Coordination {
 /// Claims are kept this long (then a job can no longer be served).
 pub const CLAIM_MAX_AGE: Duration = Duration::from_secs(7 * 24 * 3600);
 
-async fn bucket(bus: &Bus, name: String, max_age: Duration) -> Result<kv::Store, KvError> {
+async fn bucket(
+    bus: &Bus,
+    name: String,
+    max_age: Duration,
+    replicas: usize,
+) -> Result<kv::Store, KvError> {
     let js = bus.jetstream();
     if let Ok(store) = js.get_key_value(&name).await {
         return Ok(store);
@@ -56,6 +61,7 @@ async fn bucket(bus: &Bus, name: String, max_age: Duration) -> Result<kv::Store,
         history: 1,
         max_age,
         storage: async_nats::jetstream::stream::StorageType::File,
+        num_replicas: replicas,
         ..Default::default()
     })
     .await
@@ -69,10 +75,21 @@ impl Coordination {
     /// Opens (creating where missing) `<NS>_LEASES` with max age `lease_ttl`
     /// and `<NS>_CLAIMS`. `replica` names this process in lease values.
     pub async fn open(bus: &Bus, lease_ttl: Duration, replica: String) -> Result<Self, KvError> {
+        Self::open_replicated(bus, lease_ttl, replica, 1).await
+    }
+
+    /// [`Coordination::open`], creating missing buckets with `replicas`
+    /// replicas (existing buckets are left as they are).
+    pub async fn open_replicated(
+        bus: &Bus,
+        lease_ttl: Duration,
+        replica: String,
+        replicas: usize,
+    ) -> Result<Self, KvError> {
         let ns = bus.namespace().as_str().to_ascii_uppercase();
         Ok(Self {
-            leases: bucket(bus, format!("{ns}_LEASES"), lease_ttl).await?,
-            claims: bucket(bus, format!("{ns}_CLAIMS"), CLAIM_MAX_AGE).await?,
+            leases: bucket(bus, format!("{ns}_LEASES"), lease_ttl, replicas).await?,
+            claims: bucket(bus, format!("{ns}_CLAIMS"), CLAIM_MAX_AGE, replicas).await?,
             replica,
         })
     }

