@@ -120,11 +120,16 @@ pub struct SimulateArgs {
     #[arg(long, default_value_t = 3000)]
     pub workloads: u32,
     /// Generator: jobs [default: 200000 dense, 30000 sparse].
-    #[arg(long)]
-    pub jobs: Option<u32>,
+    #[arg(
+        long,
+        default_value = "200000",
+        default_value_if("profile", "sparse", Some("30000")),
+        hide_default_value = true
+    )]
+    pub jobs: u32,
     /// Generator: RNG seed.
     #[arg(long, default_value_t = 1)]
-    pub seed: u64,
+    pub seed: u32,
     /// Generator: smallest per-workload log-normal σ.
     #[arg(long, default_value_t = 0.03)]
     pub sigma_min: f32,
@@ -135,12 +140,22 @@ pub struct SimulateArgs {
     #[arg(long, value_enum, default_value_t = SigmaDistribution::LogUniform)]
     pub sigma_distribution: SigmaDistribution,
     /// Generator: days the trace spans [default: 42 dense, 37 sparse].
-    #[arg(long)]
-    pub days: Option<f32>,
+    #[arg(
+        long,
+        default_value = "42",
+        default_value_if("profile", "sparse", Some("37")),
+        hide_default_value = true
+    )]
+    pub days: f32,
     /// Generator: share of jobs on pull-request refs [default: 0.3 dense,
     /// 0.25 sparse].
-    #[arg(long)]
-    pub pr_share: Option<f32>,
+    #[arg(
+        long,
+        default_value = "0.3",
+        default_value_if("profile", "sparse", Some("0.25")),
+        hide_default_value = true
+    )]
+    pub pr_share: f32,
     /// Sparse generator: log-space σ of package sizes.
     #[arg(long, default_value_t = 1.4)]
     pub size_sigma: f32,
@@ -175,20 +190,38 @@ pub struct SimulateArgs {
     /// Override one model parameter, TOML syntax (`limit_quantile = 0.985`).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub set: Vec<String>,
+    /// The share of first attempts allowed to be OOM-killed (the model's
+    /// `target_oom`, as `RUNYARD_ALLOCATOR_TARGET_OOM` sets it; 0 < X < 0.5).
+    #[arg(long, value_name = "X", value_parser = parse_target)]
+    pub target_oom: Option<f32>,
+}
+
+/// `--target-oom`: a fraction strictly between 0 and 0.5.
+fn parse_target(s: &str) -> Result<f32, String> {
+    let x: f32 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number"))?;
+    if x.is_finite() && x > 0.0 && x < 0.5 {
+        Ok(x)
+    } else {
+        Err(format!(
+            "{s} is not a fraction between 0 and 0.5 (exclusive)"
+        ))
+    }
 }
 
 impl SimulateArgs {
     fn gen_config(&self) -> GenConfig {
-        let d = GenConfig::default();
         GenConfig {
             workloads: self.workloads as usize,
-            jobs: self.jobs.map_or(d.jobs, |j| j as usize),
-            seed: self.seed,
+            jobs: self.jobs as usize,
+            seed: u64::from(self.seed),
             sigma_min: wide(self.sigma_min),
             sigma_max: wide(self.sigma_max),
             sigma_log_uniform: self.sigma_distribution == SigmaDistribution::LogUniform,
-            days: self.days.map_or(d.days, wide),
-            pr_share: self.pr_share.map_or(d.pr_share, wide),
+            days: wide(self.days),
+            pr_share: wide(self.pr_share),
             spike_rate: wide(self.spike_rate),
             version_every_days: wide(self.version_every_days),
             drift_per_day: wide(self.drift_per_day),
@@ -200,14 +233,14 @@ impl SimulateArgs {
         let d = SparseConfig::default();
         SparseConfig {
             workloads: self.workloads as usize,
-            jobs: self.jobs.map_or(d.jobs, |j| j as usize),
-            seed: self.seed,
-            days: self.days.map_or(d.days, wide),
+            jobs: self.jobs as usize,
+            seed: u64::from(self.seed),
+            days: wide(self.days),
             sigma_min: wide(self.sigma_min),
             sigma_max: wide(self.sigma_max),
             size_sigma: wide(self.size_sigma),
             spike_rate: wide(self.spike_rate),
-            pr_share: self.pr_share.map_or(d.pr_share, wide),
+            pr_share: wide(self.pr_share),
             ..d
         }
     }
@@ -222,7 +255,11 @@ impl SimulateArgs {
             figment = figment.merge(Toml::file_exact(path));
         }
         figment = figment.merge(Toml::string(&self.set.join("\n")));
-        figment.extract().context("invalid model parameters")
+        let mut params: Params = figment.extract().context("invalid model parameters")?;
+        if let Some(target) = self.target_oom {
+            params.target_oom = wide(target);
+        }
+        Ok(params)
     }
 }
 
@@ -659,5 +696,35 @@ mod tests {
             ..args
         };
         assert!(bad.model_params().is_err());
+    }
+
+    #[test]
+    fn the_sparse_profile_has_its_own_defaults_and_a_target_flag() {
+        let cli = <Cli as clap::Parser>::parse_from([
+            "simulate",
+            "--generate",
+            "--profile",
+            "sparse",
+            "--target-oom",
+            "0.05",
+        ]);
+        let args = cli.args;
+        assert_eq!((args.jobs, args.days, args.pr_share), (30_000, 37.0, 0.25));
+        let params = args.model_params().unwrap();
+        assert_eq!(params.target_oom, 0.05);
+        assert_eq!(params.ceiling_memory_bytes, SPARSE_CEILING);
+        let dense = <Cli as clap::Parser>::parse_from(["simulate", "--generate"]).args;
+        assert_eq!((dense.jobs, dense.days), (200_000, 42.0));
+        for bad in ["0", "0.5", "x"] {
+            let e = <Cli as clap::Parser>::try_parse_from([
+                "simulate",
+                "--generate",
+                "--target-oom",
+                bad,
+            ])
+            .unwrap_err()
+            .to_string();
+            assert!(e.contains("--target-oom"), "{e}");
+        }
     }
 }

@@ -346,7 +346,12 @@ pub fn replay_model(trace: &Trace, protected: &[bool], params: Params, warmup: u
     let mut model = Model::new(params);
     let mut streaks = OomStreaks::new(trace.workloads.len());
     let mut out = Outcome::new(
-        if model.params().oom_cost > 0.0 {
+        if model.params().target_oom > 0.0 {
+            format!(
+                "runyard (target OOM {}%)",
+                (model.params().target_oom * 1000.0).round() / 10.0
+            )
+        } else if model.params().oom_cost > 0.0 {
             format!("runyard (lognormal, OOM cost {})", model.params().oom_cost)
         } else {
             format!("runyard (lognormal-q{})", model.params().limit_quantile)
