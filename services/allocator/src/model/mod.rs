@@ -672,14 +672,21 @@ impl Model {
         };
         // What the model believed before this attempt: the estimate its
         // limit was priced with.
-        let estimate =
-            if (first_attempt && self.calibration.is_some()) || (obs.protected && obs.oom_killed) {
-                self.estimate(&self.found_from_ids(&state.windows, None))
-            } else {
-                None
-            };
+        let wants_spread = first_attempt
+            && self
+                .calibration
+                .as_ref()
+                .is_some_and(Calibration::wants_spread);
+        let estimate = if wants_spread || (obs.protected && obs.oom_killed) {
+            self.estimate(&self.found_from_ids(&state.windows, None))
+        } else {
+            None
+        };
         if first_attempt && let Some(calibration) = &mut self.calibration {
-            calibration.record(estimate.map_or(f64::NAN, |e| e.sd_pred), obs.oom_killed);
+            let sd = estimate
+                .filter(|_| wants_spread)
+                .map_or(f64::NAN, |e| e.sd_pred);
+            calibration.record(sd, obs.oom_killed);
         }
         if !obs.protected {
             return;

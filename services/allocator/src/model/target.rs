@@ -25,6 +25,10 @@ const SD_MAX: f64 = 3.0;
 const HALVE_AT: f64 = 4096.0;
 /// λ is solved again after this many asks.
 const SOLVE_EVERY: u32 = 64;
+/// One first attempt in this many adds its spread to the histogram: the
+/// mix is well sampled so, and working out a spread costs a fit or two per
+/// observation (start-up replays a million).
+const SPREAD_EVERY: u32 = 8;
 /// Step of the realized-OOM controller per first attempt (log space,
 /// relative to the target): about 1/η·target attempts to correct a factor e.
 const STEP: f64 = 0.0004;
@@ -98,8 +102,13 @@ impl Calibration {
         sum / self.total.max(1e-12)
     }
 
-    /// Records a first attempt: the predictive spread it was asked with and
-    /// whether it was killed.
+    /// Whether the next first attempt should bring its predictive spread.
+    pub(super) fn wants_spread(&self) -> bool {
+        self.since_solve.is_multiple_of(SPREAD_EVERY)
+    }
+
+    /// Records a first attempt: the predictive spread it was asked with
+    /// (NaN when not worked out) and whether it was killed.
     pub(super) fn record(&mut self, sd: f64, killed: bool) {
         if sd.is_finite() && sd > 0.0 {
             self.bins[bin_of(sd)] += 1.0;

@@ -259,6 +259,11 @@ impl SimulateArgs {
         if let Some(target) = self.target_oom {
             params.target_oom = wide(target);
         }
+        let t = params.target_oom;
+        anyhow::ensure!(
+            t.is_finite() && (0.0..0.5).contains(&t),
+            "target_oom: {t} is not a fraction between 0 (off) and 0.5"
+        );
         Ok(params)
     }
 }
@@ -691,6 +696,12 @@ mod tests {
         assert_eq!(args.workloads, 3000);
         let params = args.model_params().unwrap();
         assert_eq!((params.oom_cost, params.window), (3.0, 12));
+        let bad = SimulateArgs {
+            set: vec!["target_oom = 0.7".to_owned()],
+            ..args.clone()
+        };
+        let e = bad.model_params().unwrap_err().to_string();
+        assert!(e.contains("target_oom"), "{e}");
         let bad = SimulateArgs {
             set: vec!["no_such_knob = 1".to_owned()],
             ..args
