@@ -735,7 +735,17 @@ impl Model {
                 let fit = window.fit(&self.knobs);
                 ((ln_need - fit.mu) / (1.0 + 1.0 / fit.n_eff).sqrt()) as f32
             });
-        if resid.is_finite() && !obs.oom_killed {
+        // A sample older than a full window is dropped there: it trains
+        // nothing, the pooled spread included.
+        let dropped = state
+            .windows
+            .first()
+            .and_then(|&id| self.windows.get(id as usize))
+            .is_some_and(|w| {
+                w.len() >= self.params.window
+                    && w.samples.first().is_some_and(|s| compact_time(at) < s.at)
+            });
+        if resid.is_finite() && !obs.oom_killed && !dropped {
             // Pool the spread of all workloads; a spike counts as at most
             // 3.5 pooled σ.
             let r2 = f64::from(resid).powi(2).min(12.25 * self.prior_var());

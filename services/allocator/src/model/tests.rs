@@ -1226,7 +1226,7 @@ fn the_target_prices_oom_kills() {
     let mut model = trained(&w, 10, GB);
     let cost = model.oom_cost();
     // A run of kills on first attempts: the calibration raises the price.
-    for i in 0..200 {
+    for i in 0..600 {
         let other = zlib(&format!("9.{i}"), "12.3.0");
         model.observe(&other, oom(now(20 + i), GB));
         model.observe(&other, ok(now(20 + i) + 1.0, GB));
