@@ -30,8 +30,13 @@
 //!   (median/MAD), so a spike or a censored value does not drag it;
 //! - **spread** σ²: the weighted mean square of the base level's clipped
 //!   residuals, shrunk towards the parent level's residual σ (the next level
-//!   with enough samples; else `prior_sigma`), worth `parent_prior_weight`
-//!   (`prior_weight`) samples;
+//!   with enough samples; else the spread pooled over all workloads — a
+//!   running mean of every workload's clipped squared residuals, `prior_sigma`
+//!   until 50 are in), worth `parent_prior_weight` (`prior_weight`) samples;
+//! - **few samples**: with no level holding `min_samples`, the most specific
+//!   level's one or two samples give the location, the pooled spread σ, and
+//!   the t distribution `prior_weight` degrees of freedom — wide, but not
+//!   the configured defaults;
 //! - **fallback**: when the base is not the most specific level (a new
 //!   version, compiler or variant set), the location is uncertain by
 //!   `max(fallback_sigma², the level's spread beyond its residuals)` more, and
@@ -41,17 +46,25 @@
 //!   samples) and t degrees of freedom from the residual count plus the prior.
 //!
 //! The memory limit is the predictive quantile that minimises expected
-//! slack plus `oom_cost` × P(OOM): a newsvendor choice in which calm
-//! workloads get high quantiles (covering their tail is cheap) and wild ones
-//! lower (covering theirs would waste memory on every run), kept within
-//! `[min_quantile, max_quantile]`; with `oom_cost = 0` every workload gets
-//! `limit_quantile`. The memory request is the median `exp(μ)`. The CPU
+//! slack plus λ × P(OOM): a newsvendor choice in which calm workloads get
+//! high quantiles (covering their tail is cheap) and wild ones lower
+//! (covering theirs would waste memory on every run), kept within
+//! `[min_quantile, max_quantile]`. λ is the Lagrange multiplier that makes
+//! the share of OOM-killed first attempts meet `target_oom` at the least
+//! mean slack (`target.rs`: solved from recent first attempts' spreads,
+//! corrected by the kills seen); with `target_oom = 0` it is the fixed
+//! `oom_cost`, and with both 0 every workload gets `limit_quantile`. The
+//! answer states the predicted P(OOM) of the limit it returns (after any
+//! bump or clamp) and the exact workload's samples. The memory request is the median `exp(μ)`. The CPU
 //! request is the recency-weighted mean of `cpu_seconds / wall_seconds`;
 //! `build_jobs` is the request in cores times `build_jobs_per_core`, and the
 //! CPU limit gives those jobs a core each.
 //!
-//! An OOM-killed attempt's need is unknown (it was at least its limit), so it
-//! trains as a censored high value `max(peak, limit) × censored_factor`.
+//! An OOM-killed attempt's need is unknown (it was more than its limit), so
+//! it trains as its expected need given that: the predictive distribution's
+//! mean above the limit, never below the limit or the location (a kill never
+//! trains the model downward); `max(peak, limit) × censored_factor` when
+//! there is no estimate yet.
 //!
 //! # OOM kills
 //!
