@@ -29,7 +29,12 @@ pub struct Config {
     pub allocator_publish_allocations: bool,
     /// `RUNYARD_ALLOCATOR_MAX_BATCH`: most requests in one `RecommendBatch`.
     pub allocator_max_batch: usize,
-    /// The recommendation maths (`[model]` in the TOML file).
+    /// `RUNYARD_ALLOCATOR_TARGET_OOM`: the share of first attempts the
+    /// operator accepts to see OOM-killed (0 < t < 0.5); the model's
+    /// `target_oom`.
+    pub allocator_target_oom: f64,
+    /// The recommendation maths (`[model]` in the TOML file;
+    /// `model.target_oom` is taken from `allocator_target_oom`).
     pub model: Params,
 }
 
@@ -44,6 +49,7 @@ impl Default for Config {
             allocator_protected_refs: "develop,main,master".into(),
             allocator_publish_allocations: true,
             allocator_max_batch: 10_000,
+            allocator_target_oom: 0.03,
             model: Params::default(),
         }
     }
@@ -58,12 +64,30 @@ const ENV_KEYS: &[&str] = &[
     "allocator_protected_refs",
     "allocator_publish_allocations",
     "allocator_max_batch",
+    "allocator_target_oom",
 ];
 
 impl Config {
-    /// Loads defaults, then `file` (TOML) if given, then the environment.
+    /// Loads defaults, then `file` (TOML) if given, then the environment;
+    /// refuses a target OOM rate outside (0, 0.5), naming the variable.
     pub fn load(file: Option<&Path>) -> Result<Self, Box<figment::Error>> {
-        runyard_telemetry::load_config(file, ENV_KEYS)
+        let mut config: Self = runyard_telemetry::load_config(file, ENV_KEYS)?;
+        config
+            .apply_target_oom()
+            .map_err(|e| Box::new(figment::Error::from(e)))?;
+        Ok(config)
+    }
+
+    /// Checks `allocator_target_oom` and hands it to the model.
+    pub fn apply_target_oom(&mut self) -> Result<(), String> {
+        let t = self.allocator_target_oom;
+        if !(t.is_finite() && t > 0.0 && t < 0.5) {
+            return Err(format!(
+                "RUNYARD_ALLOCATOR_TARGET_OOM: {t} is not a fraction between 0 and 0.5 (exclusive), e.g. 0.03"
+            ));
+        }
+        self.model.target_oom = t;
+        Ok(())
     }
 
     /// The protected refs as a list.
@@ -93,6 +117,26 @@ mod tests {
             jail.set_env("RUNYARD_USAGE_TOKEN", "another service's");
             let c = Config::load(None).map_err(|e| e.to_string())?;
             assert_eq!(c.protected_refs(), ["trunk", "release"]);
+            assert_eq!(c.model.target_oom, 0.03);
+            jail.set_env("RUNYARD_ALLOCATOR_TARGET_OOM", "0.05");
+            let c = Config::load(None).map_err(|e| e.to_string())?;
+            assert_eq!((c.allocator_target_oom, c.model.target_oom), (0.05, 0.05));
+            Ok(())
+        });
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment::Jail's own error type
+    fn a_target_oom_outside_zero_to_a_half_refuses_to_start() {
+        figment::Jail::expect_with(|jail| {
+            for bad in ["0", "0.5", "-0.01", "1", "3"] {
+                jail.set_env("RUNYARD_ALLOCATOR_TARGET_OOM", bad);
+                let e = Config::load(None).err().ok_or("accepted")?.to_string();
+                assert!(e.contains("RUNYARD_ALLOCATOR_TARGET_OOM"), "{bad}: {e}");
+            }
+            jail.set_env("RUNYARD_ALLOCATOR_TARGET_OOM", "three percent");
+            let e = Config::load(None).err().ok_or("accepted")?.to_string();
+            assert!(e.to_lowercase().contains("target_oom"), "{e}");
             Ok(())
         });
     }

@@ -33,6 +33,8 @@ pub fn to_proto(r: &mut ModelRec) -> proto::Recommendation {
             oom_bump: r.basis.oom_bump,
             retries_exhausted: r.basis.retries_exhausted,
             defaults: r.basis.defaults,
+            oom_probability: r.basis.oom_probability.unwrap_or(-1.0),
+            workload_samples: r.basis.workload_samples,
         }),
         variables: model::variables(r),
     }

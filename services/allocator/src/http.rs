@@ -86,7 +86,12 @@ fn gantry_answer(
     }
     let (rec, key) = state.recommend(&workload);
     let variables: std::collections::BTreeMap<String, String> = model::variables(&rec);
-    let body = axum::Json(json!({ "variables": variables }));
+    // gantry's clients read `variables`; the model's confidence rides along.
+    let body = axum::Json(json!({
+        "variables": variables,
+        "oom_probability": rec.basis.oom_probability,
+        "workload_samples": rec.basis.workload_samples,
+    }));
     state.issued(crate::Api::Http, (workload, key), String::new(), rec, trace);
     body.into_response()
 }

@@ -192,6 +192,8 @@ async fn usage_reports_through_the_stack_shape_the_recommendation() {
     let fresh = recommend(&mut client, &torch()).await;
     let basis = fresh.basis.clone().unwrap();
     assert!(basis.defaults && basis.samples == 0, "{basis:?}");
+    // Nothing to predict an OOM risk from.
+    assert_eq!((basis.oom_probability, basis.workload_samples), (-1.0, 0));
     assert_eq!(fresh.retry_count, 0);
 
     let peaks = [6.0e9, 6.4e9, 5.8e9, 6.2e9, 6.1e9, 6.3e9];
@@ -219,6 +221,13 @@ async fn usage_reports_through_the_stack_shape_the_recommendation() {
         basis.samples as usize,
         peaks.len(),
         "only protected refs train: {basis:?}"
+    );
+    // The model states its confidence: the OOM risk of this limit and the
+    // samples of this exact workload it rests on.
+    assert_eq!(basis.workload_samples as usize, peaks.len());
+    assert!(
+        basis.oom_probability > 0.0 && basis.oom_probability < 0.2,
+        "{basis:?}"
     );
     assert!(
         rec.memory_limit_bytes >= 6_400_000_000,
@@ -263,6 +272,10 @@ async fn usage_reports_through_the_stack_shape_the_recommendation() {
     let http_vars: BTreeMap<String, String> =
         serde_json::from_value(body["variables"].clone()).unwrap();
     assert_eq!(http_vars, rec.variables);
+    // ... and the same confidence, next to gantry's variables.
+    assert_eq!(body["workload_samples"], json!(peaks.len()));
+    let p = body["oom_probability"].as_f64().unwrap();
+    assert!((p - basis.oom_probability).abs() < 1e-9, "{body}");
 
     // Batch: same answers, in order.
     let batch = client

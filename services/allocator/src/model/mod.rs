@@ -30,8 +30,13 @@
 //!   (median/MAD), so a spike or a censored value does not drag it;
 //! - **spread** σ²: the weighted mean square of the base level's clipped
 //!   residuals, shrunk towards the parent level's residual σ (the next level
-//!   with enough samples; else `prior_sigma`), worth `parent_prior_weight`
-//!   (`prior_weight`) samples;
+//!   with enough samples; else the spread pooled over all workloads — a
+//!   running mean of every workload's clipped squared residuals, `prior_sigma`
+//!   until 50 are in), worth `parent_prior_weight` (`prior_weight`) samples;
+//! - **few samples**: with no level holding `min_samples`, the most specific
+//!   level's one or two samples give the location, the pooled spread σ, and
+//!   the t distribution `prior_weight` degrees of freedom — wide, but not
+//!   the configured defaults;
 //! - **fallback**: when the base is not the most specific level (a new
 //!   version, compiler or variant set), the location is uncertain by
 //!   `max(fallback_sigma², the level's spread beyond its residuals)` more, and
@@ -41,17 +46,25 @@
 //!   samples) and t degrees of freedom from the residual count plus the prior.
 //!
 //! The memory limit is the predictive quantile that minimises expected
-//! slack plus `oom_cost` × P(OOM): a newsvendor choice in which calm
-//! workloads get high quantiles (covering their tail is cheap) and wild ones
-//! lower (covering theirs would waste memory on every run), kept within
-//! `[min_quantile, max_quantile]`; with `oom_cost = 0` every workload gets
-//! `limit_quantile`. The memory request is the median `exp(μ)`. The CPU
+//! slack plus λ × P(OOM): a newsvendor choice in which calm workloads get
+//! high quantiles (covering their tail is cheap) and wild ones lower
+//! (covering theirs would waste memory on every run), kept within
+//! `[min_quantile, max_quantile]`. λ is the Lagrange multiplier that makes
+//! the share of OOM-killed first attempts meet `target_oom` at the least
+//! mean slack (`target.rs`: solved from recent first attempts' spreads,
+//! corrected by the kills seen); with `target_oom = 0` it is the fixed
+//! `oom_cost`, and with both 0 every workload gets `limit_quantile`. The
+//! answer states the predicted P(OOM) of the limit it returns (after any
+//! bump or clamp) and the exact workload's samples. The memory request is the median `exp(μ)`. The CPU
 //! request is the recency-weighted mean of `cpu_seconds / wall_seconds`;
 //! `build_jobs` is the request in cores times `build_jobs_per_core`, and the
 //! CPU limit gives those jobs a core each.
 //!
-//! An OOM-killed attempt's need is unknown (it was at least its limit), so it
-//! trains as a censored high value `max(peak, limit) × censored_factor`.
+//! An OOM-killed attempt's need is unknown (it was more than its limit), so
+//! it trains as its expected need given that: the predictive distribution's
+//! mean above the limit, never below the limit or the location (a kill never
+//! trains the model downward); `max(peak, limit) × censored_factor` when
+//! there is no estimate yet.
 //!
 //! # OOM kills
 //!
@@ -77,6 +90,7 @@ mod keys;
 mod oom;
 mod spec;
 mod stats;
+mod target;
 #[cfg(test)]
 mod tests;
 
@@ -88,6 +102,7 @@ pub(crate) use keys::{full_key, sub_key};
 use oom::{Overshoots, Streak};
 pub use spec::{parse_spec, validate, variables};
 use stats::{Fit, FitKnobs, Sample};
+use target::Calibration;
 
 /// A workload: attribute name → value (`package`, `version`, `variants`,
 /// `compiler`, `compiler_version`, `arch` for Spack; `repo`, `workflow`, `job`
@@ -138,6 +153,13 @@ pub struct Params {
     pub sigma_half_life_samples: f64,
     /// Weight half-life in days of age (0 = no time decay).
     pub half_life_days: f64,
+    /// Share of first attempts the operator accepts to see OOM-killed
+    /// (`RUNYARD_ALLOCATOR_TARGET_OOM`, 0 < t < 0.5). The cost of an OOM kill
+    /// becomes a Lagrange multiplier, solved so that the mean predicted
+    /// P(OOM) of recent first attempts meets the target and corrected slowly
+    /// by the OOM kills actually seen; `oom_cost` is only its starting value.
+    /// 0 = off: a fixed `oom_cost`.
+    pub target_oom: f64,
     /// Cost of an OOM kill in units of a job's limit, against which the
     /// slack of every run is weighed (2: the killed attempt and the larger
     /// retry each reserve about a run's worth): each recommendation takes the
@@ -149,7 +171,8 @@ pub struct Params {
     pub min_quantile: f64,
     /// See `min_quantile`.
     pub max_quantile: f64,
-    /// Fixed predictive quantile of the next peak, when `oom_cost` is 0.
+    /// Fixed predictive quantile of the next peak, when `target_oom` and
+    /// `oom_cost` are 0.
     pub limit_quantile: f64,
     /// Extra margin on the memory limit (0.05 = +5 %).
     pub limit_margin: f64,
@@ -244,9 +267,10 @@ impl Default for Params {
             half_life_samples: 12.0,
             sigma_half_life_samples: 48.0,
             half_life_days: 21.0,
+            target_oom: 0.03,
             oom_cost: 2.0,
-            min_quantile: 0.9,
-            max_quantile: 0.999,
+            min_quantile: 0.75,
+            max_quantile: 0.9995,
             limit_quantile: 0.98,
             limit_margin: 0.0,
             prior_sigma: 0.2,
@@ -303,6 +327,12 @@ pub struct Basis {
     pub retries_exhausted: bool,
     /// No level had enough samples; defaults were used.
     pub defaults: bool,
+    /// Samples of the exact workload (all attributes) the model holds.
+    pub workload_samples: u32,
+    /// The predicted probability that the next peak exceeds the returned
+    /// memory limit; `None` for configured defaults (nothing to predict
+    /// from).
+    pub oom_probability: Option<f64>,
 }
 
 /// Resources for the next job of a workload.
@@ -341,6 +371,13 @@ pub struct Model {
     workloads: HashMap<u64, WorkloadState>,
     /// How far killed jobs overshot their first limit (all workloads).
     overshoots: Overshoots,
+    /// The OOM-target calibration (`target_oom` > 0).
+    calibration: Option<Calibration>,
+    /// The spread pooled over all workloads: a running mean of squared
+    /// one-step-ahead residuals (the prior σ² where no parent level has
+    /// one), and how many it holds.
+    pooled_var: f64,
+    pooled_n: f64,
     /// Samples held at the most specific level (each observation once).
     held: usize,
 }
@@ -367,6 +404,15 @@ impl Window {
 
 /// No window (an empty level key, or one lost to a hash collision).
 const NO_WINDOW: u32 = u32::MAX;
+
+/// Ladder levels looked at (a longer configured ladder is cut here).
+const MAX_LEVELS: usize = 16;
+
+/// Residuals before the pooled spread replaces `prior_sigma`.
+const POOLED_MIN: f64 = 50.0;
+
+/// The pooled spread averages about this many recent residuals.
+const POOLED_MEMORY: f64 = 5000.0;
 
 /// What the model keeps per full workload key.
 #[derive(Debug, Clone, PartialEq)]
@@ -397,8 +443,10 @@ struct Base<'a> {
 #[derive(Debug, Clone, Copy)]
 struct Found<'a> {
     /// The most specific level with samples, when it has fewer than
-    /// `min_samples` (a new version's first jobs).
-    own: Option<&'a Window>,
+    /// `min_samples` (a new version's first jobs), and its index.
+    own: Option<(usize, &'a Window)>,
+    /// Samples of the exact workload (level 0).
+    exact: usize,
     /// The most specific level with at least `min_samples`.
     base: Option<Base<'a>>,
     /// The next level after `base` with enough samples (another window).
@@ -418,6 +466,14 @@ struct Estimate {
     cores: Option<f64>,
     /// Whether the location blends a few more specific samples.
     shrunk: bool,
+}
+
+impl Estimate {
+    /// P(next peak > `limit` bytes) under the predictive t distribution.
+    fn oom_probability(&self, limit: u64) -> f64 {
+        let t = ((limit.max(1) as f64).ln() - self.mu) / self.sd_pred.max(1e-9);
+        stats::t_survival(t, self.dof)
+    }
 }
 
 /// Unix seconds as stored in a sample.
@@ -488,6 +544,14 @@ impl Model {
         let non_negative = |x: f64| if x.is_finite() && x > 0.0 { x } else { 0.0 };
         params.limit_margin = non_negative(params.limit_margin);
         params.oom_cost = non_negative(params.oom_cost);
+        params.target_oom = if params.target_oom.is_finite()
+            && params.target_oom > 0.0
+            && params.target_oom < 0.5
+        {
+            params.target_oom
+        } else {
+            0.0
+        };
         params.prior_sigma = non_negative(params.prior_sigma);
         params.prior_weight = non_negative(params.prior_weight);
         params.parent_prior_weight = non_negative(params.parent_prior_weight);
@@ -522,7 +586,6 @@ impl Model {
             })
             .collect();
         Self {
-            params,
             knobs,
             escaped,
             hasher: KeyHasher::new(),
@@ -530,7 +593,40 @@ impl Model {
             windows: Vec::new(),
             workloads: HashMap::new(),
             overshoots: Overshoots::new(),
+            calibration: (params.target_oom > 0.0).then(|| {
+                Calibration::new(
+                    params.target_oom,
+                    params.min_quantile,
+                    params.max_quantile,
+                    if params.oom_cost > 0.0 {
+                        params.oom_cost
+                    } else {
+                        2.0
+                    },
+                )
+            }),
+            pooled_var: params.prior_sigma.powi(2),
+            pooled_n: 0.0,
+            params,
             held: 0,
+        }
+    }
+
+    /// The cost of an OOM kill the next limits are priced with: the
+    /// calibrated multiplier, or the configured `oom_cost`.
+    pub fn oom_cost(&self) -> f64 {
+        self.calibration
+            .as_ref()
+            .map_or(self.params.oom_cost, Calibration::lambda)
+    }
+
+    /// The prior σ² of a workload's spread where no parent level has one:
+    /// the pooled residual spread once enough residuals are in.
+    fn prior_var(&self) -> f64 {
+        if self.pooled_n >= POOLED_MIN {
+            self.pooled_var
+        } else {
+            self.params.prior_sigma.powi(2)
         }
     }
 
@@ -572,13 +668,13 @@ impl Model {
             // Another workload holds this 64-bit hash: keep the first.
             return;
         }
+        // A first attempt: no kill of this workload since its last success
+        // (a retry follows a kill).
+        let first_attempt = state.streak.kills.is_empty();
         if let Some(ratio) = state.streak.record(at, &obs, keep) {
             self.overshoots.add(ratio);
         }
-        if !obs.protected {
-            return;
-        }
-        if state.windows.is_empty() {
+        if obs.protected && state.windows.is_empty() {
             let ids = self.intern_levels(&runyard_store::workload::parse_key(full), full);
             if let Some(state) = self.workloads.get_mut(&index) {
                 state.windows = ids;
@@ -587,14 +683,49 @@ impl Model {
         let Some(state) = self.workloads.get(&index) else {
             return;
         };
-
-        let mut need = obs.peak_memory_bytes as f64;
-        if obs.oom_killed {
-            // Censored: the job needed more than it got.
-            let limit = obs.memory_limit_bytes.unwrap_or(0) as f64;
-            need = need.max(limit) * self.params.censored_factor;
+        // What the model believed before this attempt: the estimate its
+        // limit was priced with.
+        let wants_spread = first_attempt
+            && self
+                .calibration
+                .as_ref()
+                .is_some_and(Calibration::wants_spread);
+        let estimate = if wants_spread || (obs.protected && obs.oom_killed) {
+            self.estimate(&self.found_from_ids(&state.windows, None))
+        } else {
+            None
+        };
+        if first_attempt && let Some(calibration) = &mut self.calibration {
+            let sd = estimate
+                .filter(|_| wants_spread)
+                .map_or(f64::NAN, |e| e.sd_pred);
+            calibration.record(sd, obs.oom_killed);
         }
-        let ln_peak = need.max(MB as f64).ln();
+        if !obs.protected {
+            return;
+        }
+
+        let mut ln_need = (obs.peak_memory_bytes as f64).max(MB as f64).ln();
+        if obs.oom_killed {
+            // Censored: the job needed more than the limit it was killed at.
+            // It trains as its expected need given that (the predictive
+            // distribution's mean above the limit), never below the limit
+            // or the location: a kill never pulls the model down.
+            let limit = obs.memory_limit_bytes.unwrap_or(0) as f64;
+            let floor = (obs.peak_memory_bytes as f64)
+                .max(limit)
+                .max(MB as f64)
+                .ln();
+            ln_need = match estimate {
+                Some(e) => {
+                    let a = (floor - e.mu) / e.sd_pred.max(1e-9);
+                    (e.mu + e.sd_pred.max(1e-9) * stats::inverse_mills(a))
+                        .max(floor + 0.01)
+                        .max(e.mu)
+                }
+                None => floor + self.params.censored_factor.ln(),
+            };
+        }
         let cores = if obs.wall_seconds.is_finite()
             && obs.wall_seconds > 0.0
             && obs.cpu_seconds.is_finite()
@@ -615,13 +746,34 @@ impl Model {
             .filter(|window| window.len() > 0)
             .map_or(f32::NAN, |window| {
                 let fit = window.fit(&self.knobs);
-                ((ln_peak - fit.mu) / (1.0 + 1.0 / fit.n_eff).sqrt()) as f32
+                ((ln_need - fit.mu) / (1.0 + 1.0 / fit.n_eff).sqrt()) as f32
             });
+        // A sample older than a full window is dropped there: it trains
+        // nothing, the pooled spread included.
+        let dropped = state
+            .windows
+            .first()
+            .and_then(|&id| self.windows.get(id as usize))
+            .is_some_and(|w| {
+                w.len() >= self.params.window
+                    && w.samples.first().is_some_and(|s| compact_time(at) < s.at)
+            });
+        if resid.is_finite() && !obs.oom_killed && !dropped {
+            // Pool the spread of all workloads; a spike counts as at most
+            // 3.5 pooled σ.
+            let r2 = f64::from(resid).powi(2).min(12.25 * self.prior_var());
+            self.pooled_n += 1.0;
+            let rate = (1.0 / self.pooled_n).max(1.0 / POOLED_MEMORY);
+            self.pooled_var += rate * (r2 - self.pooled_var);
+        }
         let sample = Sample {
             at: compact_time(at),
-            ln_peak: ln_peak as f32,
+            ln_peak: ln_need as f32,
             resid,
             cores,
+        };
+        let Some(state) = self.workloads.get(&index) else {
+            return;
         };
         let cap = self.params.window;
         for (level, &id) in state.windows.iter().enumerate() {
@@ -663,17 +815,29 @@ impl Model {
             oom_bump: false,
             retries_exhausted: false,
             defaults: true,
+            workload_samples: u32::try_from(found.exact).unwrap_or(u32::MAX),
+            oom_probability: None,
         };
-        let (mut limit, request, retry_floor, cores) = match self.estimate(&found) {
+        let estimate = self.estimate(&found);
+        let cost = self.oom_cost();
+        let (mut limit, request, retry_floor, cores) = match estimate {
             Some(est) => {
                 let quantile = |q: f64| est.mu + stats::t_quantile(q, est.dof) * est.sd_pred;
-                let q = if p.oom_cost > 0.0 {
-                    let z = stats::newsvendor_z(est.sd_pred, p.oom_cost);
+                let q = if cost > 0.0 {
+                    let z = stats::newsvendor_z(est.sd_pred, cost);
                     stats::normal_probability(z).clamp(p.min_quantile, p.max_quantile)
                 } else {
                     p.limit_quantile
                 };
                 let limit = quantile(q).exp() * (1.0 + p.limit_margin);
+                if let (None, Some((level, own))) = (found.base, found.own) {
+                    basis.samples = u32::try_from(own.len()).unwrap_or(u32::MAX);
+                    basis.level = i32::try_from(level).unwrap_or(i32::MAX);
+                    basis.matched = select_ladder(&p.ladders, workload).map_or_else(
+                        || workload.keys().cloned().collect(),
+                        |l| p.ladders[l][level].clone(),
+                    );
+                }
                 if let Some(base) = found.base {
                     basis.samples = u32::try_from(base.window.len()).unwrap_or(u32::MAX);
                     basis.matched = if base.attributes.is_empty() {
@@ -747,6 +911,7 @@ impl Model {
         }
 
         let memory_request = request.clamp(MB, limit);
+        basis.oom_probability = estimate.map(|e| e.oom_probability(limit));
 
         let max_cpu = p.max_cpu_millicores;
         let cpu_request = match cores {
@@ -829,48 +994,64 @@ impl Model {
         state: Option<&WorkloadState>,
     ) -> Found<'a> {
         let p = &self.params;
+        let ladder = select_ladder(&p.ladders, workload);
+        let n = ladder.map_or(1, |l| self.escaped[l].len());
+        let attributes = ladder.map(|l| p.ladders[l].as_slice());
+        if let Some(state) = state.filter(|s| s.windows.len() == n) {
+            return self.found_from_ids(&state.windows, attributes);
+        }
+        let mut key = String::new();
+        let mut ids = [NO_WINDOW; MAX_LEVELS];
+        for (level, id) in ids.iter_mut().enumerate().take(n) {
+            match ladder {
+                Some(l) => sub_key(full, &self.escaped[l][level], &mut key),
+                None => {
+                    key.clear();
+                    key.push_str(full);
+                }
+            }
+            if !key.is_empty() {
+                *id = self.lookup(&key);
+            }
+        }
+        self.found_from_ids(&ids[..n.min(MAX_LEVELS)], attributes)
+    }
+
+    /// What the windows `ids` of a workload's ladder levels (most specific
+    /// first; `attributes` their names, if known) hold.
+    fn found_from_ids<'a>(
+        &'a self,
+        ids: &[u32],
+        attributes: Option<&'a [Vec<String>]>,
+    ) -> Found<'a> {
+        let p = &self.params;
         let mut found = Found {
             own: None,
+            exact: 0,
             base: None,
             parent: None,
         };
-        let ladder = select_ladder(&p.ladders, workload);
-        let n = ladder.map_or(1, |l| self.escaped[l].len());
-        let resolved = state.filter(|s| s.windows.len() == n);
-        let mut key = String::new();
-        for level in 0..n {
-            let id = match resolved {
-                Some(state) => state.windows[level],
-                None => {
-                    match ladder {
-                        Some(l) => sub_key(full, &self.escaped[l][level], &mut key),
-                        None => {
-                            key.clear();
-                            key.push_str(full);
-                        }
-                    }
-                    if key.is_empty() {
-                        NO_WINDOW
-                    } else {
-                        self.lookup(&key)
-                    }
-                }
-            };
+        for (level, &id) in ids.iter().enumerate() {
             let Some(window) = self.windows.get(id as usize).filter(|w| w.len() > 0) else {
                 continue;
             };
+            if level == 0 {
+                found.exact = window.len();
+            }
             match found.base {
                 None if window.len() >= p.min_samples => {
                     found.base = Some(Base {
                         level,
-                        attributes: ladder.map_or(&[][..], |l| p.ladders[l][level].as_slice()),
+                        attributes: attributes
+                            .and_then(|a| a.get(level))
+                            .map_or(&[][..], Vec::as_slice),
                         id,
                         window,
                     });
                 }
                 None => {
                     if found.own.is_none() {
-                        found.own = Some(window);
+                        found.own = Some((level, window));
                     }
                 }
                 Some(base) => {
@@ -890,8 +1071,27 @@ impl Model {
     /// (or the configured) σ as prior.
     fn estimate(&self, found: &Found<'_>) -> Option<Estimate> {
         let p = &self.params;
-        let Base { level, window, .. } = found.base?;
-        let global_var = p.prior_sigma.powi(2);
+        let global_var = self.prior_var();
+        let Some(Base { level, window, .. }) = found.base else {
+            // Only a few samples anywhere on the ladder: their mean, with
+            // the pooled spread as σ (worth `prior_weight` samples) and, at a
+            // coarser level than the workload's own, the fallback's
+            // uncertainty on top.
+            let (level, own) = found.own?;
+            let fit = own.fit(&self.knobs);
+            let var = global_var;
+            let mut var_mu = var / fit.n_eff;
+            if level > 0 {
+                var_mu += p.fallback_sigma.powi(2).max(fit.value_var);
+            }
+            return Some(Estimate {
+                mu: fit.mu,
+                sd_pred: (var + var_mu).max(0.0).sqrt(),
+                dof: p.prior_weight.max(1.0),
+                cores: fit.cores,
+                shrunk: false,
+            });
+        };
         let base = window.fit(&self.knobs);
         let parent = found.parent.map(|w| w.fit(&self.knobs));
         let (prior_var, prior_weight) = match parent {
@@ -917,7 +1117,7 @@ impl Model {
             // mix — as far as the level's own workloads spread beyond their
             // residuals, and at least `fallback_sigma`.
             var_mu += p.fallback_sigma.powi(2).max(base.value_var - var);
-            if let Some(own) = found.own {
+            if let Some((_, own)) = found.own {
                 let own = own.fit(&self.knobs);
                 let prior_precision = 1.0 / var_mu.max(1e-12);
                 let data_precision = own.n_eff / var.max(1e-12);

@@ -138,8 +138,18 @@ fn the_most_specific_level_with_enough_samples_is_used() {
 #[test]
 fn a_level_needs_min_samples() {
     let w = zlib("1.3", "12.3.0");
-    let model = trained(&w, 2, GB);
-    assert!(model.recommend(&w).basis.defaults);
+    // Two samples and nothing related: not the defaults, but their mean
+    // with the pooled spread — wider than ten samples give.
+    let two = trained(&w, 2, GB).recommend(&w);
+    assert!(!two.basis.defaults, "{two:?}");
+    assert_eq!((two.basis.level, two.basis.samples), (0, 2));
+    assert!(!two.basis.statistic.ends_with("+shrunk"));
+    let ten = trained(&w, 10, GB).recommend(&w);
+    assert!(
+        two.memory_limit_bytes > ten.memory_limit_bytes * 11 / 10,
+        "{two:?} vs {ten:?}"
+    );
+    assert!(two.memory_limit_bytes < 5 * GB, "{two:?}");
 
     let params = Params {
         min_samples: 2,
@@ -289,6 +299,7 @@ fn a_wild_workload_gets_more_headroom_than_a_calm_one() {
 #[test]
 fn a_fixed_quantile_can_be_configured() {
     let params = Params {
+        target_oom: 0.0,
         oom_cost: 0.0,
         limit_quantile: 0.9,
         ..Params::default()
@@ -343,7 +354,19 @@ fn windows_keep_the_newest_samples() {
     assert!(r.memory_limit_bytes < 2 * GB, "{r:?}");
     // A sample older than the whole window is dropped.
     model.observe(&w, ok(T0 - HOUR, 40 * GB));
-    assert_eq!(model.recommend(&w), r);
+    let after = model.recommend(&w);
+    assert_eq!(
+        (
+            after.memory_limit_bytes,
+            after.memory_request_bytes,
+            after.basis.samples
+        ),
+        (
+            r.memory_limit_bytes,
+            r.memory_request_bytes,
+            r.basis.samples
+        )
+    );
 }
 
 // ---- OOM rules ----
@@ -840,6 +863,8 @@ fn variables_use_gantry_units() {
             oom_bump: true,
             retries_exhausted: false,
             defaults: false,
+            workload_samples: 5,
+            oom_probability: Some(0.02),
         },
     };
     let v: BTreeMap<String, String> = variables(&r);
@@ -962,4 +987,249 @@ fn the_statistic_names_the_quantile_to_three_decimals() {
         assert_eq!(quantile_statistic(q), format!("lognormal-q{q:.3}"), "{q}");
     }
     assert_eq!(quantile_statistic(0.9999), "lognormal-q1.000");
+}
+
+#[test]
+fn a_kill_below_the_typical_need_never_trains_the_model_downward() {
+    // A calm 1 GB workload is killed at 500 MB (a limit set by hand): the
+    // censored sample says "more than 500 MB", which must not pull the
+    // typical size towards 550 MB as a plain value would.
+    let w = zlib("1.3", "12.3.0");
+    // Three samples: too few for outlier clipping to hide the difference.
+    let mut model = trained(&w, 3, GB);
+    let before = model.recommend(&w);
+    model.observe(&w, oom(now(3), GB / 2));
+    model.observe(&w, ok(now(4), GB));
+    let after = model.recommend(&w);
+    assert!(
+        after.memory_request_bytes >= before.memory_request_bytes * 99 / 100,
+        "{after:?} vs {before:?}"
+    );
+    // Read as a plain 500 MB value it would have.
+    let mut plain = trained(&w, 3, GB);
+    plain.observe(&w, ok(now(3), GB / 2));
+    plain.observe(&w, ok(now(4), GB));
+    let plain = plain.recommend(&w);
+    assert!(plain.memory_request_bytes < before.memory_request_bytes * 97 / 100);
+}
+
+#[test]
+fn a_kill_at_the_limit_trains_as_needing_more() {
+    let w = zlib("1.3", "12.3.0");
+    let mut model = trained(&w, 8, GB);
+    let limit = model.recommend(&w).memory_limit_bytes;
+    model.observe(&w, oom(now(8), limit));
+    model.observe(&w, ok(now(9), GB));
+    // The killed attempt sits above its limit in the window.
+    let state = model.workloads.values().next().unwrap();
+    let window = &model.windows[state.windows[0] as usize];
+    let censored = window
+        .samples
+        .iter()
+        .map(|s| f64::from(s.ln_peak))
+        .fold(f64::NEG_INFINITY, f64::max);
+    assert!(censored > (limit as f64).ln(), "{censored}");
+}
+
+#[test]
+fn a_new_version_borrows_from_the_package_with_its_own_uncertainty() {
+    let model = trained(&zlib("1.3", "12.3.0"), 12, GB);
+    let known = model.recommend(&zlib("1.3", "12.3.0"));
+    let new = model.recommend(&zlib("1.4", "12.3.0"));
+    assert_eq!((new.basis.level, new.basis.workload_samples), (1, 0));
+    assert_eq!(known.basis.workload_samples, 12);
+    // Same size, wider: the new version may sit anywhere near the old one.
+    assert!(
+        new.memory_limit_bytes > known.memory_limit_bytes * 11 / 10,
+        "{new:?} vs {known:?}"
+    );
+    assert!(
+        new.memory_request_bytes
+            .abs_diff(known.memory_request_bytes)
+            < GB / 50
+    );
+}
+
+#[test]
+fn slow_growth_is_followed() {
+    // 4 % more every week for 15 weeks: the location follows the recent
+    // builds rather than the window's mean.
+    let w = zlib("1.3", "12.3.0");
+    let mut model = Model::new(Params::default());
+    let week = 7.0 * 24.0 * HOUR;
+    for i in 0..16 {
+        let peak = (GB as f64 * 1.04f64.powi(i)) as u64;
+        model.observe(&w, ok(T0 + f64::from(i) * week, peak));
+    }
+    let latest = GB as f64 * 1.04f64.powi(15);
+    let mean = GB as f64 * 1.04f64.powf(7.5);
+    let r = model.recommend(&w);
+    let request = r.memory_request_bytes as f64;
+    assert!(
+        request > mean + 0.5 * (latest - mean),
+        "{request} vs {latest}"
+    );
+    assert!(r.memory_limit_bytes as f64 > latest, "{r:?}");
+}
+
+#[test]
+fn a_spike_kill_bumps_the_retry_but_not_the_weeks_after() {
+    let w = zlib("1.3", "12.3.0");
+    let mut model = trained(&w, 20, GB);
+    let before = model.recommend(&w).memory_limit_bytes;
+    // A 3× spike is killed at the limit: the retry is bumped well past it.
+    model.observe(&w, oom(now(20), before));
+    let retry = model.recommend(&w);
+    assert!(retry.basis.oom_bump);
+    assert!(retry.memory_limit_bytes >= before * 6 / 5, "{retry:?}");
+    model.observe(&w, ok(now(21), 3 * GB));
+    // Six ordinary builds later the limit is back near where it was.
+    train(&mut model, &w, 6, GB, now(22));
+    let after = model.recommend(&w);
+    assert!(!after.basis.oom_bump);
+    assert!(
+        after.memory_limit_bytes < before * 5 / 4,
+        "{after:?} vs {before}"
+    );
+}
+
+#[test]
+fn recommendations_state_their_oom_probability_and_samples() {
+    let w = zlib("1.3", "12.3.0");
+    let model = Model::new(Params::default());
+    let r = model.recommend(&w);
+    assert_eq!(
+        (r.basis.oom_probability, r.basis.workload_samples),
+        (None, 0)
+    );
+    let model = trained(&w, 10, GB);
+    let r = model.recommend(&w);
+    assert_eq!(r.basis.workload_samples, 10);
+    let p = r.basis.oom_probability.unwrap();
+    // The quantile the statistic names, up to rounding the limit to MB.
+    let q: f64 = r.basis.statistic["lognormal-q".len()..]
+        .split('+')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((p - (1.0 - q)).abs() < 0.004, "{p} vs q {q}");
+    // A bumped limit is much safer than the model's own choice.
+    let mut model = model;
+    model.observe(&w, oom(now(10), r.memory_limit_bytes));
+    let bumped = model.recommend(&w);
+    assert!(
+        bumped.basis.oom_probability.unwrap() < p / 2.0,
+        "{bumped:?}"
+    );
+}
+
+#[test]
+fn the_pooled_spread_is_learned_from_all_workloads() {
+    // Two samples of a new package: with only calm packages seen, a tight
+    // limit; with only wild ones, a wide one.
+    let pool = |sigma: f64| {
+        let mut model = Model::new(Params::default());
+        for p in 0..40 {
+            let w = workload(&[("package", &format!("p{p}")), ("version", "1")]);
+            for i in 0..10 {
+                let z = [0.0, 1.0, -1.0, 0.5, -0.5, 1.5, -1.5, 0.2, -0.2, 0.8][i];
+                let peak = (GB as f64 * (sigma * z).exp()) as u64;
+                model.observe(&w, ok(now(i), peak));
+            }
+        }
+        let new = workload(&[("package", "new"), ("version", "1")]);
+        train(&mut model, &new, 2, GB, now(20));
+        model.recommend(&new).memory_limit_bytes
+    };
+    let (calm, wild) = (pool(0.03), pool(0.4));
+    assert!(calm < GB * 13 / 10, "{calm}");
+    assert!(wild > calm * 3 / 2, "{wild} vs {calm}");
+}
+
+/// Runs `jobs` jobs over 200 workloads with spreads 0.03–0.45 through the
+/// model, each first asked, then observed; returns the OOM rate of first
+/// attempts after the first fifth and the mean limit slack.
+fn replay_with_target(target: f64, jobs: usize) -> (f64, f64) {
+    let params = Params {
+        target_oom: target,
+        ..Params::default()
+    };
+    let mut model = Model::new(params);
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut uniform = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state >> 11) as f64 / (1u64 << 53) as f64
+    };
+    let sigmas: Vec<f64> = (0..200)
+        .map(|i| 0.03 * 15f64.powf(f64::from(i) / 199.0))
+        .collect();
+    let (mut asked, mut killed, mut slack) = (0u32, 0u32, 0.0);
+    for j in 0..jobs {
+        let k = (uniform() * 200.0) as usize % 200;
+        let w = workload(&[("package", &format!("p{k}")), ("version", "1")]);
+        // Box–Muller.
+        let z = (-2.0 * uniform().max(1e-12).ln()).sqrt()
+            * (2.0 * std::f64::consts::PI * uniform()).cos();
+        let need = (GB as f64 * (1.0 + k as f64 / 50.0) * (sigmas[k] * z).exp()) as u64;
+        let r = model.recommend(&w);
+        let over = need > r.memory_limit_bytes;
+        if j >= jobs / 5 {
+            asked += 1;
+            if over {
+                killed += 1;
+            } else {
+                slack += 1.0 - need as f64 / r.memory_limit_bytes as f64;
+            }
+        }
+        let at = now(j);
+        if over {
+            model.observe(&w, oom(at, r.memory_limit_bytes));
+            let retry = model.recommend(&w);
+            let peak = need.min(retry.memory_limit_bytes);
+            let obs = if need > retry.memory_limit_bytes {
+                oom(at + 1.0, peak)
+            } else {
+                ok(at + 1.0, peak)
+            };
+            model.observe(&w, obs);
+        } else {
+            model.observe(&w, ok(at, need));
+        }
+    }
+    (
+        f64::from(killed) / f64::from(asked),
+        slack / f64::from(asked - killed),
+    )
+}
+
+#[test]
+fn the_realized_oom_rate_meets_the_target() {
+    for target in [0.01, 0.03, 0.08] {
+        let (rate, _) = replay_with_target(target, 20_000);
+        assert!(
+            (rate - target).abs() <= 0.3 * target,
+            "target {target}: realized {rate}"
+        );
+    }
+    // A looser target buys less slack.
+    let (_, tight) = replay_with_target(0.01, 8000);
+    let (_, loose) = replay_with_target(0.08, 8000);
+    assert!(loose < tight - 0.05, "{loose} vs {tight}");
+}
+
+#[test]
+fn the_target_prices_oom_kills() {
+    let w = zlib("1.3", "12.3.0");
+    let mut model = trained(&w, 10, GB);
+    let cost = model.oom_cost();
+    // A run of kills on first attempts: the calibration raises the price.
+    for i in 0..600 {
+        let other = zlib(&format!("9.{i}"), "12.3.0");
+        model.observe(&other, oom(now(20 + i), GB));
+        model.observe(&other, ok(now(20 + i) + 1.0, GB));
+    }
+    assert!(model.oom_cost() > cost, "{} vs {cost}", model.oom_cost());
 }

@@ -54,6 +54,7 @@
 
 mod generate;
 mod replay;
+mod sparse;
 mod trace;
 
 use std::fs::File;
@@ -67,9 +68,10 @@ use figment::providers::{Format as _, Serialized, Toml};
 
 pub use generate::{GenConfig, generate};
 pub use replay::{
-    LevelOutcome, MAX_RETRIES, OomStreaks, Outcome, RetryScope, frontier, oom_bump, replay_gantry,
-    replay_model,
+    HISTORY_BUCKETS, LevelOutcome, MAX_RETRIES, OomStreaks, Outcome, RetryScope, frontier,
+    history_buckets, oom_bump, replay_gantry, replay_model,
 };
+pub use sparse::{SparseConfig, generate_sparse};
 pub use trace::{Job, Trace, TraceBuilder, read_csv, write_csv};
 
 use crate::model::Params;
@@ -82,6 +84,20 @@ pub enum SigmaDistribution {
     /// Uniform.
     Uniform,
 }
+
+/// Which synthetic trace `--generate` makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Profile {
+    /// ~67 samples per workload over 42 days (`generate.rs`).
+    Dense,
+    /// A month in which most workloads are built a handful of times
+    /// (`sparse.rs`).
+    Sparse,
+}
+
+/// The model's memory ceiling for the sparse profile, whose largest builds
+/// need up to 120 GB (the default 64 GiB would kill them on every attempt).
+pub const SPARSE_CEILING: u64 = 256 << 30;
 
 /// Arguments of `runyard-allocator simulate`.
 #[derive(Debug, Clone, clap::Args)]
@@ -97,15 +113,23 @@ pub struct SimulateArgs {
     /// Generate a synthetic trace instead of reading one.
     #[arg(long)]
     pub generate: bool,
+    /// Generator: which trace to make.
+    #[arg(long, value_enum, default_value_t = Profile::Dense)]
+    pub profile: Profile,
     /// Generator: workload streams (package × variants × compiler).
     #[arg(long, default_value_t = 3000)]
-    pub workloads: usize,
-    /// Generator: jobs.
-    #[arg(long, default_value_t = 200_000)]
-    pub jobs: usize,
+    pub workloads: u32,
+    /// Generator: jobs [default: 200000 dense, 30000 sparse].
+    #[arg(
+        long,
+        default_value = "200000",
+        default_value_if("profile", "sparse", Some("30000")),
+        hide_default_value = true
+    )]
+    pub jobs: u32,
     /// Generator: RNG seed.
     #[arg(long, default_value_t = 1)]
-    pub seed: u64,
+    pub seed: u32,
     /// Generator: smallest per-workload log-normal σ.
     #[arg(long, default_value_t = 0.03)]
     pub sigma_min: f32,
@@ -115,12 +139,26 @@ pub struct SimulateArgs {
     /// Generator: how σ is drawn between `--sigma-min` and `--sigma-max`.
     #[arg(long, value_enum, default_value_t = SigmaDistribution::LogUniform)]
     pub sigma_distribution: SigmaDistribution,
-    /// Generator: days the trace spans.
-    #[arg(long, default_value_t = 42.0)]
+    /// Generator: days the trace spans [default: 42 dense, 37 sparse].
+    #[arg(
+        long,
+        default_value = "42",
+        default_value_if("profile", "sparse", Some("37")),
+        hide_default_value = true
+    )]
     pub days: f32,
-    /// Generator: share of jobs on pull-request refs.
-    #[arg(long, default_value_t = 0.3)]
+    /// Generator: share of jobs on pull-request refs [default: 0.3 dense,
+    /// 0.25 sparse].
+    #[arg(
+        long,
+        default_value = "0.3",
+        default_value_if("profile", "sparse", Some("0.25")),
+        hide_default_value = true
+    )]
     pub pr_share: f32,
+    /// Sparse generator: log-space σ of package sizes.
+    #[arg(long, default_value_t = 1.4)]
+    pub size_sigma: f32,
     /// Generator: share of jobs with a 1.3–2.5× memory spike.
     #[arg(long, default_value_t = 0.005)]
     pub spike_rate: f32,
@@ -136,6 +174,10 @@ pub struct SimulateArgs {
     /// Share of the trace (first jobs) that only trains, unmeasured.
     #[arg(long, default_value_t = 0.2)]
     pub warmup_fraction: f32,
+    /// Instead of `--warmup-fraction`: the jobs of the first this many days
+    /// only train [default: 7 for the sparse profile].
+    #[arg(long)]
+    pub warmup_days: Option<f32>,
     /// Save the generated trace as CSV.
     #[arg(long, value_name = "FILE")]
     pub write_trace: Option<PathBuf>,
@@ -148,14 +190,33 @@ pub struct SimulateArgs {
     /// Override one model parameter, TOML syntax (`limit_quantile = 0.985`).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub set: Vec<String>,
+    /// The share of first attempts allowed to be OOM-killed (the model's
+    /// `target_oom`, as `RUNYARD_ALLOCATOR_TARGET_OOM` sets it; 0 < X < 0.5).
+    #[arg(long, value_name = "X", value_parser = parse_target)]
+    pub target_oom: Option<f32>,
+}
+
+/// `--target-oom`: a fraction strictly between 0 and 0.5.
+fn parse_target(s: &str) -> Result<f32, String> {
+    let x: f32 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number"))?;
+    if x.is_finite() && x > 0.0 && x < 0.5 {
+        Ok(x)
+    } else {
+        Err(format!(
+            "{s} is not a fraction between 0 and 0.5 (exclusive)"
+        ))
+    }
 }
 
 impl SimulateArgs {
     fn gen_config(&self) -> GenConfig {
         GenConfig {
-            workloads: self.workloads,
-            jobs: self.jobs,
-            seed: self.seed,
+            workloads: self.workloads as usize,
+            jobs: self.jobs as usize,
+            seed: u64::from(self.seed),
             sigma_min: wide(self.sigma_min),
             sigma_max: wide(self.sigma_max),
             sigma_log_uniform: self.sigma_distribution == SigmaDistribution::LogUniform,
@@ -168,13 +229,42 @@ impl SimulateArgs {
         }
     }
 
+    fn sparse_config(&self) -> SparseConfig {
+        let d = SparseConfig::default();
+        SparseConfig {
+            workloads: self.workloads as usize,
+            jobs: self.jobs as usize,
+            seed: u64::from(self.seed),
+            days: wide(self.days),
+            sigma_min: wide(self.sigma_min),
+            sigma_max: wide(self.sigma_max),
+            size_sigma: wide(self.size_sigma),
+            spike_rate: wide(self.spike_rate),
+            pr_share: wide(self.pr_share),
+            ..d
+        }
+    }
+
     fn model_params(&self) -> anyhow::Result<Params> {
-        let mut figment = Figment::from(Serialized::defaults(Params::default()));
+        let mut defaults = Params::default();
+        if self.generate && self.profile == Profile::Sparse {
+            defaults.ceiling_memory_bytes = SPARSE_CEILING;
+        }
+        let mut figment = Figment::from(Serialized::defaults(defaults));
         if let Some(path) = &self.params {
             figment = figment.merge(Toml::file_exact(path));
         }
         figment = figment.merge(Toml::string(&self.set.join("\n")));
-        figment.extract().context("invalid model parameters")
+        let mut params: Params = figment.extract().context("invalid model parameters")?;
+        if let Some(target) = self.target_oom {
+            params.target_oom = wide(target);
+        }
+        let t = params.target_oom;
+        anyhow::ensure!(
+            t.is_finite() && (0.0..0.5).contains(&t),
+            "target_oom: {t} is not a fraction between 0 (off) and 0.5"
+        );
+        Ok(params)
     }
 }
 
@@ -211,6 +301,29 @@ pub struct Report {
     pub model_seconds: f64,
 }
 
+/// How many of a trace's first jobs only train.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Warmup {
+    /// This share of the jobs.
+    Fraction(f64),
+    /// The jobs of the first this many days.
+    Days(f64),
+}
+
+impl Warmup {
+    fn jobs(self, trace: &Trace) -> usize {
+        match self {
+            Self::Fraction(f) => (trace.jobs.len() as f64 * f.clamp(0.0, 1.0)).round() as usize,
+            Self::Days(days) => {
+                let first = trace.jobs.first().map_or(0.0, |j| j.at);
+                trace
+                    .jobs
+                    .partition_point(|j| j.at < first + days.max(0.0) * 86_400.0)
+            }
+        }
+    }
+}
+
 /// Runs the three methods over `trace`.
 pub fn compare(
     trace: &Trace,
@@ -219,12 +332,29 @@ pub fn compare(
     protected_refs: &[String],
     warmup_fraction: f64,
 ) -> Report {
+    compare_with(
+        trace,
+        source,
+        params,
+        protected_refs,
+        Warmup::Fraction(warmup_fraction),
+    )
+}
+
+/// [`compare`] with the warm-up given as a share or in days.
+pub fn compare_with(
+    trace: &Trace,
+    source: String,
+    params: Params,
+    protected_refs: &[String],
+    warmup: Warmup,
+) -> Report {
     let protected: Vec<bool> = trace
         .refs
         .iter()
         .map(|r| is_protected(r, protected_refs))
         .collect();
-    let warmup = (trace.jobs.len() as f64 * warmup_fraction.clamp(0.0, 1.0)).round() as usize;
+    let warmup = warmup.jobs(trace);
     let ceiling = crate::model::Model::new(params.clone())
         .params()
         .ceiling_memory_bytes;
@@ -237,7 +367,7 @@ pub fn compare(
         replay_gantry(trace, &protected, ceiling, warmup, RetryScope::Workload),
     ];
     for q in [0.95, 0.98, 0.99] {
-        rows.push(frontier(trace, q, ceiling, warmup));
+        rows.push(frontier(trace, &protected, q, ceiling, warmup));
     }
     Report {
         source,
@@ -301,6 +431,7 @@ impl Report {
                 row.mean_limit() / 1e9,
             ));
         }
+        s.push_str(&self.history_markdown());
         s.push_str(&self.retries_markdown());
         if let Some(model) = self.rows.first().filter(|r| !r.by_level.is_empty()) {
             s.push_str("\nrunyard by ladder level used (first attempts):\n\n| level | jobs | OOM rate | avg limit slack |\n|---|---:|---:|---:|\n");
@@ -343,6 +474,37 @@ impl Report {
 }
 
 impl Report {
+    /// First attempts by the prior protected-ref jobs of the exact workload
+    /// key: share of jobs, OOM rate and avg limit slack per method.
+    pub fn history_markdown(&self) -> String {
+        let mut s = String::from(
+            "\nFirst attempts by earlier protected-ref jobs of the exact workload (share of jobs, OOM rate / avg limit slack):\n\n| method |",
+        );
+        for name in HISTORY_BUCKETS {
+            s.push_str(&format!(" {name} |"));
+        }
+        s.push_str("\n|---|");
+        s.push_str(&"---:|".repeat(HISTORY_BUCKETS.len()));
+        s.push('\n');
+        for row in self
+            .rows
+            .iter()
+            .filter(|r| r.name != "gantry, retries counted per workload")
+        {
+            s.push_str(&format!("| {} |", row.name));
+            for b in &row.by_history {
+                s.push_str(&format!(
+                    " {:.0}%: {} / {} |",
+                    100.0 * b.jobs as f64 / row.jobs.max(1) as f64,
+                    percent(b.oom_rate()),
+                    percent(b.avg_slack()),
+                ));
+            }
+            s.push('\n');
+        }
+        s
+    }
+
     /// The OOM retry table: what happened to OOM-killed jobs under each
     /// method that retries.
     pub fn retries_markdown(&self) -> String {
@@ -411,6 +573,15 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
                 .with_context(|| format!("reading {}", path.display()))?;
             (trace, path.display().to_string())
         }
+        None if args.profile == Profile::Sparse => {
+            let config = args.sparse_config();
+            let source = format!(
+                "generated {}; model ceiling {} GiB",
+                config.describe(),
+                params.ceiling_memory_bytes >> 30
+            );
+            (generate_sparse(&config), source)
+        }
         None => {
             let config = args.gen_config();
             let trace = generate(&config);
@@ -436,13 +607,12 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
             .with_context(|| format!("writing {}", path.display()))?;
     }
     anyhow::ensure!(!trace.jobs.is_empty(), "the trace has no jobs");
-    let report = compare(
-        &trace,
-        source,
-        params,
-        &args.protected_refs,
-        wide(args.warmup_fraction),
-    );
+    let warmup = match args.warmup_days {
+        Some(days) => Warmup::Days(wide(days)),
+        None if args.generate && args.profile == Profile::Sparse => Warmup::Days(7.0),
+        None => Warmup::Fraction(wide(args.warmup_fraction)),
+    };
+    let report = compare_with(&trace, source, params, &args.protected_refs, warmup);
     print(&report.markdown());
     Ok(())
 }
@@ -527,9 +697,45 @@ mod tests {
         let params = args.model_params().unwrap();
         assert_eq!((params.oom_cost, params.window), (3.0, 12));
         let bad = SimulateArgs {
+            set: vec!["target_oom = 0.7".to_owned()],
+            ..args.clone()
+        };
+        let e = bad.model_params().unwrap_err().to_string();
+        assert!(e.contains("target_oom"), "{e}");
+        let bad = SimulateArgs {
             set: vec!["no_such_knob = 1".to_owned()],
             ..args
         };
         assert!(bad.model_params().is_err());
+    }
+
+    #[test]
+    fn the_sparse_profile_has_its_own_defaults_and_a_target_flag() {
+        let cli = <Cli as clap::Parser>::parse_from([
+            "simulate",
+            "--generate",
+            "--profile",
+            "sparse",
+            "--target-oom",
+            "0.05",
+        ]);
+        let args = cli.args;
+        assert_eq!((args.jobs, args.days, args.pr_share), (30_000, 37.0, 0.25));
+        let params = args.model_params().unwrap();
+        assert_eq!(params.target_oom, 0.05);
+        assert_eq!(params.ceiling_memory_bytes, SPARSE_CEILING);
+        let dense = <Cli as clap::Parser>::parse_from(["simulate", "--generate"]).args;
+        assert_eq!((dense.jobs, dense.days), (200_000, 42.0));
+        for bad in ["0", "0.5", "x"] {
+            let e = <Cli as clap::Parser>::try_parse_from([
+                "simulate",
+                "--generate",
+                "--target-oom",
+                bad,
+            ])
+            .unwrap_err()
+            .to_string();
+            assert!(e.contains("--target-oom"), "{e}");
+        }
     }
 }

@@ -143,6 +143,36 @@ pub struct Outcome {
     /// The model only: the same by samples behind the recommendation
     /// (0, 1–4, 5–9, 10–19, 20+).
     pub by_samples: Vec<LevelOutcome>,
+    /// Every method: first attempts by how many earlier protected-ref jobs
+    /// the exact workload key had when it was asked ([`HISTORY_BUCKETS`]).
+    pub by_history: [LevelOutcome; 4],
+}
+
+/// Names of the [`Outcome::by_history`] buckets: prior protected-ref jobs
+/// of the exact workload key.
+pub const HISTORY_BUCKETS: [&str; 4] = ["0", "1–2", "3–5", "6+"];
+
+/// For each job of `trace`, its [`Outcome::by_history`] bucket: how many
+/// earlier jobs of the same workload key ran on a protected ref.
+pub fn history_buckets(trace: &Trace, protected: &[bool]) -> Vec<u8> {
+    let mut seen = vec![0u32; trace.workloads.len()];
+    trace
+        .jobs
+        .iter()
+        .map(|job| {
+            let n = &mut seen[job.workload as usize];
+            let bucket = match *n {
+                0 => 0,
+                1..=2 => 1,
+                3..=5 => 2,
+                _ => 3,
+            };
+            if protected[job.git_ref as usize] {
+                *n += 1;
+            }
+            bucket
+        })
+        .collect()
 }
 
 /// The `by_samples` bucket of a sample count.
@@ -166,6 +196,29 @@ pub struct LevelOutcome {
     pub ooms: u64,
     /// Σ (limit − peak) / limit over the others.
     pub slack: f64,
+}
+
+impl LevelOutcome {
+    /// Books one first attempt.
+    fn add(&mut self, limit: u64, peak: u64) {
+        self.jobs += 1;
+        if peak > limit {
+            self.ooms += 1;
+        } else {
+            let limit = limit as f64;
+            self.slack += (limit - peak as f64) / limit.max(1.0);
+        }
+    }
+
+    /// Share of its jobs whose first attempt was killed.
+    pub fn oom_rate(&self) -> f64 {
+        self.ooms as f64 / self.jobs.max(1) as f64
+    }
+
+    /// Mean (limit − peak) / limit over the first attempts that succeeded.
+    pub fn avg_slack(&self) -> f64 {
+        self.slack / (self.jobs - self.ooms).max(1) as f64
+    }
 }
 
 impl Outcome {
@@ -293,19 +346,26 @@ pub fn replay_model(trace: &Trace, protected: &[bool], params: Params, warmup: u
     let mut model = Model::new(params);
     let mut streaks = OomStreaks::new(trace.workloads.len());
     let mut out = Outcome::new(
-        if model.params().oom_cost > 0.0 {
+        if model.params().target_oom > 0.0 {
+            format!(
+                "runyard (target OOM {}%)",
+                (model.params().target_oom * 1000.0).round() / 10.0
+            )
+        } else if model.params().oom_cost > 0.0 {
             format!("runyard (lognormal, OOM cost {})", model.params().oom_cost)
         } else {
             format!("runyard (lognormal-q{})", model.params().limit_quantile)
         },
         true,
     );
+    let history = history_buckets(trace, protected);
     for (i, job) in trace.jobs.iter().enumerate() {
         let w = &trace.workloads[job.workload as usize];
         let is_protected = protected[job.git_ref as usize];
         let measured = i >= warmup;
         let mut rec = model.recommend(w);
         if measured {
+            out.by_history[history[i] as usize].add(rec.memory_limit_bytes, job.peak_memory_bytes);
             out.jobs += 1;
             out.limit_bytes += rec.memory_limit_bytes as f64;
             let level = usize::try_from(rec.basis.level + 1).unwrap_or(0);
@@ -317,13 +377,7 @@ pub fn replay_model(trace: &Trace, protected: &[bool], params: Params, warmup: u
             }
             let bucket = samples_bucket(rec.basis.samples);
             for l in [&mut out.by_level[level], &mut out.by_samples[bucket]] {
-                l.jobs += 1;
-                if job.peak_memory_bytes > rec.memory_limit_bytes {
-                    l.ooms += 1;
-                } else {
-                    let limit = rec.memory_limit_bytes as f64;
-                    l.slack += (limit - job.peak_memory_bytes as f64) / limit;
-                }
+                l.add(rec.memory_limit_bytes, job.peak_memory_bytes);
             }
         }
         let mut attempt = 0u32;
@@ -472,6 +526,7 @@ pub fn replay_gantry(
         },
         true,
     );
+    let history = history_buckets(trace, protected);
     for (i, job) in trace.jobs.iter().enumerate() {
         let w = &trace.workloads[job.workload as usize];
         let measured = i >= warmup;
@@ -482,6 +537,7 @@ pub fn replay_gantry(
         let mut limit = first_limit.min(ceiling);
         let request = request.min(limit);
         if measured {
+            out.by_history[history[i] as usize].add(limit, job.peak_memory_bytes);
             out.jobs += 1;
             out.limit_bytes += limit as f64;
         }
@@ -535,7 +591,7 @@ fn quantile(sorted: &[u64], q: f64) -> u64 {
 /// The hindsight frontier: per workload, the `q` quantile of all its peaks
 /// in the whole trace as a fixed limit (and the median as request), scored
 /// on the measured jobs. No online method knows these.
-pub fn frontier(trace: &Trace, q: f64, ceiling: u64, warmup: usize) -> Outcome {
+pub fn frontier(trace: &Trace, protected: &[bool], q: f64, ceiling: u64, warmup: usize) -> Outcome {
     let mut peaks: Vec<Vec<u64>> = vec![Vec::new(); trace.workloads.len()];
     for job in &trace.jobs {
         peaks[job.workload as usize].push(job.peak_memory_bytes);
@@ -550,8 +606,10 @@ pub fn frontier(trace: &Trace, q: f64, ceiling: u64, warmup: usize) -> Outcome {
         })
         .collect();
     let mut out = Outcome::new(format!("hindsight q={q}"), false);
-    for job in trace.jobs.iter().skip(warmup) {
+    let history = history_buckets(trace, protected);
+    for (job, &bucket) in trace.jobs.iter().zip(&history).skip(warmup) {
         let (limit, request) = limits[job.workload as usize];
+        out.by_history[bucket as usize].add(limit, job.peak_memory_bytes);
         out.jobs += 1;
         out.limit_bytes += limit as f64;
         if job.peak_memory_bytes > limit {
@@ -732,7 +790,7 @@ mod tests {
     fn frontier_quantiles_are_per_workload() {
         let peaks: Vec<u64> = (1..=100).map(|i| i * 1_000_000_000).collect();
         let t = trace(&peaks);
-        let out = frontier(&t, 0.95, u64::MAX, 0);
+        let out = frontier(&t, &[true], 0.95, u64::MAX, 0);
         // q0.95 of 1..=100 GB is 95 GB: five jobs are larger.
         assert_eq!(out.first_ooms, 5);
     }
