@@ -5,6 +5,7 @@
 use std::io::IsTerminal;
 use std::sync::{Arc, Mutex};
 
+mod filter;
 mod log;
 pub mod traces;
 
@@ -80,7 +81,7 @@ pub(crate) fn init_subscriber(tracer: opentelemetry_sdk::trace::SdkTracer) {
         .with_location(false)
         .with_level(false)
         .with_target(false)
-        .with_filter(spans);
+        .with_filter(filter::Fresh(spans));
     let registry = tracing_subscriber::registry().with(otel);
     let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
     let _ = match LogFormat::from_env() {
@@ -88,10 +89,12 @@ pub(crate) fn init_subscriber(tracer: opentelemetry_sdk::trace::SdkTracer) {
             .with(
                 fmt.fmt_fields(tracing_subscriber::fmt::format::JsonFields::new())
                     .event_format(log::JsonWithTrace::new())
-                    .with_filter(filter),
+                    .with_filter(filter::Fresh(filter)),
             )
             .try_init(),
-        LogFormat::Pretty => registry.with(fmt.with_filter(filter)).try_init(),
+        LogFormat::Pretty => registry
+            .with(fmt.with_filter(filter::Fresh(filter)))
+            .try_init(),
     };
 }
 

@@ -621,7 +621,14 @@ async fn traces_follow_a_report_and_the_calls_through_the_stack() {
                 && !in_trace(spans, gantry_trace, "allocator GET /v1/allocation").is_empty()
         })
         .await
-        .expect("the spans reach the collector");
+        .unwrap_or_else(|| {
+            let seen: Vec<_> = collector
+                .spans()
+                .into_iter()
+                .map(|(_, s)| (hex_id(&s.trace_id), s.name))
+                .collect();
+            panic!("the spans reach the collector; it holds {seen:?}")
+        });
     assert!(spans.iter().all(|(service, _)| service == "runyard-test"));
 
     // ingest's span continues the sender's; job-tracker's continues ingest's.
