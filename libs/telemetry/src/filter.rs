@@ -131,8 +131,7 @@ mod tests {
                 tracing::dispatcher::get_default(|d| d.enabled(&CHECK_META));
             }
         });
-        let names = seen.0.lock().unwrap().clone();
-        names
+        seen.0.lock().unwrap().clone()
     }
 
     #[test]
