@@ -39,6 +39,8 @@ down() {
     kill -- "-$(cat "$pidfile")" 2>/dev/null || true
     rm -f "$pidfile"
   done
+  # The private PostgreSQL `up` ran when none answered (a no-op otherwise).
+  embedded_postgres_stop dev
 }
 
 wait_http() {
@@ -122,7 +124,7 @@ up() {
     wait_http "http://${INGEST_ADDR}/readyz"
     log "runyard-ingest on http://${INGEST_ADDR} (log: $STATE/ingest.log)"
   fi
-  ensure_postgres
+  ensure_postgres RUNYARD_DATABASE_URL dev
   if ! running job-tracker; then
     RUNYARD_TRACKER_HTTP_LISTEN="$TRACKER_ADDR" "$BIN/runyard-job-tracker" > "$STATE/job-tracker.log" 2>&1 &
     echo $! > "$STATE/job-tracker.pid"
@@ -177,7 +179,7 @@ TOML
 case "${1:-up}" in
   up) up ;;
   down) down ;;
-  demo) demo ;;
+  demo) ensure_postgres RUNYARD_DATABASE_URL dev && demo ;;
   status) for s in nats ingest job-tracker allocator fake-github scaler; do running "$s" && echo "$s running" || echo "$s stopped"; done ;;
   *) echo "usage: $0 [up|down|demo|status]" >&2; exit 2 ;;
 esac

