@@ -5,6 +5,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use crate::auth::Tokens;
 use crate::model::Params;
 
 /// Everything `runyard-allocator` can be told.
@@ -33,6 +34,18 @@ pub struct Config {
     /// operator accepts to see OOM-killed (0 < t < 0.5); the model's
     /// `target_oom`.
     pub allocator_target_oom: f64,
+    /// `RUNYARD_ALLOCATOR_ANONYMOUS_GANTRY`: `GET /v1/allocation` answers
+    /// without a token while tokens are set (pipelines that cannot send
+    /// headers); every other call still needs one.
+    pub allocator_anonymous_gantry: bool,
+    /// `RUNYARD_ALLOCATOR_MAX_IN_FLIGHT`: `Allocator` gRPC calls handled at
+    /// once; one more is answered `RESOURCE_EXHAUSTED` at once.
+    pub allocator_max_in_flight: usize,
+    /// The bearer tokens accepted (`RUNYARD_ALLOCATOR_TOKENS` or
+    /// `RUNYARD_ALLOCATOR_TOKENS_FILE`, read from the environment only:
+    /// never from the TOML file, never serialized); none → anonymous.
+    #[serde(skip)]
+    pub allocator_tokens: Tokens,
     /// The recommendation maths (`[model]` in the TOML file;
     /// `model.target_oom` is taken from `allocator_target_oom`).
     pub model: Params,
@@ -50,6 +63,9 @@ impl Default for Config {
             allocator_publish_allocations: true,
             allocator_max_batch: 10_000,
             allocator_target_oom: 0.03,
+            allocator_anonymous_gantry: false,
+            allocator_max_in_flight: 1024,
+            allocator_tokens: Tokens::default(),
             model: Params::default(),
         }
     }
@@ -65,16 +81,26 @@ const ENV_KEYS: &[&str] = &[
     "allocator_publish_allocations",
     "allocator_max_batch",
     "allocator_target_oom",
+    "allocator_anonymous_gantry",
+    "allocator_max_in_flight",
 ];
 
 impl Config {
-    /// Loads defaults, then `file` (TOML) if given, then the environment;
-    /// refuses a target OOM rate outside (0, 0.5), naming the variable.
+    /// Loads defaults, then `file` (TOML) if given, then the environment,
+    /// and the accepted tokens from the environment; refuses a value of the
+    /// wrong type, a target OOM rate outside (0, 0.5), an in-flight limit of
+    /// 0 and an unusable token setting, naming the variable.
     pub fn load(file: Option<&Path>) -> Result<Self, Box<figment::Error>> {
-        let mut config: Self = runyard_telemetry::load_config(file, ENV_KEYS)?;
-        config
-            .apply_target_oom()
-            .map_err(|e| Box::new(figment::Error::from(e)))?;
+        let mut config: Self = runyard_telemetry::load_config(file, ENV_KEYS)
+            .map_err(|e| Box::new(naming_the_variable(*e)))?;
+        let refuse = |e: String| Box::new(figment::Error::from(e));
+        config.apply_target_oom().map_err(refuse)?;
+        if config.allocator_max_in_flight == 0 {
+            return Err(refuse(
+                "RUNYARD_ALLOCATOR_MAX_IN_FLIGHT: 0 would refuse every call; at least 1".into(),
+            ));
+        }
+        config.allocator_tokens = Tokens::from_process_env().map_err(refuse)?;
         Ok(config)
     }
 
@@ -98,6 +124,21 @@ impl Config {
             .filter(|r| !r.is_empty())
             .map(str::to_owned)
             .collect()
+    }
+}
+
+/// A figment error about one of [`ENV_KEYS`] set in the environment, with
+/// the variable's full name in front (figment names it without the prefix).
+fn naming_the_variable(e: figment::Error) -> figment::Error {
+    let from_env = e
+        .metadata
+        .as_ref()
+        .is_some_and(|m| m.name.contains("environment"));
+    let key = e.path.join("_");
+    if from_env && ENV_KEYS.contains(&key.as_str()) {
+        figment::Error::from(format!("RUNYARD_{}: {e}", key.to_ascii_uppercase()))
+    } else {
+        e
     }
 }
 
@@ -137,6 +178,80 @@ mod tests {
             jail.set_env("RUNYARD_ALLOCATOR_TARGET_OOM", "three percent");
             let e = Config::load(None).err().ok_or("accepted")?.to_string();
             assert!(e.to_lowercase().contains("target_oom"), "{e}");
+            Ok(())
+        });
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment::Jail's own error type
+    fn gantry_and_in_flight_settings_and_their_errors_name_the_variable() {
+        figment::Jail::expect_with(|jail| {
+            let c = Config::load(None).map_err(|e| e.to_string())?;
+            assert!(!c.allocator_anonymous_gantry);
+            assert_eq!(c.allocator_max_in_flight, 1024);
+            assert!(c.allocator_tokens.is_empty());
+            jail.set_env("RUNYARD_ALLOCATOR_ANONYMOUS_GANTRY", "true");
+            jail.set_env("RUNYARD_ALLOCATOR_MAX_IN_FLIGHT", "8");
+            let c = Config::load(None).map_err(|e| e.to_string())?;
+            assert!(c.allocator_anonymous_gantry);
+            assert_eq!(c.allocator_max_in_flight, 8);
+            for bad in ["yes", "maybe", "2"] {
+                jail.set_env("RUNYARD_ALLOCATOR_ANONYMOUS_GANTRY", bad);
+                let e = Config::load(None).err().ok_or("accepted")?.to_string();
+                assert!(
+                    e.starts_with("RUNYARD_ALLOCATOR_ANONYMOUS_GANTRY:"),
+                    "{bad}: {e}"
+                );
+            }
+            jail.set_env("RUNYARD_ALLOCATOR_ANONYMOUS_GANTRY", "false");
+            for bad in ["0", "many"] {
+                jail.set_env("RUNYARD_ALLOCATOR_MAX_IN_FLIGHT", bad);
+                let e = Config::load(None).err().ok_or("accepted")?.to_string();
+                assert!(
+                    e.starts_with("RUNYARD_ALLOCATOR_MAX_IN_FLIGHT:"),
+                    "{bad}: {e}"
+                );
+            }
+            Ok(())
+        });
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment::Jail's own error type
+    fn token_settings_that_cannot_work_refuse_to_start() {
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("RUNYARD_ALLOCATOR_TOKENS", "s3cret-one,s3cret-two");
+            let c = Config::load(None).map_err(|e| e.to_string())?;
+            assert_eq!(c.allocator_tokens.len(), 2);
+            assert!(c.allocator_tokens.check(Some(b"Bearer s3cret-two")).is_ok());
+            // The configuration's Debug (logged on errors) shows no token.
+            assert!(!format!("{c:?}").contains("s3cret"));
+
+            jail.create_file("tokens", "# nothing yet\n\n")?;
+            jail.set_env("RUNYARD_ALLOCATOR_TOKENS_FILE", "tokens");
+            let e = Config::load(None).err().ok_or("accepted")?.to_string();
+            assert!(
+                e.contains("RUNYARD_ALLOCATOR_TOKENS ")
+                    && e.contains("RUNYARD_ALLOCATOR_TOKENS_FILE"),
+                "both set: {e}"
+            );
+            assert!(!e.contains("s3cret"), "{e}");
+
+            jail.set_env("RUNYARD_ALLOCATOR_TOKENS", "");
+            let e = Config::load(None).err().ok_or("accepted")?.to_string();
+            assert!(
+                e.starts_with("RUNYARD_ALLOCATOR_TOKENS_FILE:"),
+                "empty file: {e}"
+            );
+
+            jail.create_file("tokens", "one\n# next\ntwo\n")?;
+            let c = Config::load(None).map_err(|e| e.to_string())?;
+            assert_eq!(c.allocator_tokens.len(), 2);
+            // A numeric token is a token, not a number.
+            jail.set_env("RUNYARD_ALLOCATOR_TOKENS_FILE", "");
+            jail.set_env("RUNYARD_ALLOCATOR_TOKENS", "123456");
+            let c = Config::load(None).map_err(|e| e.to_string())?;
+            assert!(c.allocator_tokens.check(Some(b"Bearer 123456")).is_ok());
             Ok(())
         });
     }

@@ -1,5 +1,6 @@
 //! The gRPC edge: `runyard.allocator.v1.Allocator`, mapping requests to the
-//! model and errors to `INVALID_ARGUMENT`.
+//! model and errors to `INVALID_ARGUMENT`; calls without an accepted bearer
+//! token are refused `UNAUTHENTICATED` before they are decoded.
 
 use runyard_bus::{SpanStatus, TraceParent};
 use runyard_telemetry::traces::OpenTelemetrySpanExt as _;
@@ -7,7 +8,36 @@ use tonic::{Request, Response, Status};
 
 use crate::model::{self, Recommendation as ModelRec, Workload};
 use crate::proto;
-use crate::{Api, State};
+use crate::{Api, Door, State};
+
+/// Checks every `Allocator` call's `authorization: Bearer <token>`
+/// metadata against the configured tokens (none → anyone is let in).
+/// Health and reflection are other services: they are not checked.
+#[derive(Debug, Clone)]
+pub(crate) struct Authenticate {
+    pub(crate) state: State,
+}
+
+impl tonic::service::Interceptor for Authenticate {
+    fn call(&mut self, request: Request<()>) -> Result<Request<()>, Status> {
+        let tokens = &self.state.config.allocator_tokens;
+        if tokens.is_empty() {
+            return Ok(request);
+        }
+        let header = request
+            .metadata()
+            .get("authorization")
+            .map(|v| v.as_bytes());
+        match tokens.check(header) {
+            Ok(()) => Ok(request),
+            Err(refusal) => {
+                self.state.metrics.refused(Door::Grpc, refusal);
+                tracing::debug!(reason = refusal.reason(), "gRPC call refused");
+                Err(Status::unauthenticated(refusal.message()))
+            }
+        }
+    }
+}
 
 /// The gRPC service.
 #[derive(Debug, Clone)]

@@ -1,4 +1,7 @@
 //! The HTTP edge: gantry's `GET /v1/allocation?spec=...`, health and metrics.
+//! With tokens configured every path but `/healthz`, `/readyz` and
+//! `/metrics` (and `/v1/allocation` with `RUNYARD_ALLOCATOR_ANONYMOUS_GANTRY`)
+//! wants `Authorization: Bearer <token>`, else `401`.
 
 use std::sync::atomic::Ordering;
 
@@ -21,7 +24,48 @@ pub(crate) fn router(state: State) -> axum::Router {
         )
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
+        // A layer, not a route layer: an unknown path is refused too, so
+        // without a token nothing tells which paths exist.
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            authenticate,
+        ))
         .with_state(state)
+}
+
+/// Paths answered without a token.
+fn open(state: &State, path: &str) -> bool {
+    matches!(path, "/healthz" | "/readyz" | "/metrics")
+        || (path == "/v1/allocation" && state.config.allocator_anonymous_gantry)
+}
+
+/// The bearer-token check in front of every route (see the module doc).
+async fn authenticate(
+    AxumState(state): AxumState<State>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let tokens = &state.config.allocator_tokens;
+    if tokens.is_empty() || open(&state, request.uri().path()) {
+        return next.run(request).await;
+    }
+    let header = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .map(|v| v.as_bytes());
+    match tokens.check(header) {
+        Ok(()) => next.run(request).await,
+        Err(refusal) => {
+            state.metrics.refused(crate::Door::Http, refusal);
+            tracing::debug!(reason = refusal.reason(), "HTTP call refused");
+            (
+                StatusCode::UNAUTHORIZED,
+                [(header::WWW_AUTHENTICATE, "Bearer")],
+                axum::Json(json!({"error": refusal.message()})),
+            )
+                .into_response()
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]

@@ -3,11 +3,13 @@
 //! gantry-compatible HTTP endpoint. History comes from the projection at
 //! start and from `UsageReported` events followed live.
 
+pub mod auth;
 pub mod config;
 mod grpc;
 mod history;
 mod http;
 pub mod model;
+pub mod shed;
 pub mod simulate;
 
 use std::collections::HashSet;
@@ -48,6 +50,25 @@ struct RecLabels {
     basis: &'static str,
 }
 
+/// Labels of `runyard_allocator_auth_refused_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RefusedLabels {
+    api: &'static str,
+    reason: &'static str,
+}
+
+/// The doors a call can be refused at, as counted.
+const DOORS: [&str; 2] = ["grpc", "http"];
+/// Why a call was refused, as counted (see [`auth::Refusal::reason`]).
+const REFUSALS: [auth::Refusal; 2] = [auth::Refusal::Missing, auth::Refusal::Unknown];
+
+/// Where a call was refused.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Door {
+    Grpc = 0,
+    Http = 1,
+}
+
 /// The APIs a recommendation is answered on, as counted.
 const APIS: [&str; 3] = ["grpc", "batch", "http"];
 /// The bases a recommendation is counted under.
@@ -69,6 +90,10 @@ struct AllocatorMetrics {
     allocations_dropped: Counter,
     workloads: Gauge,
     samples: Gauge,
+    /// `auth_refused{api, reason}`, resolved once: `[door][refusal]`.
+    auth_refused: [[Counter; REFUSALS.len()]; DOORS.len()],
+    /// gRPC calls answered `RESOURCE_EXHAUSTED` (see [`shed`]).
+    calls_shed: Counter,
 }
 
 impl AllocatorMetrics {
@@ -76,12 +101,26 @@ impl AllocatorMetrics {
         let family = Family::<RecLabels, Counter>::default();
         let recommendations = APIS
             .map(|api| BASES.map(|basis| family.get_or_create(&RecLabels { api, basis }).clone()));
+        let refused = Family::<RefusedLabels, Counter>::default();
+        // Every series exists from the start, at zero.
+        let auth_refused = DOORS.map(|api| {
+            REFUSALS.map(|r| {
+                refused
+                    .get_or_create(&RefusedLabels {
+                        api,
+                        reason: r.reason(),
+                    })
+                    .clone()
+            })
+        });
         let m = Self {
             recommendations,
             samples_observed: Counter::default(),
             allocations_dropped: Counter::default(),
             workloads: Gauge::default(),
             samples: Gauge::default(),
+            auth_refused,
+            calls_shed: Counter::default(),
         };
         registry.register(|r| {
             let r = r.sub_registry_with_prefix("allocator");
@@ -102,8 +141,27 @@ impl AllocatorMetrics {
             );
             r.register("workloads", "Workloads with history", m.workloads.clone());
             r.register("samples", "Samples held by the model", m.samples.clone());
+            r.register(
+                "auth_refused",
+                "Calls refused for a missing or unknown bearer token, by API and reason",
+                refused,
+            );
+            r.register(
+                "calls_shed",
+                "gRPC calls answered RESOURCE_EXHAUSTED because the in-flight limit was reached",
+                m.calls_shed.clone(),
+            );
         });
         m
+    }
+
+    /// Counts a call refused at `door`.
+    fn refused(&self, door: Door, refusal: auth::Refusal) {
+        let reason = match refusal {
+            auth::Refusal::Missing => 0,
+            auth::Refusal::Unknown => 1,
+        };
+        self.auth_refused[door as usize][reason].inc();
     }
 }
 
@@ -317,6 +375,20 @@ impl App {
         } else {
             (None, None)
         };
+        let tokens = &config.allocator_tokens;
+        if tokens.is_empty() {
+            tracing::warn!(
+                "no {} or {}: the allocator answers anyone (anonymous)",
+                auth::TOKENS_VAR,
+                auth::TOKENS_FILE_VAR
+            );
+        } else {
+            tracing::info!(
+                tokens = tokens.len(),
+                anonymous_gantry = config.allocator_anonymous_gantry,
+                "calls need a bearer token (health, readiness and metrics do not)"
+            );
+        }
         tracing::info!(
             grpc = %grpc.local_addr()?,
             http = %http.local_addr()?,
@@ -406,13 +478,25 @@ impl App {
         let service = grpc::Service {
             state: self.state.clone(),
         };
+        // Authenticate first (a refused call takes no slot), then shed,
+        // then decode and answer.
+        let allocator = tonic::service::interceptor::InterceptedService::new(
+            shed::InFlight::new(
+                proto::allocator_server::AllocatorServer::new(service),
+                self.state.config.allocator_max_in_flight,
+                self.state.metrics.calls_shed.clone(),
+            ),
+            grpc::Authenticate {
+                state: self.state.clone(),
+            },
+        );
         let grpc_stop = stop.clone();
         let grpc = tokio::spawn(
             tonic::transport::Server::builder()
                 .add_service(health_service)
                 .add_service(reflection_v1)
                 .add_service(reflection_v1alpha)
-                .add_service(proto::allocator_server::AllocatorServer::new(service))
+                .add_service(allocator)
                 .serve_with_incoming_shutdown(tokio_stream_listener(self.grpc), async move {
                     grpc_stop.cancelled().await
                 }),

@@ -21,6 +21,8 @@ const WAIT: Duration = Duration::from_secs(60);
 const GITHUB_SECRET: &str = "gh-secret";
 const GITLAB_TOKEN: &str = "gl-token";
 const USAGE_TOKEN: &str = "usage-token";
+/// The allocator wants it; the scaler and the CLI send it.
+const ALLOCATOR_TOKEN: &str = "allocator-token";
 
 /// Where the CLI should look: every address it takes.
 #[derive(Debug, Clone)]
@@ -69,6 +71,7 @@ async fn runyard(t: &Target, args: &[&str]) -> Output {
         .env("RUNYARD_GITHUB_WEBHOOK_SECRET", GITHUB_SECRET)
         .env("RUNYARD_GITLAB_WEBHOOK_TOKEN", GITLAB_TOKEN)
         .env("RUNYARD_USAGE_TOKEN", USAGE_TOKEN)
+        .env("RUNYARD_ALLOCATOR_CLIENT_TOKEN", ALLOCATOR_TOKEN)
         .args(args)
         .output()
         .await
@@ -203,6 +206,7 @@ impl Stack {
             database_url: db.url.clone(),
             allocator_listen: LOCAL,
             allocator_http_listen: LOCAL,
+            allocator_tokens: runyard_allocator::auth::Tokens::new([ALLOCATOR_TOKEN]),
             ..runyard_allocator::Config::default()
         })
         .await
@@ -223,6 +227,7 @@ impl Stack {
                 github_api_url: github.url(),
                 github_token: Some("test-token".to_owned().into()),
                 allocator_url: format!("http://{grpc}"),
+                allocator_client_token: Some(ALLOCATOR_TOKEN.to_owned().into()),
                 scaler_metadata_listen: LOCAL,
                 scaler_instance_token_key: Some("test-instance-token-key".to_owned().into()),
                 ..runyard_scaler::Config::default()
@@ -920,6 +925,17 @@ async fn jobs_runners_pools_and_recommend_answer_from_the_stack() {
     let o = runyard(&stack.target, &["recommend", "--workload", "package"]).await;
     assert_eq!(code(&o), 2);
     assert!(stderr(&o).contains("KEY=VALUE"), "{}", stderr(&o));
+    // The token came from RUNYARD_ALLOCATOR_CLIENT_TOKEN; a wrong one is
+    // refused and the CLI says which setting to fix.
+    let mut args = vec!["recommend", "--allocator-token", "not-the-token"];
+    args.extend(workload);
+    let o = runyard(&stack.target, &args).await;
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("unknown token") && stderr(&o).contains("--allocator-token"),
+        "{}",
+        stderr(&o)
+    );
     stack.db.drop_db().await;
 }
 

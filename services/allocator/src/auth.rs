@@ -1,0 +1,263 @@
+//! Bearer tokens at the allocator's doors (`RUNYARD_ALLOCATOR_TOKENS` or
+//! `RUNYARD_ALLOCATOR_TOKENS_FILE`): the gRPC `Allocator` service wants
+//! `authorization: Bearer <token>` metadata, the HTTP listener an
+//! `Authorization` header, except health, readiness, metrics — and the
+//! gantry endpoint when `RUNYARD_ALLOCATOR_ANONYMOUS_GANTRY` is on. A
+//! refused call is answered before anything of it is handled, so it
+//! publishes no `AllocationIssued` event.
+//!
+//! Only SHA-256 digests of the tokens are kept, and a presented token is
+//! compared with every one of them in constant time: neither a token's
+//! bytes nor its length, nor which token matched, shows in response times.
+
+use std::path::Path;
+
+use sha2::{Digest as _, Sha256};
+use subtle::ConstantTimeEq as _;
+
+/// The environment variable listing the accepted tokens.
+pub const TOKENS_VAR: &str = "RUNYARD_ALLOCATOR_TOKENS";
+/// The environment variable naming a file of accepted tokens.
+pub const TOKENS_FILE_VAR: &str = "RUNYARD_ALLOCATOR_TOKENS_FILE";
+
+/// The accepted bearer tokens, as SHA-256 digests; empty → anonymous.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Tokens(Vec<[u8; 32]>);
+
+impl std::fmt::Debug for Tokens {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Digests only, but even those stay out of logs.
+        write!(f, "Tokens({} configured)", self.0.len())
+    }
+}
+
+/// Why a call was refused: the message the caller gets and the metric's
+/// `reason` label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// No `Bearer` credential was sent (or not a well-formed one).
+    Missing,
+    /// A token was sent that is not one of the configured ones.
+    Unknown,
+}
+
+impl Refusal {
+    /// The answer's message.
+    pub fn message(self) -> &'static str {
+        match self {
+            Self::Missing => "missing bearer token",
+            Self::Unknown => "unknown token",
+        }
+    }
+
+    /// The `reason` label of `runyard_allocator_auth_refused_total`.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Self::Missing => "missing",
+            Self::Unknown => "unknown",
+        }
+    }
+}
+
+impl Tokens {
+    /// Accepts exactly `tokens` (for tests and embedding; the service reads
+    /// them with [`Tokens::from_process_env`]).
+    pub fn new<T: AsRef<[u8]>>(tokens: impl IntoIterator<Item = T>) -> Self {
+        let mut digests: Vec<[u8; 32]> = tokens
+            .into_iter()
+            .map(|t| Sha256::digest(t.as_ref()).into())
+            .collect();
+        digests.sort_unstable();
+        digests.dedup();
+        Self(digests)
+    }
+
+    /// No token configured: the allocator answers anyone.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// How many distinct tokens are accepted.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Checks an `Authorization` header value (`Bearer <token>`, scheme in
+    /// any case). Every configured digest is compared, whatever matched.
+    pub fn check(&self, header: Option<&[u8]>) -> Result<(), Refusal> {
+        let token = bearer(header).ok_or(Refusal::Missing)?;
+        let given: [u8; 32] = Sha256::digest(token).into();
+        let matched = self.0.iter().fold(subtle::Choice::from(0), |acc, want| {
+            acc | want.ct_eq(&given)
+        });
+        if bool::from(matched) {
+            Ok(())
+        } else {
+            Err(Refusal::Unknown)
+        }
+    }
+
+    /// The tokens the process environment names (see [`Tokens::from_vars`]).
+    pub fn from_process_env() -> Result<Self, String> {
+        let get = |name: &str, value: Result<String, std::env::VarError>| match value {
+            Ok(v) => Ok(Some(v)),
+            Err(std::env::VarError::NotPresent) => Ok(None),
+            Err(std::env::VarError::NotUnicode(_)) => Err(format!("{name}: not valid UTF-8")),
+        };
+        Self::from_vars(
+            get(TOKENS_VAR, std::env::var(TOKENS_VAR))?,
+            get(TOKENS_FILE_VAR, std::env::var(TOKENS_FILE_VAR))?,
+        )
+    }
+
+    /// The tokens `RUNYARD_ALLOCATOR_TOKENS` (`list`: comma or newline
+    /// separated) or `RUNYARD_ALLOCATOR_TOKENS_FILE` (`file`: one per line,
+    /// blank lines and `#` comments ignored) name; neither set → none.
+    /// Refuses both set, an empty list or file and a token that could never
+    /// be sent (whitespace, control or non-ASCII characters), naming the
+    /// variable (never the token). An empty variable counts as unset
+    /// (compose's `${VAR:-}`).
+    pub fn from_vars(list: Option<String>, file: Option<String>) -> Result<Self, String> {
+        let set = |v: Option<String>| v.filter(|v| !v.trim().is_empty());
+        match (set(list), set(file)) {
+            (Some(_), Some(_)) => Err(format!(
+                "{TOKENS_VAR} and {TOKENS_FILE_VAR} are both set: set one of them"
+            )),
+            (Some(list), None) => {
+                let tokens: Vec<&str> = list
+                    .split([',', '\n'])
+                    .map(str::trim)
+                    .filter(|t| !t.is_empty())
+                    .collect();
+                Self::checked(TOKENS_VAR, "item", &tokens)
+            }
+            (None, Some(path)) => {
+                let path = path.trim();
+                let text = std::fs::read_to_string(Path::new(path))
+                    .map_err(|e| format!("{TOKENS_FILE_VAR}: reading {path}: {e}"))?;
+                let tokens: Vec<&str> = text
+                    .lines()
+                    .map(str::trim)
+                    .filter(|t| !t.is_empty() && !t.starts_with('#'))
+                    .collect();
+                Self::checked(TOKENS_FILE_VAR, "line", &tokens)
+            }
+            (None, None) => Ok(Self::default()),
+        }
+    }
+
+    fn checked(var: &str, what: &str, tokens: &[&str]) -> Result<Self, String> {
+        if tokens.is_empty() {
+            return Err(format!(
+                "{var}: no token in it (unset it to run without authentication)"
+            ));
+        }
+        for (i, t) in tokens.iter().enumerate() {
+            if !t.bytes().all(|b| b.is_ascii_graphic()) {
+                return Err(format!(
+                    "{var}: {what} {} has a character no client can send in a bearer token (whitespace, control or non-ASCII)",
+                    i + 1
+                ));
+            }
+        }
+        Ok(Self::new(tokens))
+    }
+}
+
+/// The token of an `Authorization: Bearer <token>` value: the scheme in any
+/// case (RFC 9110 §11.1), at least one space after it, no whitespace in the
+/// token; `None` otherwise.
+fn bearer(header: Option<&[u8]>) -> Option<&[u8]> {
+    const SCHEME: &[u8] = b"bearer";
+    let header = header?.trim_ascii();
+    let scheme = header.get(..SCHEME.len())?;
+    if !scheme.eq_ignore_ascii_case(SCHEME) {
+        return None;
+    }
+    let rest = header.get(SCHEME.len()..)?;
+    if !rest.first().is_some_and(u8::is_ascii_whitespace) {
+        return None;
+    }
+    let token = rest.trim_ascii();
+    let ok = !token.is_empty() && !token.iter().any(u8::is_ascii_whitespace);
+    ok.then_some(token)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn env(vars: &[(&str, &str)]) -> Result<Tokens, String> {
+        let vars: HashMap<&str, String> = vars.iter().map(|(k, v)| (*k, (*v).to_owned())).collect();
+        Tokens::from_vars(
+            vars.get(TOKENS_VAR).cloned(),
+            vars.get(TOKENS_FILE_VAR).cloned(),
+        )
+    }
+
+    #[test]
+    fn right_wrong_and_missing_tokens() {
+        let t = Tokens::new(["alpha", "beta"]);
+        assert_eq!(t.check(Some(b"Bearer alpha")), Ok(()));
+        assert_eq!(t.check(Some(b"bearer  beta ")), Ok(()));
+        assert_eq!(t.check(Some(b"Bearer gamma")), Err(Refusal::Unknown));
+        assert_eq!(t.check(Some(b"Bearer alph")), Err(Refusal::Unknown));
+        for missing in [
+            None,
+            Some(&b""[..]),
+            Some(b"Bearer"),
+            Some(b"Bearer "),
+            Some(b"BearerAlpha"),
+            Some(b"Basic YWxwaGE="),
+            Some(b"Bearer al pha"),
+        ] {
+            assert_eq!(t.check(missing), Err(Refusal::Missing), "{missing:?}");
+        }
+        assert_eq!(format!("{t:?}"), "Tokens(2 configured)");
+    }
+
+    #[test]
+    fn tokens_from_the_list_variable() {
+        let t = env(&[(TOKENS_VAR, "one, two\nthree,,")]).unwrap();
+        assert_eq!(t, Tokens::new(["one", "two", "three"]));
+        assert!(env(&[]).unwrap().is_empty());
+        // compose's `${RUNYARD_ALLOCATOR_TOKENS:-}`: unset.
+        assert!(env(&[(TOKENS_VAR, "")]).unwrap().is_empty());
+        let e = env(&[(TOKENS_VAR, " , ,")]).unwrap_err();
+        assert!(e.starts_with(TOKENS_VAR) && e.contains("no token"), "{e}");
+        let e = env(&[(TOKENS_VAR, "ok,bad\ttok")]).unwrap_err();
+        assert!(e.contains(TOKENS_VAR) && e.contains("item 2"), "{e}");
+        assert!(
+            !e.contains("bad"),
+            "the token stays out of the message: {e}"
+        );
+    }
+
+    #[test]
+    fn tokens_from_a_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokens");
+        std::fs::write(&path, "# rotated 2026-11\nold-token\n\n  new-token  \n").unwrap();
+        let p = path.to_str().unwrap();
+        let t = env(&[(TOKENS_FILE_VAR, p)]).unwrap();
+        assert_eq!(t, Tokens::new(["old-token", "new-token"]));
+
+        std::fs::write(&path, "\n# nothing yet\n   \n").unwrap();
+        let e = env(&[(TOKENS_FILE_VAR, p)]).unwrap_err();
+        assert!(
+            e.starts_with(TOKENS_FILE_VAR) && e.contains("no token"),
+            "{e}"
+        );
+
+        let missing = dir.path().join("absent");
+        let e = env(&[(TOKENS_FILE_VAR, missing.to_str().unwrap())]).unwrap_err();
+        assert!(e.starts_with(TOKENS_FILE_VAR), "{e}");
+    }
+
+    #[test]
+    fn both_variables_refuse_to_start_naming_both() {
+        let e = env(&[(TOKENS_VAR, "a"), (TOKENS_FILE_VAR, "/tokens")]).unwrap_err();
+        assert!(e.contains(TOKENS_VAR) && e.contains(TOKENS_FILE_VAR), "{e}");
+    }
+}

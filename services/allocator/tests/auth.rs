@@ -1,0 +1,319 @@
+//! Bearer tokens and the in-flight limit against the real allocator (real
+//! NATS and Postgres): calls without an accepted token are refused on gRPC
+//! and HTTP, counted, and leave no `AllocationIssued` event on the log;
+//! health, readiness and metrics stay open; the gantry endpoint opens with
+//! `RUNYARD_ALLOCATOR_ANONYMOUS_GANTRY`.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use runyard_allocator::auth::Tokens;
+use runyard_allocator::proto::RecommendRequest;
+use runyard_allocator::proto::allocator_client::AllocatorClient;
+use runyard_allocator::{App, Config};
+use runyard_bus::{Bus, StreamSettings};
+use runyard_events::Namespace;
+use runyard_testkit::{TestDb, TestNats, eventually, stream_messages, unique_namespace};
+use tokio::sync::oneshot;
+use tonic::transport::Channel;
+
+const TOKEN: &str = "ci-token-2026-11";
+const ROTATED: &str = "ci-token-2026-12";
+const SPEC: &str = "zlib@1.3.1 arch=linux-ubuntu22.04-x86_64%gcc@12.3.0";
+
+struct Running {
+    grpc: SocketAddr,
+    http: String,
+    ns: Namespace,
+    nats: TestNats,
+    db: TestDb,
+    stop: oneshot::Sender<()>,
+}
+
+async fn start(tokens: Tokens, anonymous_gantry: bool) -> Running {
+    runyard_telemetry::install_crypto_provider();
+    let nats = TestNats::get().await;
+    let ns = unique_namespace();
+    let db = TestDb::new();
+    runyard_store::migrate(&db.url).await.unwrap();
+    let bus = Bus::connect(&nats.url(), ns.clone(), "test", false)
+        .await
+        .unwrap();
+    bus.ensure_streams(&StreamSettings::default())
+        .await
+        .unwrap();
+    let local = SocketAddr::from(([127, 0, 0, 1], 0));
+    let app = App::build(Config {
+        nats_url: nats.url(),
+        namespace: ns.to_string(),
+        database_url: db.url.clone(),
+        allocator_listen: local,
+        allocator_http_listen: local,
+        allocator_tokens: tokens,
+        allocator_anonymous_gantry: anonymous_gantry,
+        ..Config::default()
+    })
+    .await
+    .unwrap();
+    let grpc = app.grpc_addr();
+    let http = format!("http://{}", app.http_addr());
+    let (stop, rx) = oneshot::channel::<()>();
+    tokio::spawn(app.run(async move {
+        let _ = rx.await;
+    }));
+    // Readiness needs no token.
+    let ready = eventually(Duration::from_secs(20), || async {
+        let r = reqwest::get(format!("{http}/readyz")).await.ok()?;
+        (r.status() == 200).then_some(())
+    })
+    .await;
+    assert!(ready.is_some(), "allocator ready");
+    Running {
+        grpc,
+        http,
+        ns,
+        nats,
+        db,
+        stop,
+    }
+}
+
+impl Running {
+    async fn client(&self) -> AllocatorClient<Channel> {
+        AllocatorClient::connect(format!("http://{}", self.grpc))
+            .await
+            .unwrap()
+    }
+
+    /// `AllocationIssued` events on the log now.
+    async fn allocation_events(&self) -> usize {
+        let c = async_nats::connect(self.nats.url()).await.unwrap();
+        stream_messages(&c, &self.ns.events_stream())
+            .await
+            .iter()
+            .filter(|m| m.subject.as_str() == self.ns.allocation_subject())
+            .count()
+    }
+
+    /// Waits until exactly `n` `AllocationIssued` events are on the log, and
+    /// checks no more arrive for a moment.
+    async fn expect_allocation_events(&self, n: usize) {
+        let seen = eventually(Duration::from_secs(10), || async {
+            let got = self.allocation_events().await;
+            (got >= n).then_some(got)
+        })
+        .await;
+        assert_eq!(seen, Some(n), "AllocationIssued events");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(self.allocation_events().await, n, "no late events");
+    }
+
+    /// A sample of the `/metrics` page, by series (with labels).
+    async fn metric(&self, series: &str) -> f64 {
+        let page = reqwest::get(format!("{}/metrics", self.http))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        page.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+            .unwrap_or_else(|| panic!("{series} not on the page:\n{page}"))
+            .parse()
+            .unwrap()
+    }
+
+    async fn get(&self, path: &str, token: Option<&str>) -> (u16, String) {
+        let mut r = reqwest::Client::new().get(format!("{}{path}", self.http));
+        if path == "/v1/allocation" {
+            r = r.query(&[("spec", SPEC)]);
+        }
+        if let Some(t) = token {
+            r = r.bearer_auth(t);
+        }
+        let r = r.send().await.unwrap();
+        (r.status().as_u16(), r.text().await.unwrap())
+    }
+
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        self.db.drop_db().await;
+    }
+}
+
+fn request(token: Option<&str>) -> tonic::Request<RecommendRequest> {
+    let mut req = tonic::Request::new(RecommendRequest {
+        workload: [("package".to_owned(), "zlib".to_owned())].into(),
+        r#ref: "main".into(),
+    });
+    if let Some(t) = token {
+        req.metadata_mut()
+            .insert("authorization", format!("Bearer {t}").parse().unwrap());
+    }
+    req
+}
+
+#[tokio::test]
+async fn grpc_calls_without_a_known_token_are_refused_and_publish_nothing() {
+    let running = start(Tokens::new([TOKEN]), false).await;
+    let mut client = running.client().await;
+
+    let err = client.recommend(request(None)).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unauthenticated);
+    assert_eq!(err.message(), "missing bearer token");
+    let err = client
+        .recommend(request(Some("guessed")))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unauthenticated);
+    assert_eq!(err.message(), "unknown token");
+    assert!(!err.message().contains("guessed"));
+    let mut batch = tonic::Request::new(runyard_allocator::proto::RecommendBatchRequest {
+        requests: vec![request(None).into_inner()],
+    });
+    batch
+        .metadata_mut()
+        .insert("authorization", "Basic Y2k6dG9rZW4=".parse().unwrap());
+    let err = client.recommend_batch(batch).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unauthenticated);
+    assert_eq!(err.message(), "missing bearer token");
+
+    // Refused calls issue nothing: the one answered call is the one event.
+    let answer = client.recommend(request(Some(TOKEN))).await.unwrap();
+    assert!(answer.into_inner().memory_limit_bytes > 0);
+    running.expect_allocation_events(1).await;
+
+    let refused = |reason| {
+        format!("runyard_allocator_auth_refused_total{{api=\"grpc\",reason=\"{reason}\"}}")
+    };
+    assert_eq!(running.metric(&refused("missing")).await, 2.0);
+    assert_eq!(running.metric(&refused("unknown")).await, 1.0);
+    assert_eq!(
+        running.metric("runyard_allocator_calls_shed_total").await,
+        0.0
+    );
+
+    // Health and reflection stay open.
+    let channel = Channel::from_shared(format!("http://{}", running.grpc))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let status = tonic_health::pb::health_client::HealthClient::new(channel.clone())
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: "runyard.allocator.v1.Allocator".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        status.status(),
+        tonic_health::pb::health_check_response::ServingStatus::Serving
+    );
+    use tonic_reflection::pb::v1::{
+        ServerReflectionRequest, server_reflection_client::ServerReflectionClient,
+        server_reflection_request::MessageRequest,
+    };
+    let mut answers = ServerReflectionClient::new(channel)
+        .server_reflection_info(futures::stream::iter([ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some(MessageRequest::ListServices(String::new())),
+        }]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(answers.message().await.unwrap().is_some());
+    running.stop().await;
+}
+
+#[tokio::test]
+async fn http_wants_a_token_except_health_readiness_and_metrics() {
+    let running = start(Tokens::new([TOKEN]), false).await;
+    for path in ["/healthz", "/readyz", "/metrics"] {
+        assert_eq!(running.get(path, None).await.0, 200, "{path}");
+    }
+    // Gantry's endpoint and any other path: 401, naming the problem.
+    for path in ["/v1/allocation", "/v1/other"] {
+        let (status, body) = running.get(path, None).await;
+        assert_eq!(
+            (status, body.as_str()),
+            (401, r#"{"error":"missing bearer token"}"#)
+        );
+        let (status, body) = running.get(path, Some("guessed")).await;
+        assert_eq!(
+            (status, body.as_str()),
+            (401, r#"{"error":"unknown token"}"#)
+        );
+    }
+    running.expect_allocation_events(0).await;
+    let (status, body) = running.get("/v1/allocation", Some(TOKEN)).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("variables"), "{body}");
+    // With a token an unknown path is just unknown.
+    assert_eq!(running.get("/v1/other", Some(TOKEN)).await.0, 404);
+    running.expect_allocation_events(1).await;
+
+    let refused = |reason| {
+        format!("runyard_allocator_auth_refused_total{{api=\"http\",reason=\"{reason}\"}}")
+    };
+    assert_eq!(running.metric(&refused("missing")).await, 2.0);
+    assert_eq!(running.metric(&refused("unknown")).await, 2.0);
+    running.stop().await;
+}
+
+#[tokio::test]
+async fn anonymous_gantry_opens_only_the_gantry_endpoint() {
+    let running = start(Tokens::new([TOKEN]), true).await;
+    let (status, body) = running.get("/v1/allocation", None).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("variables"), "{body}");
+    let (status, body) = running.get("/v1/other", None).await;
+    assert_eq!(
+        (status, body.as_str()),
+        (401, r#"{"error":"missing bearer token"}"#)
+    );
+    let mut client = running.client().await;
+    let err = client.recommend(request(None)).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unauthenticated);
+    running.expect_allocation_events(1).await;
+    running.stop().await;
+}
+
+#[tokio::test]
+async fn every_token_of_a_token_file_is_accepted() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tokens");
+    std::fs::write(
+        &file,
+        format!("# old, until every client has the new one\n{TOKEN}\n\n{ROTATED}\n"),
+    )
+    .unwrap();
+    let tokens = Tokens::from_vars(None, Some(file.to_str().unwrap().to_owned())).unwrap();
+    let running = start(tokens, false).await;
+    let mut client = running.client().await;
+    for token in [TOKEN, ROTATED] {
+        client.recommend(request(Some(token))).await.unwrap();
+        assert_eq!(running.get("/v1/allocation", Some(token)).await.0, 200);
+    }
+    let err = client
+        .recommend(request(Some("ci-token-2026-10")))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unauthenticated);
+    running.expect_allocation_events(4).await;
+    running.stop().await;
+}
+
+#[tokio::test]
+async fn without_tokens_anyone_is_answered() {
+    let running = start(Tokens::default(), false).await;
+    let mut client = running.client().await;
+    client.recommend(request(None)).await.unwrap();
+    // A token sent anyway is not checked.
+    client.recommend(request(Some("anything"))).await.unwrap();
+    assert_eq!(running.get("/v1/allocation", None).await.0, 200);
+    running.expect_allocation_events(3).await;
+    running.stop().await;
+}

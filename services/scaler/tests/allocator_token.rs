@@ -1,0 +1,123 @@
+//! The scaler's `Recommend` call carries `RUNYARD_ALLOCATOR_CLIENT_TOKEN`:
+//! against a real allocator that wants a token (real NATS and Postgres), a
+//! job is right-sized with the token and falls back to the first flavor
+//! without it or with a wrong one.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytesize::ByteSize;
+use runyard_allocator::auth::Tokens;
+use runyard_bus::{Bus, StreamSettings};
+use runyard_events::{Forge, JobStatus};
+use runyard_scaler::config::Flavor;
+use runyard_scaler::sizing::Allocator;
+use runyard_scaler::world::{Job, JobId};
+use runyard_testkit::{TestDb, TestNats, eventually, unique_namespace};
+
+const TOKEN: &str = "scaler-to-allocator";
+
+fn job() -> Job {
+    Job {
+        id: JobId {
+            forge: Forge::Github,
+            instance: "github.com".into(),
+            job_id: 42,
+        },
+        run_attempt: 1,
+        labels: Some(vec!["self-hosted".into()]),
+        status: JobStatus::Queued,
+        cancelled: false,
+        queued_at: Duration::ZERO,
+        project: "acme/widgets".into(),
+        project_id: 7,
+        workflow: "ci".into(),
+        name: "build".into(),
+        git_ref: "refs/heads/main".into(),
+        runner_name: None,
+        given_up: false,
+    }
+}
+
+#[tokio::test]
+async fn the_recommend_call_carries_the_client_token() {
+    runyard_telemetry::install_crypto_provider();
+    let nats = TestNats::get().await;
+    let ns = unique_namespace();
+    let db = TestDb::new();
+    runyard_store::migrate(&db.url).await.unwrap();
+    Bus::connect(&nats.url(), ns.clone(), "test", false)
+        .await
+        .unwrap()
+        .ensure_streams(&StreamSettings::default())
+        .await
+        .unwrap();
+    let local = SocketAddr::from(([127, 0, 0, 1], 0));
+    let app = runyard_allocator::App::build(runyard_allocator::Config {
+        nats_url: nats.url(),
+        namespace: ns.to_string(),
+        database_url: db.url.clone(),
+        allocator_listen: local,
+        allocator_http_listen: local,
+        allocator_tokens: Tokens::new([TOKEN]),
+        ..runyard_allocator::Config::default()
+    })
+    .await
+    .unwrap();
+    let url = format!("http://{}", app.grpc_addr());
+    let http = format!("http://{}", app.http_addr());
+    let (stop, rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(app.run(async move {
+        let _ = rx.await;
+    }));
+    let ready = eventually(Duration::from_secs(20), || async {
+        let r = reqwest::get(format!("{http}/readyz")).await.ok()?;
+        (r.status() == 200).then_some(())
+    })
+    .await;
+    assert!(ready.is_some(), "allocator ready");
+
+    // Any recommendation (the defaults, without history) is above the
+    // small flavor: right-sizing picks the large one.
+    let flavors =
+        [("small", ByteSize::mib(1)), ("large", ByteSize::tib(1))].map(|(name, memory)| Flavor {
+            name: name.into(),
+            memory,
+            cpus: 2,
+        });
+    let timeout = Duration::from_secs(5);
+    let sized = Allocator::new(&url, Some(TOKEN.to_owned().into()), timeout)
+        .size(&job(), &flavors)
+        .await;
+    assert!(!sized.allocator_unavailable, "{sized:?}");
+    assert!(
+        sized
+            .recommended_limit
+            .is_some_and(|l| l > ByteSize::mib(1).as_u64())
+    );
+    assert_eq!(sized.flavor, 1, "{sized:?}");
+
+    for token in [None, Some("not-the-token".to_owned().into())] {
+        let sized = Allocator::new(&url, token, timeout)
+            .size(&job(), &flavors)
+            .await;
+        assert!(sized.allocator_unavailable, "{sized:?}");
+        assert_eq!((sized.flavor, sized.recommended_limit), (0, None));
+    }
+
+    let page = reqwest::get(format!("{http}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for reason in ["missing", "unknown"] {
+        let series =
+            format!("runyard_allocator_auth_refused_total{{api=\"grpc\",reason=\"{reason}\"}} 1");
+        assert!(page.contains(&series), "{series} in\n{page}");
+    }
+    let _ = stop.send(());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    db.drop_db().await;
+}
