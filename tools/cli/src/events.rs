@@ -30,6 +30,26 @@ pub struct TailArgs {
     /// `30m`, `6h`, `2d`), instead of the whole log.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub since: Option<Duration>,
+    /// Only the messages of this trace (32 hex digits: the `trace_id` of a
+    /// log line, or of another message here): one delivery's whole story.
+    #[arg(long, value_name = "TRACE_ID", value_parser = parse_trace_id)]
+    pub trace: Option<u128>,
+}
+
+/// A trace id as logs and `--json` print it: 32 hex digits, not all zero.
+pub fn parse_trace_id(s: &str) -> Result<u128, String> {
+    match u128::from_str_radix(s, 16) {
+        Ok(id) if s.len() == 32 && id != 0 => Ok(id),
+        _ => Err(format!(
+            "{s:?} is not a trace id (32 hex digits, not all zero)"
+        )),
+    }
+}
+
+/// The trace a message belongs to: its `traceparent` header's trace id.
+fn trace_of(msg: &jetstream::Message) -> Option<u128> {
+    let tp = msg.headers.as_ref()?.get(runyard_bus::TRACEPARENT_HEADER)?;
+    runyard_bus::TraceParent::parse(tp.as_str()).map(|t| t.trace_id)
 }
 
 /// `90s`, `30m`, `6h`, `2d`, `1w` (a bare number is seconds).
@@ -150,12 +170,14 @@ pub async fn tail(global: &Global, args: &TailArgs) -> Result<u8, Failure> {
             .info()
             .map(|i| (i.stream_sequence, i.pending))
             .unwrap_or_default();
-        let line = if args.raw {
-            raw_line(&msg, seq, global.json)
-        } else {
-            event_line(&msg, seq, global.json)
-        };
-        out(&line);
+        if args.trace.is_none() || trace_of(&msg) == args.trace {
+            let line = if args.raw {
+                raw_line(&msg, seq, global.json)
+            } else {
+                event_line(&msg, seq, global.json)
+            };
+            out(&line);
+        }
         if !args.follow && pending == 0 {
             break;
         }
@@ -196,6 +218,7 @@ fn event_line(msg: &jetstream::Message, seq: u64, json: bool) -> String {
             json!({
                 "seq": seq,
                 "subject": msg.subject.as_str(),
+                "trace_id": trace_of(msg).map(|t| format!("{t:032x}")),
                 "event": event_json(&event),
             })
         ),

@@ -678,6 +678,30 @@ async fn replay_sends_signed_deliveries_and_events_tail_shows_them() {
     assert_eq!(events[0]["event"]["body"]["status"], "queued");
     assert_eq!(events[2]["event"]["body"]["job"]["job_id"], 4711);
 
+    // One delivery's story by its trace id: each delivery here started its
+    // own trace, so the queued job's trace holds its event alone.
+    let traces: Vec<&str> = events
+        .iter()
+        .map(|e| e["trace_id"].as_str().expect("every event names its trace"))
+        .collect();
+    assert!(traces.iter().all(|t| t.len() == 32), "{traces:?}");
+    let o = runyard(
+        &stack.target,
+        &["events", "tail", "--trace", traces[0], "--json"],
+    )
+    .await;
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let of_trace: Vec<Value> = stdout(&o)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!(!of_trace.is_empty(), "{}", stdout(&o));
+    assert!(of_trace.iter().all(|e| e["trace_id"] == traces[0]));
+    assert!(of_trace.iter().all(|e| e["trace_id"] != traces[2]));
+    let o = runyard(&stack.target, &["events", "tail", "--trace", "nothex"]).await;
+    assert_eq!(code(&o), 2, "a malformed trace id is a usage error");
+    assert!(stderr(&o).contains("not a trace id"), "{}", stderr(&o));
+
     // The raw deliveries: headers and sizes, never the GitLab token.
     let o = runyard(&stack.target, &["events", "tail", "--raw", "--json"]).await;
     assert_eq!(code(&o), 0, "{}", stderr(&o));
