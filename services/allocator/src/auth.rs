@@ -12,6 +12,7 @@
 
 use std::path::Path;
 
+use runyard_forge::bearer;
 use sha2::{Digest as _, Sha256};
 use subtle::ConstantTimeEq as _;
 
@@ -162,25 +163,6 @@ impl Tokens {
         }
         Ok(Self::new(tokens))
     }
-}
-
-/// The token of an `Authorization: Bearer <token>` value: the scheme in any
-/// case (RFC 9110 §11.1), at least one space after it, no whitespace in the
-/// token; `None` otherwise.
-fn bearer(header: Option<&[u8]>) -> Option<&[u8]> {
-    const SCHEME: &[u8] = b"bearer";
-    let header = header?.trim_ascii();
-    let scheme = header.get(..SCHEME.len())?;
-    if !scheme.eq_ignore_ascii_case(SCHEME) {
-        return None;
-    }
-    let rest = header.get(SCHEME.len()..)?;
-    if !rest.first().is_some_and(u8::is_ascii_whitespace) {
-        return None;
-    }
-    let token = rest.trim_ascii();
-    let ok = !token.is_empty() && !token.iter().any(u8::is_ascii_whitespace);
-    ok.then_some(token)
 }
 
 #[cfg(test)]
