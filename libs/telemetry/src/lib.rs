@@ -61,19 +61,36 @@ pub fn init_tracing() -> Result<(), traces::ExportError> {
     }
 }
 
-/// The subscriber: the log layer, filtered by `RUST_LOG`, and the
-/// OpenTelemetry layer, which sees only runyard's own spans at INFO or
-/// above (never log events: they are not span events here).
+/// Installs [`subscriber`] as the global default, with the `log` bridge.
 pub(crate) fn init_subscriber(tracer: opentelemetry_sdk::trace::SdkTracer) {
     use tracing_subscriber::EnvFilter;
-    use tracing_subscriber::filter::filter_fn;
-    use tracing_subscriber::prelude::*;
+    use tracing_subscriber::util::SubscriberInitExt as _;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let _ = subscriber(tracer, filter, LogFormat::from_env()).try_init();
+}
+
+/// The subscriber: the log layer, filtered by `filter`, and the
+/// OpenTelemetry layer, which sees only runyard's own spans at INFO or
+/// above (never log events: they are not span events here).
+///
+/// Both filters state the most verbose level they can want, so the
+/// process-wide maximum is INFO unless `filter` asks for more: a `debug!`
+/// or `trace!` of any crate (and a `log_enabled!(Debug)` through the `log`
+/// bridge, which sqlx checks after every query) then stops at one
+/// comparison instead of asking every layer's filter.
+pub(crate) fn subscriber(
+    tracer: opentelemetry_sdk::trace::SdkTracer,
+    filter: tracing_subscriber::EnvFilter,
+    format: LogFormat,
+) -> Box<dyn tracing::Subscriber + Send + Sync> {
+    use tracing_subscriber::filter::{LevelFilter, filter_fn};
+    use tracing_subscriber::prelude::*;
     let spans = filter_fn(|meta| {
         meta.is_span()
             && meta.target().starts_with("runyard")
             && *meta.level() <= tracing::Level::INFO
-    });
+    })
+    .with_max_level_hint(LevelFilter::INFO);
     let otel = tracing_opentelemetry::layer()
         .with_tracer(tracer)
         .with_tracked_inactivity(false)
@@ -84,18 +101,16 @@ pub(crate) fn init_subscriber(tracer: opentelemetry_sdk::trace::SdkTracer) {
         .with_filter(filter::Fresh(spans));
     let registry = tracing_subscriber::registry().with(otel);
     let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
-    let _ = match LogFormat::from_env() {
-        LogFormat::Json => registry
-            .with(
+    match format {
+        LogFormat::Json => Box::new(
+            registry.with(
                 fmt.fmt_fields(tracing_subscriber::fmt::format::JsonFields::new())
                     .event_format(log::JsonWithTrace::new())
                     .with_filter(filter::Fresh(filter)),
-            )
-            .try_init(),
-        LogFormat::Pretty => registry
-            .with(fmt.with_filter(filter::Fresh(filter)))
-            .try_init(),
-    };
+            ),
+        ),
+        LogFormat::Pretty => Box::new(registry.with(fmt.with_filter(filter::Fresh(filter)))),
+    }
 }
 
 /// A shareable Prometheus registry.
@@ -204,5 +219,26 @@ mod tests {
         c.inc();
         let text = m.encode();
         assert!(text.contains("runyard_deliveries_total 1"), "{text}");
+    }
+
+    /// The most verbose level the process asks for, with `filter` as
+    /// `RUST_LOG`.
+    fn max_level(filter: &str) -> Option<tracing::level_filters::LevelFilter> {
+        use opentelemetry::trace::TracerProvider as _;
+        let tracer = opentelemetry_sdk::trace::SdkTracerProvider::builder()
+            .build()
+            .tracer("test");
+        let filter = tracing_subscriber::EnvFilter::new(filter);
+        subscriber(tracer, filter, LogFormat::Json).max_level_hint()
+    }
+
+    #[test]
+    fn debug_and_trace_callsites_are_off_unless_rust_log_asks_for_them() {
+        use tracing::level_filters::LevelFilter;
+        // The spans need INFO; nothing needs DEBUG or TRACE.
+        assert_eq!(max_level("warn"), Some(LevelFilter::INFO));
+        assert_eq!(max_level("info"), Some(LevelFilter::INFO));
+        assert_eq!(max_level("runyard=debug"), Some(LevelFilter::DEBUG));
+        assert_eq!(max_level("trace"), Some(LevelFilter::TRACE));
     }
 }

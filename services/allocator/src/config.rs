@@ -41,6 +41,13 @@ pub struct Config {
     /// `RUNYARD_ALLOCATOR_MAX_IN_FLIGHT`: `Allocator` gRPC calls handled at
     /// once; one more is answered `RESOURCE_EXHAUSTED` at once.
     pub allocator_max_in_flight: usize,
+    /// `RUNYARD_ALLOCATOR_MAX_WORKLOADS`: most workloads the model keeps
+    /// state for (the model's `max_workloads`); the least recently observed
+    /// are forgotten past it.
+    pub allocator_max_workloads: usize,
+    /// `RUNYARD_ALLOCATOR_HISTORY_DAYS`: days of usage samples loaded at
+    /// start (0 = all of them).
+    pub allocator_history_days: u32,
     /// The bearer tokens accepted (`RUNYARD_ALLOCATOR_TOKENS` or
     /// `RUNYARD_ALLOCATOR_TOKENS_FILE`, read from the environment only:
     /// never from the TOML file, never serialized); none → anonymous.
@@ -65,6 +72,8 @@ impl Default for Config {
             allocator_target_oom: 0.03,
             allocator_anonymous_gantry: false,
             allocator_max_in_flight: 1024,
+            allocator_max_workloads: 200_000,
+            allocator_history_days: 180,
             allocator_tokens: Tokens::default(),
             model: Params::default(),
         }
@@ -83,6 +92,8 @@ const ENV_KEYS: &[&str] = &[
     "allocator_target_oom",
     "allocator_anonymous_gantry",
     "allocator_max_in_flight",
+    "allocator_max_workloads",
+    "allocator_history_days",
 ];
 
 impl Config {
@@ -100,6 +111,12 @@ impl Config {
                 "RUNYARD_ALLOCATOR_MAX_IN_FLIGHT: 0 would refuse every call; at least 1".into(),
             ));
         }
+        if config.allocator_max_workloads == 0 {
+            return Err(refuse(
+                "RUNYARD_ALLOCATOR_MAX_WORKLOADS: 0 would keep no history; at least 1".into(),
+            ));
+        }
+        config.model.max_workloads = config.allocator_max_workloads;
         config.allocator_tokens = Tokens::from_process_env().map_err(refuse)?;
         Ok(config)
     }
@@ -189,12 +206,23 @@ mod tests {
             let c = Config::load(None).map_err(|e| e.to_string())?;
             assert!(!c.allocator_anonymous_gantry);
             assert_eq!(c.allocator_max_in_flight, 1024);
+            assert_eq!(c.model.max_workloads, 200_000);
+            assert_eq!(c.allocator_history_days, 180);
             assert!(c.allocator_tokens.is_empty());
             jail.set_env("RUNYARD_ALLOCATOR_ANONYMOUS_GANTRY", "true");
             jail.set_env("RUNYARD_ALLOCATOR_MAX_IN_FLIGHT", "8");
             let c = Config::load(None).map_err(|e| e.to_string())?;
             assert!(c.allocator_anonymous_gantry);
             assert_eq!(c.allocator_max_in_flight, 8);
+            jail.set_env("RUNYARD_ALLOCATOR_MAX_WORKLOADS", "5000");
+            jail.set_env("RUNYARD_ALLOCATOR_HISTORY_DAYS", "30");
+            let c = Config::load(None).map_err(|e| e.to_string())?;
+            assert_eq!(c.model.max_workloads, 5000);
+            assert_eq!(c.allocator_history_days, 30);
+            jail.set_env("RUNYARD_ALLOCATOR_MAX_WORKLOADS", "0");
+            let e = Config::load(None).err().ok_or("accepted")?.to_string();
+            assert!(e.starts_with("RUNYARD_ALLOCATOR_MAX_WORKLOADS:"), "{e}");
+            jail.set_env("RUNYARD_ALLOCATOR_MAX_WORKLOADS", "5000");
             for bad in ["yes", "maybe", "2"] {
                 jail.set_env("RUNYARD_ALLOCATOR_ANONYMOUS_GANTRY", bad);
                 let e = Config::load(None).err().ok_or("accepted")?.to_string();

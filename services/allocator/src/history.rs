@@ -55,10 +55,11 @@ pub async fn load(state: &State) -> Result<(HashSet<String>, time::OffsetDateTim
                 memory_limit_bytes, memory_request_bytes, cpu_seconds, wall_seconds,
                 oom_killed, reported_at,
                 CASE WHEN reported_at >= $2 THEN event_id END AS recent_id
-         FROM usage_samples ORDER BY id",
+         FROM usage_samples WHERE reported_at >= $3 ORDER BY id",
     )
     .bind(&protected)
     .bind(recent_after)
+    .bind(oldest_loaded(&state.config, started))
     .fetch(&pool);
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Chunk>(4);
     let feeder = {
@@ -113,6 +114,7 @@ pub async fn load(state: &State) -> Result<(HashSet<String>, time::OffsetDateTim
         .await
         .map_err(|e| sqlx::Error::Protocol(format!("history feeder failed: {e}")))?;
     outcome?;
+    state.model_metrics();
     let (workloads, samples) = state.model_read().stats();
     tracing::info!(
         loaded,
@@ -122,6 +124,15 @@ pub async fn load(state: &State) -> Result<(HashSet<String>, time::OffsetDateTim
         "history loaded"
     );
     Ok((recent, started))
+}
+
+/// The oldest sample a load at `now` reads: `allocator_history_days`
+/// back, or all of them for 0.
+fn oldest_loaded(config: &crate::Config, now: time::OffsetDateTime) -> time::OffsetDateTime {
+    match config.allocator_history_days {
+        0 => time::OffsetDateTime::UNIX_EPOCH - time::Duration::days(365_000),
+        days => now - time::Duration::days(i64::from(days)),
+    }
 }
 
 /// Decoded rows on their way to the model: the keys in one buffer.
@@ -330,6 +341,7 @@ impl Handler for UsageFollower {
             self.state.model_write().observe(&w, o);
             self.state.metrics.samples_observed.inc();
         }
+        self.state.model_metrics();
         Ok(Vec::new())
     }
 }
@@ -383,6 +395,50 @@ mod tests {
         super::load(state).await.unwrap();
         assert_eq!(state.model_read().stats(), once);
         assert_eq!(state.model_read().recommend(&w), answer);
+        db.drop_db().await;
+    }
+
+    #[tokio::test]
+    async fn a_load_reads_only_the_configured_days_of_history() {
+        let nats = TestNats::get().await;
+        let db = TestDb::new();
+        runyard_store::migrate(&db.url).await.unwrap();
+        let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
+        // 12 samples a day apart, the newest 5 days old.
+        sqlx::query(
+            "INSERT INTO usage_samples (forge, instance, job_id, attempt, event_id, ref, workload,
+                workload_key, peak_memory_bytes, memory_limit_bytes, cpu_seconds, wall_seconds,
+                oom_killed, reported_at)
+             SELECT 'gitlab', 'ci.example', j, 1, 'usage:gitlab:ci.example:' || j || ':1',
+                'develop', '{\"package\": \"zlib\"}', 'package=zlib', 1000000000,
+                4000000000, 60, 30, false, now() - ((j + 4) || ' days')::interval
+             FROM generate_series(1, 12) AS j",
+        )
+        .execute(&pool)
+        .await
+        .unwrap();
+        pool.close().await;
+        let mut held = Vec::new();
+        for days in [10, 0] {
+            let app = App::build(Config {
+                nats_url: nats.url(),
+                namespace: unique_namespace().to_string(),
+                database_url: db.url.clone(),
+                allocator_listen: "127.0.0.1:0".parse().unwrap(),
+                allocator_http_listen: "127.0.0.1:0".parse().unwrap(),
+                allocator_history_days: days,
+                ..Config::default()
+            })
+            .await
+            .unwrap();
+            super::load(&app.state).await.unwrap();
+            held.push(app.state.model_read().stats().1);
+            let text = app.state.registry.encode();
+            let gauge = format!("runyard_allocator_samples {}", held.last().unwrap());
+            assert!(text.contains(&gauge), "{text}");
+        }
+        // 10 days back: the samples 5–9 days old; 0: every one.
+        assert_eq!(held, [5, 12]);
         db.drop_db().await;
     }
 }

@@ -90,6 +90,7 @@ struct AllocatorMetrics {
     allocations_dropped: Counter,
     workloads: Gauge,
     samples: Gauge,
+    workloads_evicted: Counter,
     /// `auth_refused{api, reason}`, resolved once: `[door][refusal]`.
     auth_refused: [[Counter; REFUSALS.len()]; DOORS.len()],
     /// gRPC calls answered `RESOURCE_EXHAUSTED` (see [`shed`]).
@@ -119,6 +120,7 @@ impl AllocatorMetrics {
             allocations_dropped: Counter::default(),
             workloads: Gauge::default(),
             samples: Gauge::default(),
+            workloads_evicted: Counter::default(),
             auth_refused,
             calls_shed: Counter::default(),
         };
@@ -141,6 +143,11 @@ impl AllocatorMetrics {
             );
             r.register("workloads", "Workloads with history", m.workloads.clone());
             r.register("samples", "Samples held by the model", m.samples.clone());
+            r.register(
+                "workloads_evicted",
+                "Workloads the model forgot (least recently observed) to stay within RUNYARD_ALLOCATOR_MAX_WORKLOADS",
+                m.workloads_evicted.clone(),
+            );
             r.register(
                 "auth_refused",
                 "Calls refused for a missing or unknown bearer token, by API and reason",
@@ -188,6 +195,22 @@ impl Inner {
 
     fn model_write(&self) -> RwLockWriteGuard<'_, model::Model> {
         self.model.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Brings the model's gauges up to date (after a load or a batch of
+    /// observations).
+    fn model_metrics(&self) {
+        let (workloads, samples, evicted) = {
+            let model = self.model_read();
+            let (w, s) = model.stats();
+            (w, s, model.evicted())
+        };
+        let m = &self.metrics;
+        m.workloads
+            .set(i64::try_from(workloads).unwrap_or(i64::MAX));
+        m.samples.set(i64::try_from(samples).unwrap_or(i64::MAX));
+        m.workloads_evicted
+            .inc_by(evicted.saturating_sub(m.workloads_evicted.get()));
     }
 
     fn is_protected(&self, r: &str) -> bool {

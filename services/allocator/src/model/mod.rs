@@ -205,6 +205,10 @@ pub struct Params {
     /// cores than it has make jobs (configure, link and serial phases), so
     /// jobs = cores × this keeps the cores-used feedback loop from shrinking.
     pub build_jobs_per_core: f64,
+    /// Most workloads (full keys) the model keeps state for
+    /// (`RUNYARD_ALLOCATOR_MAX_WORKLOADS`); past it, the least recently
+    /// observed eighth is forgotten, with the level windows only they used.
+    pub max_workloads: usize,
 }
 
 fn ladder(levels: &[&[&str]]) -> Vec<Vec<String>> {
@@ -283,6 +287,7 @@ impl Default for Params {
             retry_quantile: 0.999,
             retry_coverage: 0.95,
             build_jobs_per_core: 1.5,
+            max_workloads: 200_000,
         }
     }
 }
@@ -380,6 +385,10 @@ pub struct Model {
     pooled_n: f64,
     /// Samples held at the most specific level (each observation once).
     held: usize,
+    /// Windows no workload uses any more, to be handed out again.
+    free: Vec<u32>,
+    /// Workloads forgotten to stay within `max_workloads`.
+    evicted: u64,
 }
 
 /// The most recent samples of one level key, oldest first, and their fit —
@@ -424,6 +433,8 @@ struct WorkloadState {
     /// The window of each level of its ladder (`NO_WINDOW` for none),
     /// resolved at its first protected observation; empty before.
     windows: Vec<u32>,
+    /// When it was last observed (as [`compact_time`]).
+    last_seen: u32,
 }
 
 /// The level a recommendation is based on.
@@ -561,6 +572,7 @@ impl Model {
         params.half_life_days = non_negative(params.half_life_days);
         params.sigma_half_life_samples = non_negative(params.sigma_half_life_samples);
         params.censored_factor = non_negative(params.censored_factor).max(1.0);
+        params.max_workloads = params.max_workloads.max(1);
         params.build_jobs_per_core = if params.build_jobs_per_core.is_finite() {
             params.build_jobs_per_core.clamp(0.1, 16.0)
         } else {
@@ -609,6 +621,8 @@ impl Model {
             pooled_n: 0.0,
             params,
             held: 0,
+            free: Vec::new(),
+            evicted: 0,
         }
     }
 
@@ -642,6 +656,11 @@ impl Model {
         (self.workloads.len(), self.held)
     }
 
+    /// Workloads forgotten so far to stay within `max_workloads`.
+    pub fn evicted(&self) -> u64 {
+        self.evicted
+    }
+
     /// Adds one finished job attempt of `workload`. Observations may arrive
     /// slightly out of time order.
     pub fn observe(&mut self, workload: &Workload, obs: Observation) {
@@ -656,6 +675,10 @@ impl Model {
         let at = if obs.at.is_finite() { obs.at } else { 0.0 };
         let keep = self.params.oom_max_retries as usize + 1;
         let (index, check) = self.hasher.hash(full);
+        if self.workloads.len() >= self.params.max_workloads && !self.workloads.contains_key(&index)
+        {
+            self.evict();
+        }
         let state = self
             .workloads
             .entry(index)
@@ -663,11 +686,13 @@ impl Model {
                 check,
                 streak: Streak::new(),
                 windows: Vec::new(),
+                last_seen: 0,
             });
         if state.check != check {
             // Another workload holds this 64-bit hash: keep the first.
             return;
         }
+        state.last_seen = state.last_seen.max(compact_time(at));
         // A first attempt: no kill of this workload since its last success
         // (a retry follows a kill).
         let first_attempt = state.streak.kills.is_empty();
@@ -702,6 +727,15 @@ impl Model {
             calibration.record(sd, obs.oom_killed);
         }
         if !obs.protected {
+            // Nothing learned (no sample, no kill to remember): keep no
+            // state for it, so unprotected reports cannot grow the model.
+            if self
+                .workloads
+                .get(&index)
+                .is_some_and(|s| s.windows.is_empty() && s.streak.kills.is_empty())
+            {
+                self.workloads.remove(&index);
+            }
             return;
         }
 
@@ -966,14 +1000,73 @@ impl Model {
             // Another key holds this 64-bit hash: this one gets no history.
             Some(_) => NO_WINDOW,
             None => {
-                let id = u32::try_from(self.windows.len()).unwrap_or(NO_WINDOW);
+                let id = match self.free.pop() {
+                    Some(id) => id,
+                    None => {
+                        let id = u32::try_from(self.windows.len()).unwrap_or(NO_WINDOW);
+                        if id != NO_WINDOW {
+                            self.windows.push(Window::default());
+                        }
+                        id
+                    }
+                };
                 if id != NO_WINDOW {
-                    self.windows.push(Window::default());
                     self.levels.insert(index, (check, id));
                 }
                 id
             }
         }
+    }
+
+    /// Forgets the least recently observed eighth of the workloads, and
+    /// the windows no remaining workload uses (their slots are reused).
+    /// Amortised: one pass over the state per `max_workloads / 8` new
+    /// workloads.
+    fn evict(&mut self) {
+        let cap = self.params.max_workloads;
+        let keep = cap - cap / 8;
+        let excess = self.workloads.len().saturating_sub(keep);
+        if excess == 0 {
+            return;
+        }
+        let mut ages: Vec<u32> = self.workloads.values().map(|s| s.last_seen).collect();
+        let (_, &mut cutoff, _) = ages.select_nth_unstable(excess - 1);
+        // Everything older than the cutoff goes, then ties until `excess`.
+        let mut ties = excess - ages[..excess].iter().filter(|&&a| a < cutoff).count();
+        self.workloads.retain(|_, s| {
+            if s.last_seen < cutoff {
+                false
+            } else if s.last_seen == cutoff && ties > 0 {
+                ties -= 1;
+                false
+            } else {
+                true
+            }
+        });
+        self.evicted += excess as u64;
+        let mut used = vec![false; self.windows.len()];
+        let mut exact = vec![false; self.windows.len()];
+        for s in self.workloads.values() {
+            for (level, &id) in s.windows.iter().enumerate() {
+                if id != NO_WINDOW {
+                    used[id as usize] = true;
+                    exact[id as usize] |= level == 0;
+                }
+            }
+        }
+        self.levels.retain(|_, &mut (_, id)| used[id as usize]);
+        self.free.clear();
+        self.held = 0;
+        for (id, window) in self.windows.iter_mut().enumerate() {
+            if !used[id] {
+                *window = Window::default();
+                self.free.push(id as u32);
+            } else if exact[id] {
+                self.held += window.len();
+            }
+        }
+        // Lowest slots first, so the vector's tail is what stays unused.
+        self.free.reverse();
     }
 
     /// The window of a level key, if it has one.

@@ -240,7 +240,7 @@ fn only_protected_refs_train() {
         model.observe(&w, unprotected(ok(now(i), 40 * GB)));
     }
     assert!(model.recommend(&w).basis.defaults);
-    assert_eq!(model.stats(), (1, 0));
+    assert_eq!(model.stats(), (0, 0));
     train(&mut model, &w, 5, GB, now(10));
     let r = model.recommend(&w);
     assert_eq!(r.basis.samples, 5);
@@ -1232,4 +1232,69 @@ fn the_target_prices_oom_kills() {
         model.observe(&other, ok(now(20 + i) + 1.0, GB));
     }
     assert!(model.oom_cost() > cost, "{} vs {cost}", model.oom_cost());
+}
+
+#[test]
+fn reports_that_teach_nothing_leave_no_state_behind() {
+    let mut model = Model::new(Params::default());
+    // Pull-request builds of 10,000 distinct workloads: nothing trains.
+    for i in 0..10_000 {
+        model.observe(&zlib(&format!("1.{i}"), "12"), unprotected(ok(now(i), GB)));
+    }
+    assert_eq!(model.stats(), (0, 0));
+    // An OOM kill on any ref is remembered (the next attempt is bumped),
+    // and forgotten again once that workload succeeds.
+    let w = zlib("9.9", "12");
+    model.observe(&w, unprotected(oom(now(1), GB)));
+    assert_eq!(model.stats().0, 1);
+    assert!(model.recommend(&w).basis.oom_bump);
+    model.observe(&w, unprotected(ok(now(2), GB)));
+    assert_eq!(model.stats().0, 0);
+    assert!(!model.recommend(&w).basis.oom_bump);
+}
+
+#[test]
+fn the_least_recently_observed_workloads_are_forgotten_past_the_cap() {
+    let params = Params {
+        max_workloads: 800,
+        ..Params::default()
+    };
+    let mut model = Model::new(params);
+    let pkg = |i: usize| {
+        workload(&[
+            ("package", &format!("pkg{i}")),
+            ("version", "1.0"),
+            ("variants", "+shared"),
+            ("compiler", "gcc"),
+            ("compiler_version", "12"),
+        ])
+    };
+    // 5,000 workloads, each observed 6 times, workload i at hour i.
+    for i in 0..5_000 {
+        train(&mut model, &pkg(i), 6, GB, now(i));
+    }
+    let (workloads, held) = model.stats();
+    assert!(workloads <= 800, "{workloads} workloads kept");
+    assert!(
+        workloads >= 700,
+        "an eviction keeps 7/8 of the cap: {workloads}"
+    );
+    assert_eq!(model.evicted(), 5_000 - workloads as u64);
+    assert_eq!(held, workloads * 6);
+    // Windows of forgotten workloads are reused, not accumulated.
+    // (seven level keys each: the gantry ladder and the package).
+    assert!(
+        model.windows.len() <= 800 * 7,
+        "{} windows",
+        model.windows.len()
+    );
+    // The newest still answer from their history; the oldest from defaults.
+    let newest = model.recommend(&pkg(4_999));
+    assert!(!newest.basis.defaults, "{:?}", newest.basis);
+    assert_eq!(newest.basis.workload_samples, 6);
+    let oldest = model.recommend(&pkg(0));
+    assert!(oldest.basis.defaults, "{:?}", oldest.basis);
+    // A forgotten workload observed again starts over.
+    train(&mut model, &pkg(0), 6, GB, now(6_000));
+    assert!(!model.recommend(&pkg(0)).basis.defaults);
 }
