@@ -14,7 +14,7 @@ pub mod consumer;
 mod trace;
 pub use async_nats::header::{HeaderMap, HeaderName, HeaderValue};
 pub use runyard_telemetry::traces::Status as SpanStatus;
-pub use trace::{TraceParent, current as current_trace, follow};
+pub use trace::{TraceParent, adopt, current as current_trace, follow};
 
 /// Header carrying the event type (`JobObserved`, ...).
 pub const EVENT_TYPE_HEADER: &str = "Runyard-Event-Type";

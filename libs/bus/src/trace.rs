@@ -141,10 +141,19 @@ impl TraceParent {
 /// on is a child of `incoming`, or a new root: messages carry a
 /// `traceparent` either way.
 pub fn follow(span: &tracing::Span, incoming: Option<&str>) -> TraceParent {
-    let parent = incoming.and_then(TraceParent::parse);
-    let _ = span.set_parent(parent.map_or_else(opentelemetry::Context::new, |p| p.remote()));
+    let parent = adopt(span, incoming);
     TraceParent::of(span)
         .unwrap_or_else(|| parent.map_or_else(TraceParent::new_root, |p| p.child()))
+}
+
+/// [`follow`] without working out the context passed on (which costs a
+/// context per call): for a hop that publishes nothing of its own, or
+/// that takes the context from [`current`] inside the span. Returns the
+/// parent it found in `incoming`.
+pub fn adopt(span: &tracing::Span, incoming: Option<&str>) -> Option<TraceParent> {
+    let parent = incoming.and_then(TraceParent::parse);
+    let _ = span.set_parent(parent.map_or_else(opentelemetry::Context::new, |p| p.remote()));
+    parent
 }
 
 /// The context of the current span — what a message published now

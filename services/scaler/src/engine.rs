@@ -585,7 +585,7 @@ impl Engine {
                     runyard.job_id = i64::try_from(job.job_id).unwrap_or(i64::MAX),
                 );
                 let incoming = self.traces.get(&job).map(TraceParent::to_string);
-                runyard_bus::follow(&span, incoming.as_deref());
+                runyard_bus::adopt(&span, incoming.as_deref());
                 let shared = self.shared.clone();
                 let tools = self.tools.clone();
                 self.spawn(

@@ -414,11 +414,11 @@ fn event_span(
         "event",
         otel.name = name,
         otel.kind = "consumer",
-        runyard.event_id = %event.id,
+        runyard.event_id = event.id.as_str(),
         runyard.event_type = runyard_events::event_type(event),
         runyard.stream_sequence = i64::try_from(seq).unwrap_or(i64::MAX),
     );
-    crate::follow(&span, traceparent);
+    crate::adopt(&span, traceparent);
     span
 }
 
