@@ -61,6 +61,19 @@ pub fn init_tracing() -> Result<(), traces::ExportError> {
     }
 }
 
+/// Whether a per-request or per-event span is worth making at the call
+/// site: when spans are exported, or when the call site's module logs at
+/// DEBUG (its log lines then name the span's trace). Otherwise such a span
+/// would be built and thrown away on every request — most of what tracing
+/// costs on a hot path; the trace context is passed on without it
+/// (`runyard_bus::follow` on `Span::none()`).
+#[macro_export]
+macro_rules! spans_wanted {
+    () => {
+        $crate::traces::enabled() || ::tracing::enabled!(::tracing::Level::DEBUG)
+    };
+}
+
 /// Installs [`subscriber`] as the global default, with the `log` bridge.
 pub(crate) fn init_subscriber(tracer: opentelemetry_sdk::trace::SdkTracer) {
     use tracing_subscriber::EnvFilter;

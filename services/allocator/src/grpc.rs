@@ -2,13 +2,14 @@
 //! model and errors to `INVALID_ARGUMENT`; calls without an accepted bearer
 //! token are refused `UNAUTHENTICATED` before they are decoded.
 
-use runyard_bus::{SpanStatus, TraceParent};
+use runyard_bus::SpanStatus;
 use runyard_telemetry::traces::OpenTelemetrySpanExt as _;
 use tonic::{Request, Response, Status};
 
+use crate::auth::Client;
 use crate::model::{self, Recommendation as ModelRec, Workload};
 use crate::proto;
-use crate::{Api, Door, State};
+use crate::{Api, Door, Issuing, State};
 
 /// Checks every `Allocator` call's `authorization: Bearer <token>`
 /// metadata against the configured tokens (none → anyone is let in).
@@ -19,9 +20,11 @@ pub(crate) struct Authenticate {
 }
 
 impl tonic::service::Interceptor for Authenticate {
-    fn call(&mut self, request: Request<()>) -> Result<Request<()>, Status> {
+    fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
         let tokens = &self.state.config.allocator_tokens;
         if tokens.is_empty() {
+            let client = Client::anonymous(request.remote_addr().map(|a| a.ip()));
+            request.extensions_mut().insert(client);
             return Ok(request);
         }
         let header = request
@@ -29,7 +32,10 @@ impl tonic::service::Interceptor for Authenticate {
             .get("authorization")
             .map(|v| v.as_bytes());
         match tokens.check(header) {
-            Ok(()) => Ok(request),
+            Ok(client) => {
+                request.extensions_mut().insert(client);
+                Ok(request)
+            }
             Err(refusal) => {
                 self.state.metrics.refused(Door::Grpc, refusal);
                 tracing::debug!(reason = refusal.reason(), "gRPC call refused");
@@ -88,20 +94,33 @@ fn workload_of(
 fn traced<Q, A>(
     request: Request<Q>,
     span_name: &'static str,
-    answer: impl FnOnce(Q, Option<TraceParent>) -> Result<A, Status>,
+    answer: impl FnOnce(Q, Issuing) -> Result<A, Status>,
 ) -> Result<Response<A>, Status> {
-    let span = tracing::info_span!(
-        "call",
-        otel.name = span_name,
-        otel.kind = "server",
-        requests = tracing::field::Empty,
-    );
+    let client = request
+        .extensions()
+        .get::<Client>()
+        .copied()
+        .unwrap_or_default();
+    let span = if runyard_telemetry::spans_wanted!() {
+        tracing::info_span!(
+            "call",
+            otel.name = span_name,
+            otel.kind = "server",
+            requests = tracing::field::Empty,
+        )
+    } else {
+        tracing::Span::none()
+    };
     let incoming = request
         .metadata()
         .get("traceparent")
         .and_then(|v| v.to_str().ok());
     let trace = runyard_bus::follow(&span, incoming);
-    let result = span.in_scope(|| answer(request.into_inner(), Some(trace)));
+    let issuing = Issuing {
+        trace: Some(trace),
+        client,
+    };
+    let result = span.in_scope(|| answer(request.into_inner(), issuing));
     match &result {
         Ok(_) => span.set_status(SpanStatus::Ok),
         Err(status) => {
@@ -116,20 +135,21 @@ impl Service {
     fn answer(
         &self,
         req: proto::RecommendRequest,
-        trace: Option<TraceParent>,
+        issuing: Issuing,
     ) -> Result<proto::Recommendation, Status> {
         self.state.require_ready()?;
         let (workload, r) = workload_of(req, String::new)?;
         let (mut rec, key) = self.state.recommend(&workload);
         let response = to_proto(&mut rec);
-        self.state.issued(Api::Grpc, (workload, key), r, rec, trace);
+        self.state
+            .issued(Api::Grpc, (workload, key), r, rec, issuing);
         Ok(response)
     }
 
     fn answer_batch(
         &self,
         req: proto::RecommendBatchRequest,
-        trace: Option<TraceParent>,
+        issuing: Issuing,
     ) -> Result<proto::RecommendBatchResponse, Status> {
         self.state.require_ready()?;
         tracing::Span::current().record("requests", req.requests.len());
@@ -151,7 +171,7 @@ impl Service {
         let mut recs = self.state.recommend_many(&workloads);
         let recommendations = recs.iter_mut().map(|(rec, _)| to_proto(rec)).collect();
         for ((w, r), (rec, key)) in workloads.into_iter().zip(refs).zip(recs) {
-            self.state.issued(Api::Batch, (w, key), r, rec, trace);
+            self.state.issued(Api::Batch, (w, key), r, rec, issuing);
         }
         Ok(proto::RecommendBatchResponse { recommendations })
     }
@@ -163,8 +183,8 @@ impl proto::allocator_server::Allocator for Service {
         &self,
         request: Request<proto::RecommendRequest>,
     ) -> Result<Response<proto::Recommendation>, Status> {
-        traced(request, "allocator Recommend", |req, trace| {
-            self.answer(req, trace)
+        traced(request, "allocator Recommend", |req, issuing| {
+            self.answer(req, issuing)
         })
     }
 
@@ -172,8 +192,8 @@ impl proto::allocator_server::Allocator for Service {
         &self,
         request: Request<proto::RecommendBatchRequest>,
     ) -> Result<Response<proto::RecommendBatchResponse>, Status> {
-        traced(request, "allocator RecommendBatch", |req, trace| {
-            self.answer_batch(req, trace)
+        traced(request, "allocator RecommendBatch", |req, issuing| {
+            self.answer_batch(req, issuing)
         })
     }
 }

@@ -13,6 +13,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::State;
+use crate::auth::Client;
 use crate::model;
 
 pub(crate) fn router(state: State) -> axum::Router {
@@ -45,8 +46,14 @@ async fn authenticate(
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
+    let mut request = request;
     let tokens = &state.config.allocator_tokens;
     if tokens.is_empty() || open(&state, request.uri().path()) {
+        let ip = request
+            .extensions()
+            .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+            .map(|c| c.0.ip());
+        request.extensions_mut().insert(Client::anonymous(ip));
         return next.run(request).await;
     }
     let header = request
@@ -54,7 +61,10 @@ async fn authenticate(
         .get(header::AUTHORIZATION)
         .map(|v| v.as_bytes());
     match tokens.check(header) {
-        Ok(()) => next.run(request).await,
+        Ok(client) => {
+            request.extensions_mut().insert(client);
+            next.run(request).await
+        }
         Err(refusal) => {
             state.metrics.refused(crate::Door::Http, refusal);
             tracing::debug!(reason = refusal.reason(), "HTTP call refused");
@@ -84,19 +94,28 @@ fn bad_request(message: &str) -> Response {
 /// Gantry-compatible: `{"variables": {...}}` with the same numbers gRPC gives.
 async fn allocation(
     AxumState(state): AxumState<State>,
+    client: Option<axum::Extension<Client>>,
     headers: axum::http::HeaderMap,
     query: Result<Query<SpecQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Response {
-    let span = tracing::info_span!(
-        "call",
-        otel.name = "allocator GET /v1/allocation",
-        otel.kind = "server",
-    );
+    let span = if runyard_telemetry::spans_wanted!() {
+        tracing::info_span!(
+            "call",
+            otel.name = "allocator GET /v1/allocation",
+            otel.kind = "server",
+        )
+    } else {
+        tracing::Span::none()
+    };
     let trace = runyard_bus::follow(
         &span,
         headers.get("traceparent").and_then(|v| v.to_str().ok()),
     );
-    let response = span.in_scope(|| gantry_answer(&state, query, Some(trace)));
+    let issuing = crate::Issuing {
+        trace: Some(trace),
+        client: client.map(|c| c.0).unwrap_or_default(),
+    };
+    let response = span.in_scope(|| gantry_answer(&state, query, issuing));
     let status = response.status();
     runyard_telemetry::traces::record_http(&span, status.as_u16(), || status.to_string());
     response
@@ -105,7 +124,7 @@ async fn allocation(
 fn gantry_answer(
     state: &State,
     query: Result<Query<SpecQuery>, axum::extract::rejection::QueryRejection>,
-    trace: Option<runyard_bus::TraceParent>,
+    issuing: crate::Issuing,
 ) -> Response {
     let spec = match query {
         Ok(Query(SpecQuery { spec: Some(spec) })) if !spec.trim().is_empty() => spec,
@@ -136,7 +155,13 @@ fn gantry_answer(
         "oom_probability": rec.basis.oom_probability,
         "workload_samples": rec.basis.workload_samples,
     }));
-    state.issued(crate::Api::Http, (workload, key), String::new(), rec, trace);
+    state.issued(
+        crate::Api::Http,
+        (workload, key),
+        String::new(),
+        rec,
+        issuing,
+    );
     body.into_response()
 }
 

@@ -239,13 +239,17 @@ where
     F: FnOnce(TraceParent) -> Fut,
     Fut: std::future::Future<Output = Outcome>,
 {
-    let span = tracing::info_span!(
-        "delivery",
-        otel.name = span_name,
-        otel.kind = "server",
-        runyard.forge = forge,
-        runyard.delivery = delivery.unwrap_or(""),
-    );
+    let span = if runyard_telemetry::spans_wanted!() {
+        tracing::info_span!(
+            "delivery",
+            otel.name = span_name,
+            otel.kind = "server",
+            runyard.forge = forge,
+            runyard.delivery = delivery.unwrap_or(""),
+        )
+    } else {
+        tracing::Span::none()
+    };
     let trace = runyard_bus::follow(&span, header_str(headers, "traceparent"));
     let answered = span.clone();
     async move { finish(state, forge, outcome(trace).await, &answered) }
@@ -483,14 +487,21 @@ async fn publish(
                 });
             }
             Err(error) => {
-                if matches!(error, BusError::Nats { .. }) {
+                // The event log at its size bound refuses new messages
+                // rather than dropping stored ones.
+                let full = error.to_string().contains("maximum bytes exceeded");
+                if matches!(error, BusError::Nats { .. }) && !full {
                     // Possibly a missing stream: let the keeper check again.
                     state.streams_ready.store(false, Ordering::SeqCst);
                 }
                 if let Some(suppressed) = state.quiet.admit("not_durable") {
                     tracing::warn!(%error, event_id = %primary, suppressed, "delivery not made durable");
                 }
-                return Outcome::Unavailable("event log unavailable, retry later".into());
+                return Outcome::Unavailable(if full {
+                    "event log full (RUNYARD_EVENTS_MAX_BYTES reached), retry later".into()
+                } else {
+                    "event log unavailable, retry later".into()
+                });
             }
         }
     }

@@ -38,6 +38,10 @@ impl Consumer {
         // Position in `msgs` of each delivery.
         let mut carried = Vec::with_capacity(msgs.len());
         let mut spans = Vec::new();
+        // A span per event when something will see it: an exporter, or the
+        // debug line written in it (the handler gets whole batches: nothing
+        // else runs inside these spans).
+        let traced = runyard_telemetry::spans_wanted!();
         for (i, msg) in msgs.iter().enumerate() {
             let (seq, delivered, pending) = msg
                 .info()
@@ -62,12 +66,14 @@ impl Consumer {
                         .as_ref()
                         .and_then(|h| h.get(crate::TRACEPARENT_HEADER))
                         .map(|v| v.as_str().to_owned());
-                    spans.push(event_span(
-                        self.config.span_name,
-                        traceparent.as_deref(),
-                        seq,
-                        &event,
-                    ));
+                    if traced {
+                        spans.push(event_span(
+                            self.config.span_name,
+                            traceparent.as_deref(),
+                            seq,
+                            &event,
+                        ));
+                    }
                     deliveries.push(Delivery {
                         seq,
                         subject: msg.subject.to_string(),
@@ -127,6 +133,7 @@ impl Consumer {
             // Each event's span ends here, with its outcome (and, at
             // debug, a log line in it: the event's trace id in the logs).
             let log = tracing::enabled!(tracing::Level::DEBUG);
+            // `spans` is empty when not `traced`.
             for ((span, outcome), delivery) in spans.into_iter().zip(&outcomes).zip(&deliveries) {
                 let (status, label) = match outcome {
                     Outcome::Applied => (SpanStatus::Ok, "applied"),
