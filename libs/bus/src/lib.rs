@@ -48,6 +48,9 @@ pub enum BusError {
         #[source]
         source: async_nats::Error,
     },
+    /// A connection setting cannot be used (names the variable).
+    #[error("{0}")]
+    Settings(String),
     /// Could not connect at all.
     #[error("connecting to {url}: {source}")]
     Connect {
@@ -83,13 +86,25 @@ pub fn redact_url(url: &str) -> String {
         .join(",")
 }
 
-/// How long streams keep what they hold, and the dedup window.
+/// How long and how much streams keep, and the dedup window.
+///
+/// Both streams are bounded in bytes too. The event log refuses new
+/// messages when full (`DiscardPolicy::New`: ingest answers 503 and the
+/// forge retries; nothing accepted is ever dropped to make room), raw
+/// deliveries give way oldest first (`DiscardPolicy::Old`: they are a
+/// debugging copy). JetStream reserves each stream's `max_bytes` against
+/// the server's `max_file_store`, so that must hold the sum for every
+/// namespace it serves.
 #[derive(Debug, Clone)]
 pub struct StreamSettings {
     /// `<NS>_EVENTS` retention by age (default 90 days).
     pub events_max_age: Duration,
     /// `<NS>_RAW` retention by age (default 7 days).
     pub raw_max_age: Duration,
+    /// `<NS>_EVENTS` size bound in bytes (default 8 GiB; 0 = none).
+    pub events_max_bytes: u64,
+    /// `<NS>_RAW` size bound in bytes (default 4 GiB; 0 = none).
+    pub raw_max_bytes: u64,
     /// Duplicate window of both streams (default 24 h, capped at each
     /// stream's max age).
     pub duplicate_window: Duration,
@@ -102,6 +117,8 @@ impl Default for StreamSettings {
         Self {
             events_max_age: Duration::from_secs(90 * 24 * 3600),
             raw_max_age: Duration::from_secs(7 * 24 * 3600),
+            events_max_bytes: 8 << 30,
+            raw_max_bytes: 4 << 30,
             duplicate_window: Duration::from_secs(24 * 3600),
             replicas: 1,
         }
@@ -182,6 +199,101 @@ impl From<Outgoing> for Prepared {
     }
 }
 
+/// How to reach a NATS that wants more than a URL: a `.creds` file
+/// (JWT and NKey seed), and the CA of a server with TLS. User and password,
+/// or a token, ride in the URL itself (`nats://user:pw@host`,
+/// `nats://token@host`); `tls://` asks for TLS with the system's roots.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NatsAccess {
+    /// `RUNYARD_NATS_CREDS`: a `.creds` file.
+    pub creds: Option<std::path::PathBuf>,
+    /// `RUNYARD_NATS_TLS_CA`: PEM CA certificate(s) the server's certificate
+    /// is checked against; setting it requires TLS.
+    pub tls_ca: Option<std::path::PathBuf>,
+}
+
+/// The variable naming a `.creds` file.
+pub const NATS_CREDS_VAR: &str = "RUNYARD_NATS_CREDS";
+/// The variable naming the CA of a TLS NATS.
+pub const NATS_TLS_CA_VAR: &str = "RUNYARD_NATS_TLS_CA";
+
+impl NatsAccess {
+    /// `RUNYARD_NATS_CREDS` and `RUNYARD_NATS_TLS_CA` from the process
+    /// environment (empty = unset).
+    pub fn from_env() -> Self {
+        let path = |var| {
+            std::env::var_os(var)
+                .filter(|v| !v.is_empty())
+                .map(std::path::PathBuf::from)
+        };
+        Self {
+            creds: path(NATS_CREDS_VAR),
+            tls_ca: path(NATS_TLS_CA_VAR),
+        }
+    }
+
+    /// `opts` with these settings; a file that cannot be read is an error
+    /// naming its variable and path.
+    async fn apply(
+        &self,
+        mut opts: async_nats::ConnectOptions,
+    ) -> Result<async_nats::ConnectOptions, BusError> {
+        if let Some(ca) = &self.tls_ca {
+            std::fs::metadata(ca).map_err(|e| {
+                BusError::Settings(format!("{NATS_TLS_CA_VAR}: {}: {e}", ca.display()))
+            })?;
+            opts = opts.add_root_certificates(ca.clone()).require_tls(true);
+        }
+        if let Some(creds) = &self.creds {
+            opts = opts.credentials_file(creds).await.map_err(|e| {
+                BusError::Settings(format!("{NATS_CREDS_VAR}: {}: {e}", creds.display()))
+            })?;
+        }
+        Ok(opts)
+    }
+}
+
+/// Credentials taken from a NATS URL's userinfo.
+enum Login {
+    /// `nats://user:password@host`.
+    UserPassword(String, String),
+    /// `nats://token@host`.
+    Token(String),
+}
+
+/// The servers of `url` (several: comma-separated) and the credentials
+/// the first one with userinfo carries (percent-decoded): the client takes
+/// neither from a URL by itself.
+fn server_addrs(url: &str) -> Result<(Vec<async_nats::ServerAddr>, Option<Login>), BusError> {
+    let decode = |s: &str| {
+        percent_encoding::percent_decode_str(s)
+            .decode_utf8_lossy()
+            .into_owned()
+    };
+    let mut addrs = Vec::new();
+    let mut login = None;
+    for part in url.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let addr: async_nats::ServerAddr = part.parse().map_err(|e| {
+            BusError::Settings(format!("RUNYARD_NATS_URL: {}: {e}", redact_url(part)))
+        })?;
+        if login.is_none()
+            && let Some(user) = addr.username()
+        {
+            login = Some(match addr.password() {
+                Some(password) => Login::UserPassword(decode(user), decode(password)),
+                None => Login::Token(decode(user)),
+            });
+        }
+        addrs.push(addr);
+    }
+    if addrs.is_empty() {
+        return Err(BusError::Settings(
+            "RUNYARD_NATS_URL: no server given".to_owned(),
+        ));
+    }
+    Ok((addrs, login))
+}
+
 /// A connection to the event log of one namespace.
 #[derive(Clone, Debug)]
 pub struct Bus {
@@ -192,14 +304,26 @@ pub struct Bus {
 }
 
 impl Bus {
-    /// Connects to `url`. With `wait_for_server`, a server that is down at
-    /// start is retried in the background instead of failing (the client
-    /// reports disconnected until it is up).
+    /// Connects to `url` (several: comma-separated) with the
+    /// [`NatsAccess`] the environment gives. With `wait_for_server`, a
+    /// server that is down at start is retried in the background instead of
+    /// failing (the client reports disconnected until it is up).
     pub async fn connect(
         url: &str,
         ns: Namespace,
         name: &str,
         wait_for_server: bool,
+    ) -> Result<Self, BusError> {
+        Self::connect_with(url, ns, name, wait_for_server, &NatsAccess::from_env()).await
+    }
+
+    /// [`Bus::connect`] with `access` instead of the environment's.
+    pub async fn connect_with(
+        url: &str,
+        ns: Namespace,
+        name: &str,
+        wait_for_server: bool,
+        access: &NatsAccess,
     ) -> Result<Self, BusError> {
         let mut opts = async_nats::ConnectOptions::new()
             .name(name)
@@ -218,8 +342,17 @@ impl Bus {
         if wait_for_server {
             opts = opts.retry_on_initial_connect();
         }
+        let (addrs, login) = server_addrs(url)?;
+        match login {
+            Some(Login::UserPassword(user, password)) => {
+                opts = opts.user_and_password(user, password);
+            }
+            Some(Login::Token(token)) => opts = opts.token(token),
+            None => {}
+        }
+        let opts = access.apply(opts).await?;
         let client = opts
-            .connect(url)
+            .connect(addrs)
             .await
             .map_err(|source| BusError::Connect {
                 url: redact_url(url),
@@ -291,12 +424,22 @@ impl Bus {
     }
 
     fn stream_configs(&self, settings: &StreamSettings) -> [stream::Config; 2] {
-        let config = |name: String, subject: String, max_age: Duration| stream::Config {
+        let config = |name: String,
+                      subject: String,
+                      max_age: Duration,
+                      max_bytes: u64,
+                      discard: stream::DiscardPolicy| stream::Config {
             name,
             subjects: vec![subject],
             storage: stream::StorageType::File,
             retention: stream::RetentionPolicy::Limits,
             max_age,
+            // JetStream's "no limit" is -1.
+            max_bytes: match max_bytes {
+                0 => -1,
+                n => i64::try_from(n).unwrap_or(i64::MAX),
+            },
+            discard,
             duplicate_window: settings.duplicate_window.min(max_age),
             num_replicas: settings.replicas,
             allow_direct: true,
@@ -307,11 +450,15 @@ impl Bus {
                 self.ns.events_stream(),
                 self.ns.all_events(),
                 settings.events_max_age,
+                settings.events_max_bytes,
+                stream::DiscardPolicy::New,
             ),
             config(
                 self.ns.raw_stream(),
                 self.ns.all_raw(),
                 settings.raw_max_age,
+                settings.raw_max_bytes,
+                stream::DiscardPolicy::Old,
             ),
         ]
     }
@@ -345,6 +492,8 @@ impl Bus {
         let have = &info.config;
         let differs = have.subjects != wanted.subjects
             || have.max_age != wanted.max_age
+            || have.max_bytes != wanted.max_bytes
+            || have.discard != wanted.discard
             || have.duplicate_window != wanted.duplicate_window
             || have.num_replicas != wanted.num_replicas
             || have.allow_direct != wanted.allow_direct;

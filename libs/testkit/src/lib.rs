@@ -106,22 +106,14 @@ impl NatsServer {
         std::fs::write(
             &conf,
             format!(
-                "listen: 127.0.0.1:{}\nmax_payload: {}\njetstream {{ store_dir: {:?} }}\n",
+                "listen: 127.0.0.1:{}\nmax_payload: {}\njetstream {{ store_dir: {:?}, max_file_store: 1P }}\n",
                 self.port,
                 self.max_payload,
                 store.display().to_string()
             ),
         )
         .unwrap();
-        #[allow(clippy::unwrap_used)]
-        let child = tokio::process::Command::new(nats_server_bin())
-            .arg("-c")
-            .arg(&conf)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
+        let child = spawn_nats(&conf);
         self.child = Some(child);
         wait_for_port(SocketAddr::from(([127, 0, 0, 1], self.port))).await;
     }
@@ -132,6 +124,111 @@ impl NatsServer {
             let _ = child.kill().await;
         }
     }
+}
+
+/// Three nats-server processes in one JetStream cluster, each with its own
+/// store: streams with 3 replicas outlive the loss of any one node.
+#[derive(Debug)]
+pub struct NatsCluster {
+    dir: tempfile::TempDir,
+    ports: [u16; 3],
+    routes: [u16; 3],
+    children: [Option<tokio::process::Child>; 3],
+}
+
+impl NatsCluster {
+    /// Starts the three nodes (`n0`, `n1`, `n2`) and waits until the
+    /// cluster answers JetStream requests (a meta leader is elected).
+    pub async fn start() -> Self {
+        #[allow(clippy::unwrap_used)]
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = Self {
+            dir,
+            ports: [free_port(), free_port(), free_port()],
+            routes: [free_port(), free_port(), free_port()],
+            children: [None, None, None],
+        };
+        for node in 0..3 {
+            c.start_node(node).await;
+        }
+        #[allow(clippy::unwrap_used)]
+        let client = async_nats::connect(c.urls().split(',').collect::<Vec<_>>())
+            .await
+            .unwrap();
+        let js = async_nats::jetstream::new(client);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while js.query_account().await.is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "the cluster elected no JetStream leader"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        c
+    }
+
+    /// Every node's client URL, comma-separated (what a service is given).
+    pub fn urls(&self) -> String {
+        self.ports
+            .iter()
+            .map(|p| format!("nats://127.0.0.1:{p}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// Node `node`'s client URL.
+    pub fn url(&self, node: usize) -> String {
+        format!("nats://127.0.0.1:{}", self.ports[node])
+    }
+
+    /// Starts node `node` (`n<node>`) on its ports and store.
+    pub async fn start_node(&mut self, node: usize) {
+        let store = self.dir.path().join(format!("n{node}"));
+        let conf = self.dir.path().join(format!("n{node}.conf"));
+        let routes = self
+            .routes
+            .iter()
+            .map(|p| format!("nats-route://127.0.0.1:{p}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        #[allow(clippy::unwrap_used)]
+        std::fs::write(
+            &conf,
+            format!(
+                "server_name: n{node}\nlisten: 127.0.0.1:{}\nmax_payload: 33554432\n\
+                 jetstream {{ store_dir: {:?}, max_file_store: 1P }}\n\
+                 cluster {{ name: runyard-test, listen: 127.0.0.1:{}, routes: [{routes}] }}\n",
+                self.ports[node],
+                store.display().to_string(),
+                self.routes[node],
+            ),
+        )
+        .unwrap();
+        let child = spawn_nats(&conf);
+        self.children[node] = Some(child);
+        wait_for_port(SocketAddr::from(([127, 0, 0, 1], self.ports[node]))).await;
+    }
+
+    /// Kills node `node` (SIGKILL) and waits for it to exit.
+    pub async fn kill(&mut self, node: usize) {
+        if let Some(mut child) = self.children[node].take() {
+            let _ = child.kill().await;
+        }
+    }
+}
+
+/// A current nats-server running the configuration file `conf`, killed
+/// when the handle is dropped.
+pub fn spawn_nats(conf: &Path) -> tokio::process::Child {
+    #[allow(clippy::unwrap_used)]
+    tokio::process::Command::new(nats_server_bin())
+        .arg("-c")
+        .arg(conf)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap()
 }
 
 /// Waits (bounded) until something listens on `addr`.
@@ -193,32 +290,37 @@ pub async fn stream_messages(
     client: &async_nats::Client,
     stream: &str,
 ) -> Vec<async_nats::jetstream::Message> {
+    try_stream_messages(client, stream)
+        .await
+        .unwrap_or_else(|e| panic!("reading stream {stream}: {e}"))
+}
+
+/// [`stream_messages`], or why the stream cannot be read now (a cluster
+/// still electing the stream's leader, say).
+pub async fn try_stream_messages(
+    client: &async_nats::Client,
+    stream: &str,
+) -> Result<Vec<async_nats::jetstream::Message>, async_nats::Error> {
     use futures::StreamExt;
     let js = async_nats::jetstream::new(client.clone());
-    #[allow(clippy::unwrap_used)]
-    let mut s = js.get_stream(stream).await.unwrap();
-    #[allow(clippy::unwrap_used)]
-    let count = s.info().await.unwrap().state.messages;
+    let mut s = js.get_stream(stream).await?;
+    let count = s.info().await?.state.messages;
     if count == 0 {
-        return Vec::new();
+        return Ok(Vec::new());
     }
-    #[allow(clippy::unwrap_used)]
     let consumer = s
         .create_consumer(async_nats::jetstream::consumer::pull::Config {
             deliver_policy: async_nats::jetstream::consumer::DeliverPolicy::All,
             ack_policy: async_nats::jetstream::consumer::AckPolicy::None,
             ..Default::default()
         })
-        .await
-        .unwrap();
-    #[allow(clippy::unwrap_used)]
+        .await?;
     let mut batch = consumer
         .fetch()
         .max_messages(count as usize)
         .expires(Duration::from_secs(2))
         .messages()
-        .await
-        .unwrap();
+        .await?;
     let mut out = Vec::new();
     while let Some(Ok(m)) = batch.next().await {
         out.push(m);
@@ -226,7 +328,7 @@ pub async fn stream_messages(
             break;
         }
     }
-    out
+    Ok(out)
 }
 
 /// Decodes the `runyard.events.v1.Event` bodies of messages.

@@ -32,6 +32,25 @@ impl std::fmt::Debug for Tokens {
     }
 }
 
+/// Who made a call, as far as the allocator can tell: the token it
+/// presented, else its address, else nobody in particular — the key its
+/// `AllocationIssued` events are bounded by (a request extension).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct Client(pub u64);
+
+impl Client {
+    /// A caller without a token, known by its address when there is one
+    /// (an IPv6 address by its /64: one host's many addresses are one
+    /// client).
+    pub fn anonymous(ip: Option<std::net::IpAddr>) -> Self {
+        match ip {
+            None => Self(0),
+            Some(std::net::IpAddr::V4(v4)) => Self(u64::from(v4.to_bits()) | 1 << 32),
+            Some(std::net::IpAddr::V6(v6)) => Self((v6.to_bits() >> 64) as u64 | 1),
+        }
+    }
+}
+
 /// Why a call was refused: the message the caller gets and the metric's
 /// `reason` label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,15 +103,18 @@ impl Tokens {
     }
 
     /// Checks an `Authorization` header value (`Bearer <token>`, scheme in
-    /// any case). Every configured digest is compared, whatever matched.
-    pub fn check(&self, header: Option<&[u8]>) -> Result<(), Refusal> {
+    /// any case). Every configured digest is compared, whatever matched;
+    /// an accepted caller is known by its token's digest.
+    pub fn check(&self, header: Option<&[u8]>) -> Result<Client, Refusal> {
         let token = bearer(header).ok_or(Refusal::Missing)?;
         let given: [u8; 32] = Sha256::digest(token).into();
         let matched = self.0.iter().fold(subtle::Choice::from(0), |acc, want| {
             acc | want.ct_eq(&given)
         });
         if bool::from(matched) {
-            Ok(())
+            let mut id = [0; 8];
+            id.copy_from_slice(&given[..8]);
+            Ok(Client(u64::from_le_bytes(id)))
         } else {
             Err(Refusal::Unknown)
         }
@@ -181,8 +203,11 @@ mod tests {
     #[test]
     fn right_wrong_and_missing_tokens() {
         let t = Tokens::new(["alpha", "beta"]);
-        assert_eq!(t.check(Some(b"Bearer alpha")), Ok(()));
-        assert_eq!(t.check(Some(b"bearer  beta ")), Ok(()));
+        let alpha = t.check(Some(b"Bearer alpha")).unwrap();
+        let beta = t.check(Some(b"bearer  beta ")).unwrap();
+        // Each token is its own client (its events are bounded apart).
+        assert_ne!(alpha, beta);
+        assert_eq!(t.check(Some(b"Bearer alpha")), Ok(alpha));
         assert_eq!(t.check(Some(b"Bearer gamma")), Err(Refusal::Unknown));
         assert_eq!(t.check(Some(b"Bearer alph")), Err(Refusal::Unknown));
         for missing in [

@@ -28,6 +28,13 @@ pub struct Config {
     /// `RUNYARD_ALLOCATOR_PUBLISH_ALLOCATIONS`: publish every answer as an
     /// `AllocationIssued` event.
     pub allocator_publish_allocations: bool,
+    /// `RUNYARD_ALLOCATOR_EVENTS_PER_SECOND`: `AllocationIssued` events
+    /// published per client (token, else address) per second; answers past
+    /// it are served but not published (0 = no limit).
+    pub allocator_events_per_second: u32,
+    /// `RUNYARD_ALLOCATOR_EVENTS_BURST`: how many a client may have
+    /// published at once before the rate applies.
+    pub allocator_events_burst: u32,
     /// `RUNYARD_ALLOCATOR_MAX_BATCH`: most requests in one `RecommendBatch`.
     pub allocator_max_batch: usize,
     /// `RUNYARD_ALLOCATOR_TARGET_OOM`: the share of first attempts the
@@ -68,6 +75,8 @@ impl Default for Config {
             allocator_http_listen: SocketAddr::from(([0, 0, 0, 0], 8081)),
             allocator_protected_refs: "develop,main,master".into(),
             allocator_publish_allocations: true,
+            allocator_events_per_second: 100,
+            allocator_events_burst: 10_000,
             allocator_max_batch: 10_000,
             allocator_target_oom: 0.03,
             allocator_anonymous_gantry: false,
@@ -88,6 +97,8 @@ const ENV_KEYS: &[&str] = &[
     "allocator_http_listen",
     "allocator_protected_refs",
     "allocator_publish_allocations",
+    "allocator_events_per_second",
+    "allocator_events_burst",
     "allocator_max_batch",
     "allocator_target_oom",
     "allocator_anonymous_gantry",

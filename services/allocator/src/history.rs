@@ -354,6 +354,21 @@ mod tests {
 
     use crate::{App, Config};
 
+    /// An allocator on `db` (not started) with `config`'s other settings,
+    /// in a fresh namespace.
+    async fn app(nats: &TestNats, db: &TestDb, config: Config) -> App {
+        App::build(Config {
+            nats_url: nats.url(),
+            namespace: unique_namespace().to_string(),
+            database_url: db.url.clone(),
+            allocator_listen: "127.0.0.1:0".parse().unwrap(),
+            allocator_http_listen: "127.0.0.1:0".parse().unwrap(),
+            ..config
+        })
+        .await
+        .unwrap()
+    }
+
     #[tokio::test]
     async fn loading_again_counts_no_sample_twice() {
         // A load that fails half-way is retried: the retry must not add the
@@ -375,16 +390,7 @@ mod tests {
         .await
         .unwrap();
         pool.close().await;
-        let app = App::build(Config {
-            nats_url: nats.url(),
-            namespace: unique_namespace().to_string(),
-            database_url: db.url.clone(),
-            allocator_listen: "127.0.0.1:0".parse().unwrap(),
-            allocator_http_listen: "127.0.0.1:0".parse().unwrap(),
-            ..Config::default()
-        })
-        .await
-        .unwrap();
+        let app = app(&nats, &db, Config::default()).await;
         let state = &app.state;
         let (recent, _) = super::load(state).await.unwrap();
         assert_eq!(recent.len(), 12, "every sample is within the overlap");
@@ -420,17 +426,11 @@ mod tests {
         pool.close().await;
         let mut held = Vec::new();
         for days in [10, 0] {
-            let app = App::build(Config {
-                nats_url: nats.url(),
-                namespace: unique_namespace().to_string(),
-                database_url: db.url.clone(),
-                allocator_listen: "127.0.0.1:0".parse().unwrap(),
-                allocator_http_listen: "127.0.0.1:0".parse().unwrap(),
+            let config = Config {
                 allocator_history_days: days,
                 ..Config::default()
-            })
-            .await
-            .unwrap();
+            };
+            let app = app(&nats, &db, config).await;
             super::load(&app.state).await.unwrap();
             held.push(app.state.model_read().stats().1);
             let text = app.state.registry.encode();

@@ -15,7 +15,7 @@ pub mod simulate;
 use std::collections::HashSet;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
 
@@ -88,6 +88,7 @@ struct AllocatorMetrics {
     recommendations: [[Counter; BASES.len()]; APIS.len()],
     samples_observed: Counter,
     allocations_dropped: Counter,
+    allocations_rate_limited: Counter,
     workloads: Gauge,
     samples: Gauge,
     workloads_evicted: Counter,
@@ -118,6 +119,7 @@ impl AllocatorMetrics {
             recommendations,
             samples_observed: Counter::default(),
             allocations_dropped: Counter::default(),
+            allocations_rate_limited: Counter::default(),
             workloads: Gauge::default(),
             samples: Gauge::default(),
             workloads_evicted: Counter::default(),
@@ -140,6 +142,11 @@ impl AllocatorMetrics {
                 "allocations_dropped",
                 "AllocationIssued events dropped because the publisher was behind",
                 m.allocations_dropped.clone(),
+            );
+            r.register(
+                "allocations_rate_limited",
+                "AllocationIssued events not published because their client was over RUNYARD_ALLOCATOR_EVENTS_PER_SECOND",
+                m.allocations_rate_limited.clone(),
             );
             r.register("workloads", "Workloads with history", m.workloads.clone());
             r.register("samples", "Samples held by the model", m.samples.clone());
@@ -182,6 +189,8 @@ pub struct Inner {
     registry: Metrics,
     metrics: AllocatorMetrics,
     allocations: Option<mpsc::Sender<Issued>>,
+    /// `AllocationIssued` events per client (see [`auth::Client`]).
+    events_limit: Option<EventsLimit>,
     loaded: AtomicBool,
     following: AtomicBool,
 }
@@ -244,7 +253,7 @@ impl Inner {
         (workload, key): (model::Workload, String),
         r: String,
         rec: model::Recommendation,
-        trace: Option<TraceParent>,
+        Issuing { trace, client }: Issuing,
     ) {
         let basis = if rec.basis.retries_exhausted {
             3
@@ -257,6 +266,12 @@ impl Inner {
         };
         self.metrics.recommendations[api as usize][basis].inc();
         let Some(tx) = &self.allocations else { return };
+        if let Some(limit) = &self.events_limit
+            && !limit.admit(client)
+        {
+            self.metrics.allocations_rate_limited.inc();
+            return;
+        }
         let issued = Issued {
             at: time::OffsetDateTime::now_utc(),
             workload,
@@ -268,6 +283,53 @@ impl Inner {
         if tx.try_send(issued).is_err() {
             self.metrics.allocations_dropped.inc();
         }
+    }
+}
+
+/// What an answer's `AllocationIssued` event needs from its call.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Issuing {
+    /// The call's trace context.
+    pub(crate) trace: Option<TraceParent>,
+    /// Who asked.
+    pub(crate) client: auth::Client,
+}
+
+/// At most `per_second` `AllocationIssued` events per client, in bursts of
+/// `burst`: a client asking in a loop cannot fill the log, and the answers
+/// themselves are never held back.
+#[derive(Debug)]
+struct EventsLimit {
+    limiter: governor::DefaultKeyedRateLimiter<u64>,
+    /// Admissions since the idle clients' state was last dropped.
+    since_sweep: AtomicU64,
+}
+
+impl EventsLimit {
+    /// Clients' state is swept of idle ones every this many admissions.
+    const SWEEP_EVERY: u64 = 4096;
+
+    /// `None` for a rate of 0 (no limit).
+    fn new(per_second: u32, burst: u32) -> Option<Self> {
+        let rate = std::num::NonZeroU32::new(per_second)?;
+        let burst = std::num::NonZeroU32::new(burst.max(1)).unwrap_or(rate);
+        Some(Self {
+            limiter: governor::RateLimiter::keyed(
+                governor::Quota::per_second(rate).allow_burst(burst),
+            ),
+            since_sweep: AtomicU64::new(0),
+        })
+    }
+
+    fn admit(&self, client: auth::Client) -> bool {
+        if self
+            .since_sweep
+            .fetch_add(1, Ordering::Relaxed)
+            .is_multiple_of(Self::SWEEP_EVERY)
+        {
+            self.limiter.retain_recent();
+        }
+        self.limiter.check_key(&client.0).is_ok()
     }
 }
 
@@ -419,6 +481,10 @@ impl App {
             "allocator listening"
         );
         let protected = config.protected_refs().into_iter().collect();
+        let events_limit = EventsLimit::new(
+            config.allocator_events_per_second,
+            config.allocator_events_burst,
+        );
         Ok(Self {
             state: Arc::new(Inner {
                 model: RwLock::new(model::Model::new(config.model.clone())),
@@ -428,6 +494,7 @@ impl App {
                 registry,
                 metrics,
                 allocations: tx,
+                events_limit,
                 loaded: AtomicBool::new(false),
                 following: AtomicBool::new(false),
             }),

@@ -32,6 +32,17 @@ struct Running {
 }
 
 async fn start(tokens: Tokens, anonymous_gantry: bool) -> Running {
+    start_with(|c| Config {
+        allocator_tokens: tokens,
+        allocator_anonymous_gantry: anonymous_gantry,
+        ..c
+    })
+    .await
+}
+
+/// An allocator with `configure`'s settings over a fresh namespace and
+/// database.
+async fn start_with(configure: impl FnOnce(Config) -> Config) -> Running {
     runyard_telemetry::install_crypto_provider();
     let nats = TestNats::get().await;
     let ns = unique_namespace();
@@ -44,16 +55,14 @@ async fn start(tokens: Tokens, anonymous_gantry: bool) -> Running {
         .await
         .unwrap();
     let local = SocketAddr::from(([127, 0, 0, 1], 0));
-    let app = App::build(Config {
+    let app = App::build(configure(Config {
         nats_url: nats.url(),
         namespace: ns.to_string(),
         database_url: db.url.clone(),
         allocator_listen: local,
         allocator_http_listen: local,
-        allocator_tokens: tokens,
-        allocator_anonymous_gantry: anonymous_gantry,
         ..Config::default()
-    })
+    }))
     .await
     .unwrap();
     let grpc = app.grpc_addr();
@@ -315,5 +324,48 @@ async fn without_tokens_anyone_is_answered() {
     client.recommend(request(Some("anything"))).await.unwrap();
     assert_eq!(running.get("/v1/allocation", None).await.0, 200);
     running.expect_allocation_events(3).await;
+    running.stop().await;
+}
+
+#[tokio::test]
+async fn each_client_publishes_at_most_its_burst_of_allocation_events() {
+    // A burst of 5 a client, then 1 a second.
+    let running = start_with(|c| Config {
+        allocator_tokens: Tokens::new([TOKEN, ROTATED]),
+        allocator_events_per_second: 1,
+        allocator_events_burst: 5,
+        ..c
+    })
+    .await;
+    let mut client = running.client().await;
+    // One client asks 20 at once over gRPC, then once over HTTP: every
+    // answer is served, at most its burst (and what a second refills) is
+    // published.
+    let mut batch = tonic::Request::new(runyard_allocator::proto::RecommendBatchRequest {
+        requests: (0..20).map(|_| request(None).into_inner()).collect(),
+    });
+    batch
+        .metadata_mut()
+        .insert("authorization", format!("Bearer {TOKEN}").parse().unwrap());
+    let answers = client.recommend_batch(batch).await.unwrap().into_inner();
+    assert_eq!(answers.recommendations.len(), 20);
+    assert_eq!(running.get("/v1/allocation", Some(TOKEN)).await.0, 200);
+    // Another client (the other token) is not held back by the first.
+    for _ in 0..3 {
+        client.recommend(request(Some(ROTATED))).await.unwrap();
+    }
+    let published = eventually(Duration::from_secs(10), || async {
+        let n = running.allocation_events().await;
+        (n >= 8).then_some(n)
+    })
+    .await
+    .expect("the second client's 3 and the first's burst of 5 published");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let published = published.max(running.allocation_events().await);
+    assert!((8..=9).contains(&published), "{published} published of 24");
+    let limited = running
+        .metric("runyard_allocator_allocations_rate_limited_total")
+        .await;
+    assert_eq!(limited as usize + published, 24, "each answer counted once");
     running.stop().await;
 }

@@ -58,6 +58,12 @@ pub struct Config {
     /// `RUNYARD_RAW_MAX_AGE`: retention of raw deliveries.
     #[serde(with = "humantime_serde")]
     pub raw_max_age: Duration,
+    /// `RUNYARD_EVENTS_MAX_BYTES`: size bound of the event log (full: new
+    /// deliveries are refused with 503, nothing stored is dropped); 0 = none.
+    pub events_max_bytes: ByteSize,
+    /// `RUNYARD_RAW_MAX_BYTES`: size bound of raw deliveries (full: the
+    /// oldest go); 0 = none.
+    pub raw_max_bytes: ByteSize,
     /// `RUNYARD_STREAM_REPLICAS`.
     pub stream_replicas: usize,
 }
@@ -81,6 +87,8 @@ impl Default for Config {
             ingest_ack_timeout: Duration::from_secs(5),
             events_max_age: Duration::from_secs(90 * 24 * 3600),
             raw_max_age: Duration::from_secs(7 * 24 * 3600),
+            events_max_bytes: ByteSize::gib(8),
+            raw_max_bytes: ByteSize::gib(4),
             stream_replicas: 1,
         }
     }
@@ -105,6 +113,8 @@ const ENV_KEYS: &[&str] = &[
     "ingest_ack_timeout",
     "events_max_age",
     "raw_max_age",
+    "events_max_bytes",
+    "raw_max_bytes",
     "stream_replicas",
 ];
 
@@ -181,6 +191,10 @@ mod tests {
         assert_eq!(c.namespace, "runyard");
         assert_eq!(c.ingest_listen.to_string(), "0.0.0.0:8080");
         assert_eq!(c.ingest_max_body, ByteSize::mib(25));
+        assert_eq!(
+            (c.events_max_bytes, c.raw_max_bytes),
+            (ByteSize::gib(8), ByteSize::gib(4))
+        );
         assert!(c.github_webhook_secret.is_none());
     }
 

@@ -76,6 +76,8 @@ impl App {
         let settings = StreamSettings {
             events_max_age: config.events_max_age,
             raw_max_age: config.raw_max_age,
+            events_max_bytes: config.events_max_bytes.as_u64(),
+            raw_max_bytes: config.raw_max_bytes.as_u64(),
             replicas: config.stream_replicas,
             ..StreamSettings::default()
         };

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 use runyard_events::{Body, Conclusion, Event, Forge, JobStatus, Namespace};
 use runyard_ingest::{App, Config};
 use runyard_testkit::{
-    NatsServer, TestNats, decode_events, fixture, github_signature, stream_messages,
-    unique_namespace,
+    NatsCluster, NatsServer, TestNats, decode_events, eventually, fixture, github_signature,
+    stream_messages, try_stream_messages, unique_namespace,
 };
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
@@ -57,7 +57,9 @@ impl Harness {
         let task = tokio::spawn(app.run(async move {
             let _ = rx.await;
         }));
-        let client = async_nats::connect(nats.url()).await.expect("nats client");
+        // Every server of a cluster's comma-separated list.
+        let servers: Vec<String> = nats.url().split(',').map(str::to_owned).collect();
+        let client = async_nats::connect(servers).await.expect("nats client");
         Self {
             _nats: nats,
             ns,
@@ -2413,6 +2415,52 @@ async fn nats_frozen_under_load_then_retries_lose_and_double_nothing() {
     h.stop().await;
 }
 
+/// `n` signed `workflow_job` deliveries (`<prefix>-<i>`), started 50 ms
+/// apart, each retried every 100 ms after a 503 until answered 202 (any
+/// other answer fails the test), within `limit`. Each task returns how many
+/// 503s its delivery got.
+fn forge_senders(
+    h: &Harness,
+    prefix: &'static str,
+    n: u64,
+    limit: Duration,
+) -> Vec<JoinHandle<u32>> {
+    let body = fixture("github_workflow_job_queued.json");
+    (0..n)
+        .map(|i| {
+            let http = h.http.clone();
+            let url = format!("{}/webhooks/github", h.base);
+            let body = body.clone();
+            tokio::spawn(async move {
+                let mut unavailable = 0;
+                let deadline = Instant::now() + limit;
+                tokio::time::sleep(Duration::from_millis(50 * i)).await;
+                loop {
+                    let resp = http
+                        .post(&url)
+                        .header("X-GitHub-Event", "workflow_job")
+                        .header("X-GitHub-Delivery", format!("{prefix}-{i}"))
+                        .header(
+                            "X-Hub-Signature-256",
+                            github_signature(GH_SECRET, body.as_bytes()),
+                        )
+                        .body(body.clone())
+                        .send()
+                        .await
+                        .expect("answered");
+                    match resp.status().as_u16() {
+                        202 => return unavailable,
+                        503 => unavailable += 1,
+                        other => panic!("answered {other}"),
+                    }
+                    assert!(Instant::now() < deadline, "{prefix}-{i} never accepted");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            })
+        })
+        .collect()
+}
+
 #[tokio::test]
 async fn nats_killed_under_load_then_retries_lose_and_double_nothing() {
     let mut server = NatsServer::start().await;
@@ -2420,42 +2468,9 @@ async fn nats_killed_under_load_then_retries_lose_and_double_nothing() {
         c.ingest_ack_timeout = Duration::from_secs(1);
     })
     .await;
-    let body = fixture("github_workflow_job_queued.json");
     // Senders keep going through the outage, retrying each 503 as a forge
     // would, until every delivery is answered 202.
-    let mut senders = Vec::new();
-    for i in 0..40 {
-        let http = h.http.clone();
-        let url = format!("{}/webhooks/github", h.base);
-        let body = body.clone();
-        senders.push(tokio::spawn(async move {
-            let mut unavailable = 0;
-            let deadline = Instant::now() + Duration::from_secs(60);
-            // Spread over the outage.
-            tokio::time::sleep(Duration::from_millis(50 * i)).await;
-            loop {
-                let resp = http
-                    .post(&url)
-                    .header("X-GitHub-Event", "workflow_job")
-                    .header("X-GitHub-Delivery", format!("killed-{i}"))
-                    .header(
-                        "X-Hub-Signature-256",
-                        github_signature(GH_SECRET, body.as_bytes()),
-                    )
-                    .body(body.clone())
-                    .send()
-                    .await
-                    .expect("answered");
-                match resp.status().as_u16() {
-                    202 => return unavailable,
-                    503 => unavailable += 1,
-                    other => panic!("answered {other}"),
-                }
-                assert!(Instant::now() < deadline, "killed-{i} never accepted");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }));
-    }
+    let senders = forge_senders(&h, "killed", 40, Duration::from_secs(60));
     tokio::time::sleep(Duration::from_millis(300)).await;
     server.stop().await; // SIGKILL
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -2479,5 +2494,109 @@ async fn nats_killed_under_load_then_retries_lose_and_double_nothing() {
         "each delivery stored exactly once"
     );
     println!("killed: {refused} answers 503, 40 of 40 stored once");
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn a_full_event_log_refuses_new_deliveries_and_drops_none_it_accepted() {
+    let mut h = Harness::start_with(TestNats::get().await, |c| {
+        c.events_max_bytes = bytesize::ByteSize::kib(16);
+        c.raw_max_bytes = bytesize::ByteSize::kib(8);
+    })
+    .await;
+    let mut accepted = Vec::new();
+    let mut refused = None;
+    for job in 1..=500u64 {
+        let body = with("usage_report.json", "/job_id", json!(job)).to_string();
+        let (status, answer) = h.usage(&body).await;
+        if status == 202 {
+            accepted.push(answer["event_id"].as_str().unwrap_or_default().to_owned());
+        } else {
+            refused = Some((status, answer));
+            break;
+        }
+    }
+    let (status, answer) = refused.expect("16 KiB of events fill the log");
+    assert_eq!(status, 503, "{answer}");
+    assert!(
+        answer["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("RUNYARD_EVENTS_MAX_BYTES")),
+        "{answer}"
+    );
+    assert!(accepted.len() >= 10, "{} accepted", accepted.len());
+    // Every delivery answered 202 is on the log, once, in order: a full
+    // log refuses, it never makes room by dropping.
+    let stored: Vec<String> = decode_events(&h.events().await)
+        .into_iter()
+        .map(|e| e.id)
+        .collect();
+    assert_eq!(stored, accepted);
+    // Raw deliveries give way, oldest first, within their own bound.
+    let raw = h.raw().await;
+    let raw_bytes: usize = raw.iter().map(|m| m.payload.len()).sum();
+    assert!(raw_bytes <= 8 * 1024, "{raw_bytes} raw bytes");
+    assert!(raw.len() < accepted.len(), "{} raw kept", raw.len());
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn a_three_node_cluster_losing_its_leader_under_load_loses_nothing_acknowledged() {
+    let mut cluster = NatsCluster::start().await;
+    let mut h = Harness::start_with(TestNats::Shared(cluster.urls()), |c| {
+        c.stream_replicas = 3;
+        c.ingest_ack_timeout = Duration::from_secs(2);
+    })
+    .await;
+    let ready = eventually(Duration::from_secs(30), || async {
+        let r = h.http.get(format!("{}/readyz", h.base)).send().await.ok()?;
+        (r.status() == 200).then_some(())
+    })
+    .await;
+    assert!(ready.is_some(), "ingest ready on the cluster");
+    let js = async_nats::jetstream::new(h.nats.clone());
+    let mut stream = js.get_stream(h.ns.events_stream()).await.unwrap();
+    let info = stream.info().await.unwrap();
+    assert_eq!(info.config.num_replicas, 3);
+    let leader = info
+        .cluster
+        .as_ref()
+        .and_then(|c| c.leader.clone())
+        .expect("the events stream has a leader");
+    let leader: usize = leader.trim_start_matches('n').parse().unwrap();
+    // Senders spread over the loss of the stream's leader, retrying each
+    // 503 as a forge would, until every delivery is answered 202.
+    let senders = forge_senders(&h, "cluster", 60, Duration::from_secs(90));
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    cluster.kill(leader).await; // SIGKILL, and it stays down
+    let mut refused = 0;
+    for s in senders {
+        refused += s.await.expect("sender");
+    }
+    // What the two survivors hold: each delivery exactly once.
+    let survivor = async_nats::connect(cluster.url((leader + 1) % 3))
+        .await
+        .unwrap();
+    // Once the survivors have elected the stream's new leader, it can be
+    // read.
+    let msgs = eventually(Duration::from_secs(30), || async {
+        try_stream_messages(&survivor, &h.ns.events_stream())
+            .await
+            .ok()
+            .filter(|m| m.len() >= 60)
+    })
+    .await
+    .expect("the survivors serve the stream");
+    let ids: Vec<String> = decode_events(&msgs).into_iter().map(|e| e.id).collect();
+    let stored = ids.len();
+    let mut distinct = ids;
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(
+        (stored, distinct.len()),
+        (60, 60),
+        "each delivery stored exactly once"
+    );
+    println!("cluster: leader n{leader} killed, {refused} answers 503, 60 of 60 stored once");
     h.stop().await;
 }

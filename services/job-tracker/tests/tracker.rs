@@ -116,6 +116,43 @@ impl Drop for KillOnDrop {
     }
 }
 
+/// The tracker binary on `db_url`, in batches of 100 with a 2 s ack wait.
+fn spawn_batch_tracker(nats_url: &str, ns: &Namespace, db_url: &str) -> KillOnDrop {
+    std::process::Command::new(env!("CARGO_BIN_EXE_runyard-job-tracker"))
+        .env("RUNYARD_NATS_URL", nats_url)
+        .env("RUNYARD_NAMESPACE", ns.as_str())
+        .env("RUNYARD_DATABASE_URL", db_url)
+        .env("RUNYARD_TRACKER_HTTP_LISTEN", "127.0.0.1:0")
+        .env("RUNYARD_TRACKER_BATCH_SIZE", "100")
+        .env("RUNYARD_TRACKER_ACK_WAIT", "2s")
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .map(KillOnDrop)
+        .unwrap()
+}
+
+/// Waits until more than `n` events are applied; how many were.
+async fn applied_beyond(url: &str, n: i64) -> i64 {
+    let url = url.to_owned();
+    eventually(WAIT, || {
+        let url = url.clone();
+        async move {
+            let p = sqlx::postgres::PgPoolOptions::new()
+                .max_connections(1)
+                .connect(&url)
+                .await
+                .ok()?;
+            let got = count(&p, "applied_events").await;
+            p.close().await;
+            (got > n).then_some(got)
+        }
+    })
+    .await
+    .expect("tracker made progress")
+}
+
 async fn wait_applied(url: &str, n: i64) -> PgPool {
     let url = url.to_owned();
     let p = eventually(WAIT, || {
@@ -292,39 +329,10 @@ async fn kill_dash_nine_mid_batch_loses_and_duplicates_nothing() {
     let bus = bus(&nats, &ns).await;
     let events = shuffled_lifecycles(3000, 5);
     publish(&bus, &events).await;
-    let spawn = || {
-        std::process::Command::new(env!("CARGO_BIN_EXE_runyard-job-tracker"))
-            .env("RUNYARD_NATS_URL", nats.url())
-            .env("RUNYARD_NAMESPACE", ns.as_str())
-            .env("RUNYARD_DATABASE_URL", &db.url)
-            .env("RUNYARD_TRACKER_HTTP_LISTEN", "127.0.0.1:0")
-            .env("RUNYARD_TRACKER_BATCH_SIZE", "100")
-            .env("RUNYARD_TRACKER_ACK_WAIT", "2s")
-            .env("RUST_LOG", "warn")
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .map(KillOnDrop)
-            .unwrap()
-    };
+    let spawn = || spawn_batch_tracker(&nats.url(), &ns, &db.url);
     let mut child = spawn();
     // Kill it once it is part-way through.
-    let url = db.url.clone();
-    let partway = eventually(WAIT, || {
-        let url = url.clone();
-        async move {
-            let p = sqlx::postgres::PgPoolOptions::new()
-                .max_connections(1)
-                .connect(&url)
-                .await
-                .ok()?;
-            let n = count(&p, "applied_events").await;
-            p.close().await;
-            (n > 500).then_some(n)
-        }
-    })
-    .await
-    .expect("tracker made progress");
+    let partway = applied_beyond(&db.url, 500).await;
     child.0.kill().unwrap(); // SIGKILL
     child.0.wait().unwrap();
     let p = pool(&db.url).await;
@@ -397,6 +405,103 @@ async fn postgres_outage_under_load_then_catch_up() {
     t.stop().await;
     p.close().await;
     db.drop_db().await;
+}
+
+/// A PostgreSQL cluster of this test's own (the scripts' private cluster,
+/// `scripts/lib.sh`), so it can be stopped and started for real without
+/// disturbing the server every other test uses. Stopped and removed on drop.
+struct PrivatePostgres {
+    name: String,
+    port: u16,
+}
+
+impl PrivatePostgres {
+    fn shell(command: &str) -> String {
+        let repo = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+        let out = std::process::Command::new("bash")
+            .arg("-c")
+            .arg(format!("cd {repo} && source scripts/lib.sh && {command}"))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{command}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+
+    fn start() -> Self {
+        let name = format!("test-restart-{}", std::process::id());
+        let port = Self::shell(&format!("embedded_postgres_start {name}"))
+            .parse()
+            .unwrap();
+        Self { name, port }
+    }
+
+    fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    /// Stops it as a crash would (`immediate`: no checkpoint, open
+    /// transactions lost) and starts it again on the same port.
+    fn crash_and_restart(&self, down: Duration) {
+        Self::shell(&format!("embedded_postgres_stop {} immediate", self.name));
+        std::thread::sleep(down);
+        let port = Self::shell(&format!(
+            "embedded_postgres_start {} {}",
+            self.name, self.port
+        ));
+        assert_eq!(port, self.port.to_string(), "restarted on its port");
+    }
+}
+
+impl Drop for PrivatePostgres {
+    fn drop(&mut self) {
+        let name = &self.name;
+        Self::shell(&format!(
+            "embedded_postgres_stop {name}; rm -rf \"$RUNYARD_STATE_DIR/postgres/{name}\""
+        ));
+    }
+}
+
+#[tokio::test]
+async fn postgres_restarted_for_real_mid_batch_loses_and_doubles_nothing() {
+    let nats = TestNats::get().await;
+    let ns = unique_namespace();
+    let pg = PrivatePostgres::start();
+    let bus = bus(&nats, &ns).await;
+    let events = shuffled_lifecycles(3000, 11);
+    publish(&bus, &events).await;
+    let mut child = spawn_batch_tracker(&nats.url(), &ns, &pg.url());
+    // Crash Postgres once the tracker is part-way through: batches are in
+    // flight, some of them committed, one of them open.
+    let partway = applied_beyond(&pg.url(), 1000).await;
+    pg.crash_and_restart(Duration::from_secs(2));
+    let p = wait_applied(&pg.url(), 12_000).await;
+    assert!(partway < 12_000, "crashed part-way ({partway})");
+    // The same process rode it out: no restart, nothing lost or doubled.
+    assert!(
+        child.0.try_wait().unwrap().is_none(),
+        "tracker still running"
+    );
+    assert_eq!(count(&p, "jobs").await, 3000);
+    assert_eq!(count(&p, "usage_samples").await, 3000);
+    let done: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM jobs WHERE status = 4 AND queued_at IS NOT NULL")
+            .fetch_one(&p)
+            .await
+            .unwrap();
+    assert_eq!(done, 3000);
+    let client = async_nats::connect(nats.url()).await.unwrap();
+    let dead = runyard_testkit::stream_messages(&client, &ns.events_stream())
+        .await
+        .into_iter()
+        .filter(|m| m.subject.as_str() == ns.deadletter_subject())
+        .count();
+    assert_eq!(dead, 0, "a restart dead-letters nothing");
+    println!("restart: crashed with {partway} of 12000 applied; 12000 applied once, 3000 jobs");
+    p.close().await;
 }
 
 #[tokio::test]

@@ -315,7 +315,10 @@ pub async fn run(cli: Cli) -> ExitCode {
         Command::Pools => ("runyard pools", query::pools(&global).await),
         Command::Recommend(args) => ("runyard recommend", query::recommend(&global, &args).await),
         Command::Replay(args) => ("runyard replay", replay::run(&global, &args).await),
-        Command::Rebuild(args) => ("runyard rebuild", rebuild::run(&global, &args).await),
+        Command::Rebuild(args) => (
+            "runyard rebuild",
+            Box::pin(rebuild::run(&global, &args)).await,
+        ),
     };
     match result {
         Ok(code) => ExitCode::from(code),

@@ -81,6 +81,33 @@ fn query_failed(what: &str, e: &sqlx::Error) -> Failure {
     ))
 }
 
+/// A text column of `r` (absent or NULL: `None`).
+fn text(r: &sqlx::postgres::PgRow, column: &str) -> Option<String> {
+    r.try_get::<Option<String>, _>(column).ok().flatten()
+}
+
+/// A timestamp column of `r` (absent or NULL: `None`).
+fn time_of(r: &sqlx::postgres::PgRow, column: &str) -> Option<time::OffsetDateTime> {
+    r.try_get::<Option<time::OffsetDateTime>, _>(column)
+        .ok()
+        .flatten()
+}
+
+/// Prints `list` as `{"<name>": [...]}` with `--json`, else as a table of
+/// `columns` (field, heading).
+fn print_list(global: &Global, name: &str, list: &[Value], columns: &[(&str, &str)]) {
+    if global.json {
+        out_json(&json!({ name: list }));
+        return;
+    }
+    let rows = list
+        .iter()
+        .map(|item| columns.iter().map(|(k, _)| show(&item[*k])).collect())
+        .collect();
+    let headings: Vec<&str> = columns.iter().map(|(_, h)| *h).collect();
+    out(&table(&headings, rows));
+}
+
 fn ts(v: Option<time::OffsetDateTime>) -> Option<String> {
     v.and_then(|t| {
         t.format(&time::format_description::well_known::Rfc3339)
@@ -142,12 +169,7 @@ pub async fn jobs(global: &Global, args: &JobsArgs) -> Result<u8, Failure> {
     let mut list = Vec::new();
     for r in rows {
         let status: i16 = r.try_get("status").unwrap_or_default();
-        let get_s = |c: &str| r.try_get::<Option<String>, _>(c).ok().flatten();
-        let get_t = |c: &str| {
-            r.try_get::<Option<time::OffsetDateTime>, _>(c)
-                .ok()
-                .flatten()
-        };
+        let (get_s, get_t) = (|c| text(&r, c), |c| time_of(&r, c));
         list.push(json!({
             "forge": get_s("forge"),
             "instance": get_s("instance"),
@@ -167,43 +189,22 @@ pub async fn jobs(global: &Global, args: &JobsArgs) -> Result<u8, Failure> {
             "updated_at": ts(get_t("last_event_at")),
         }));
     }
-    if global.json {
-        out_json(&json!({ "jobs": list }));
-        return Ok(EXIT_OK);
-    }
-    let rows = list
-        .iter()
-        .map(|j| {
-            [
-                "forge",
-                "job_id",
-                "status",
-                "conclusion",
-                "project",
-                "name",
-                "labels",
-                "runner_name",
-                "updated_at",
-            ]
-            .iter()
-            .map(|k| show(&j[*k]))
-            .collect()
-        })
-        .collect();
-    out(&table(
+    print_list(
+        global,
+        "jobs",
+        &list,
         &[
-            "forge",
-            "job",
-            "status",
-            "conclusion",
-            "project",
-            "name",
-            "labels",
-            "runner",
-            "updated",
+            ("forge", "forge"),
+            ("job_id", "job"),
+            ("status", "status"),
+            ("conclusion", "conclusion"),
+            ("project", "project"),
+            ("name", "name"),
+            ("labels", "labels"),
+            ("runner_name", "runner"),
+            ("updated_at", "updated"),
         ],
-        rows,
-    ));
+    );
     Ok(EXIT_OK)
 }
 
@@ -243,12 +244,7 @@ pub async fn runners(global: &Global, args: &RunnersArgs) -> Result<u8, Failure>
     db.close().await;
     let mut list = Vec::new();
     for r in rows {
-        let get_s = |c: &str| r.try_get::<Option<String>, _>(c).ok().flatten();
-        let get_t = |c: &str| {
-            r.try_get::<Option<time::OffsetDateTime>, _>(c)
-                .ok()
-                .flatten()
-        };
+        let (get_s, get_t) = (|c| text(&r, c), |c| time_of(&r, c));
         list.push(json!({
             "pool": get_s("pool"),
             "name": get_s("name"),
@@ -266,33 +262,20 @@ pub async fn runners(global: &Global, args: &RunnersArgs) -> Result<u8, Failure>
             "updated_at": ts(get_t("last_event_at")),
         }));
     }
-    if global.json {
-        out_json(&json!({ "runners": list }));
-        return Ok(EXIT_OK);
-    }
-    let rows = list
-        .iter()
-        .map(|r| {
-            [
-                "pool",
-                "name",
-                "state",
-                "reason",
-                "flavor",
-                "job_id",
-                "updated_at",
-            ]
-            .iter()
-            .map(|k| show(&r[*k]))
-            .collect()
-        })
-        .collect();
-    out(&table(
+    print_list(
+        global,
+        "runners",
+        &list,
         &[
-            "pool", "name", "state", "reason", "flavor", "job", "updated",
+            ("pool", "pool"),
+            ("name", "name"),
+            ("state", "state"),
+            ("reason", "reason"),
+            ("flavor", "flavor"),
+            ("job_id", "job"),
+            ("updated_at", "updated"),
         ],
-        rows,
-    ));
+    );
     Ok(EXIT_OK)
 }
 

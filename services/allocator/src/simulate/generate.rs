@@ -135,7 +135,7 @@ struct Stream {
     start: f64,
 }
 
-fn normal(rng: &mut StdRng) -> f64 {
+pub(super) fn normal(rng: &mut StdRng) -> f64 {
     rng.sample(StandardNormal)
 }
 
@@ -298,33 +298,82 @@ pub fn generate(config: &GenConfig) -> Trace {
 
         let workload = *ids.entry((s, version, upgraded)).or_insert_with(|| {
             let (compiler, before, after) = COMPILERS[stream.compiler];
-            let mut w = Workload::new();
-            w.insert("package".to_owned(), package.name.clone());
-            w.insert("version".to_owned(), version_name.clone());
-            w.insert("variants".to_owned(), stream.variants.to_owned());
-            w.insert("compiler".to_owned(), compiler.to_owned());
-            w.insert(
-                "compiler_version".to_owned(),
-                if upgraded { after } else { before }.to_owned(),
-            );
-            w.insert("arch".to_owned(), ARCH.to_owned());
-            builder.workload(w)
+            let compiler_version = if upgraded { after } else { before };
+            builder.workload(spack_workload(
+                &package.name,
+                version_name,
+                stream.variants,
+                (compiler, compiler_version),
+            ))
         });
-        let git_ref = if rng.random_bool(config.pr_share) {
-            builder.git_ref(&format!("pr-{}", rng.random_range(10_000..12_000u32)))
-        } else {
-            develop
-        };
-        builder.push(Job {
-            at: at.round(),
+        push_build(
+            &mut builder,
+            &mut rng,
+            (config.pr_share, develop),
             workload,
-            git_ref,
-            peak_memory_bytes: peak as u64,
-            cpu_seconds: (cores * wall).round(),
-            wall_seconds: wall.round(),
-        });
+            Build {
+                at,
+                peak,
+                cores,
+                wall,
+            },
+        );
     }
     builder.finish()
+}
+
+/// A Spack build's attributes, as the allocator keys them.
+pub(super) fn spack_workload(
+    package: &str,
+    version: &str,
+    variants: &str,
+    (compiler, compiler_version): (&str, &str),
+) -> Workload {
+    [
+        ("package", package),
+        ("version", version),
+        ("variants", variants),
+        ("compiler", compiler),
+        ("compiler_version", compiler_version),
+        ("arch", ARCH),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .collect()
+}
+
+/// One generated build's measurements.
+#[derive(Clone, Copy)]
+pub(super) struct Build {
+    pub(super) at: f64,
+    pub(super) peak: f64,
+    pub(super) cores: f64,
+    pub(super) wall: f64,
+}
+
+/// Adds `build` of `workload` to the trace: from a pull request with
+/// probability `pr_share` (such a build trains nothing), else on `develop`;
+/// times rounded to seconds.
+pub(super) fn push_build(
+    builder: &mut TraceBuilder,
+    rng: &mut StdRng,
+    (pr_share, develop): (f64, u32),
+    workload: u32,
+    build: Build,
+) {
+    let git_ref = if rng.random_bool(pr_share) {
+        builder.git_ref(&format!("pr-{}", rng.random_range(10_000..12_000u32)))
+    } else {
+        develop
+    };
+    builder.push(Job {
+        at: build.at.round(),
+        workload,
+        git_ref,
+        peak_memory_bytes: build.peak as u64,
+        cpu_seconds: (build.cores * build.wall).round(),
+        wall_seconds: build.wall.round(),
+    });
 }
 
 #[cfg(test)]

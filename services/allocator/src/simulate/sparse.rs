@@ -32,10 +32,9 @@ use std::collections::HashMap;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use rand_distr::StandardNormal;
 
-use super::trace::{Job, Trace, TraceBuilder};
-use crate::model::Workload;
+use super::generate::{Build, normal, push_build, spack_workload};
+use super::trace::{Trace, TraceBuilder};
 
 /// Knobs of the sparse profile.
 #[derive(Debug, Clone, PartialEq)]
@@ -123,7 +122,6 @@ pub(super) const START: f64 = 1_735_689_600.0;
 const DAY: f64 = 86_400.0;
 const MIN_PEAK: f64 = 50e6;
 const MAX_PEAK: f64 = 120e9;
-const ARCH: &str = "linux-ubuntu22.04-x86_64_v3";
 const VARIANT_SETS: [&str; 8] = [
     "+shared",
     "~shared+pic",
@@ -158,10 +156,6 @@ struct Stream {
     cores: f64,
     ln_wall: f64,
     start: f64,
-}
-
-fn normal(rng: &mut StdRng) -> f64 {
-    rng.sample(StandardNormal)
 }
 
 /// Generates a sparse trace.
@@ -271,29 +265,25 @@ pub fn generate_sparse(config: &SparseConfig) -> Trace {
         let wall = (stream.ln_wall + 0.25 * normal(&mut rng)).exp();
         let cores = (stream.cores * (0.15 * normal(&mut rng)).exp()).clamp(0.05, 64.0);
         let workload = *ids.entry((s, version)).or_insert_with(|| {
-            let (compiler, compiler_version) = COMPILERS[stream.compiler];
-            let mut w = Workload::new();
-            w.insert("package".to_owned(), package.name.clone());
-            w.insert("version".to_owned(), version_name.clone());
-            w.insert("variants".to_owned(), stream.variants.to_owned());
-            w.insert("compiler".to_owned(), compiler.to_owned());
-            w.insert("compiler_version".to_owned(), compiler_version.to_owned());
-            w.insert("arch".to_owned(), ARCH.to_owned());
-            builder.workload(w)
+            builder.workload(spack_workload(
+                &package.name,
+                version_name,
+                stream.variants,
+                COMPILERS[stream.compiler],
+            ))
         });
-        let git_ref = if rng.random_bool(share(config.pr_share)) {
-            builder.git_ref(&format!("pr-{}", rng.random_range(10_000..12_000u32)))
-        } else {
-            develop
-        };
-        builder.push(Job {
-            at: at.round(),
+        push_build(
+            &mut builder,
+            &mut rng,
+            (share(config.pr_share), develop),
             workload,
-            git_ref,
-            peak_memory_bytes: peak as u64,
-            cpu_seconds: (cores * wall).round(),
-            wall_seconds: wall.round(),
-        });
+            Build {
+                at,
+                peak,
+                cores,
+                wall,
+            },
+        );
     }
     builder.finish()
 }

@@ -1,0 +1,134 @@
+//! Reaching a NATS that wants more than a URL — TLS with a private CA, a
+//! user and password — against real nats-server processes, and settings
+//! that cannot work refused naming their variable.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
+
+use std::path::Path;
+
+use runyard_bus::{Bus, BusError, NatsAccess, StreamSettings};
+use runyard_testkit::{free_port, spawn_nats, unique_namespace, wait_for_port};
+
+/// A bus in a fresh namespace on `url`, connecting once.
+async fn connect(url: &str, access: &NatsAccess) -> Result<Bus, BusError> {
+    Bus::connect_with(url, unique_namespace(), "test", false, access).await
+}
+
+/// A nats-server with JetStream and `extra` in its configuration, on a
+/// free port; killed when dropped.
+async fn server(dir: &Path, extra: &str) -> (tokio::process::Child, u16) {
+    let port = free_port();
+    let conf = dir.join("nats.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "listen: 127.0.0.1:{port}\njetstream {{ store_dir: {:?}, max_file_store: 1P }}\n{extra}\n",
+            dir.join("js").display().to_string()
+        ),
+    )
+    .unwrap();
+    let child = spawn_nats(&conf);
+    wait_for_port(([127, 0, 0, 1], port).into()).await;
+    (child, port)
+}
+
+#[tokio::test]
+async fn a_tls_nats_is_reached_with_its_ca_and_refused_without_it() {
+    runyard_telemetry::install_crypto_provider();
+    let dir = tempfile::tempdir().unwrap();
+    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+    let (crt, key) = (dir.path().join("server.crt"), dir.path().join("server.key"));
+    std::fs::write(&crt, cert.cert.pem()).unwrap();
+    std::fs::write(&key, cert.key_pair.serialize_pem()).unwrap();
+    let (_server, port) = server(
+        dir.path(),
+        &format!("tls {{ cert_file: {:?}, key_file: {:?} }}", crt, key),
+    )
+    .await;
+    let url = format!("nats://localhost:{port}");
+    let with_ca = NatsAccess {
+        tls_ca: Some(crt.clone()),
+        ..NatsAccess::default()
+    };
+    let bus = connect(&url, &with_ca).await.unwrap();
+    // Not just a handshake: JetStream answers over it.
+    bus.ensure_streams(&StreamSettings::default())
+        .await
+        .unwrap();
+    assert!(bus.streams_exist().await);
+
+    // Without the CA the server's certificate is not trusted.
+    let err = connect(&url, &NatsAccess::default())
+        .await
+        .expect_err("a plaintext or untrusted connection is refused");
+    assert!(matches!(err, BusError::Connect { .. }), "{err}");
+
+    // A CA file that is not there is named, with its variable.
+    let missing = NatsAccess {
+        tls_ca: Some(dir.path().join("no-such-ca.pem")),
+        ..NatsAccess::default()
+    };
+    let err = connect(&url, &missing).await.expect_err("missing CA");
+    let text = err.to_string();
+    assert!(
+        text.starts_with("RUNYARD_NATS_TLS_CA: ") && text.contains("no-such-ca.pem"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn user_and_password_ride_in_the_url_and_a_wrong_one_is_refused_unlogged() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_server, port) = server(
+        dir.path(),
+        "authorization { user: runyard, password: \"pa55-w0rd\" }",
+    )
+    .await;
+    let good = format!("nats://runyard:pa55-w0rd@127.0.0.1:{port}");
+    let bus = connect(&good, &NatsAccess::default()).await.unwrap();
+    bus.ensure_streams(&StreamSettings::default())
+        .await
+        .unwrap();
+
+    let wrong = format!("nats://runyard:guessed-pw@127.0.0.1:{port}");
+    let err = connect(&wrong, &NatsAccess::default())
+        .await
+        .expect_err("wrong password refused");
+    let text = format!("{err} / {err:?}");
+    assert!(!text.contains("guessed-pw"), "{text}");
+    assert!(text.contains("runyard:***@"), "{text}");
+}
+
+#[tokio::test]
+async fn a_token_rides_in_the_url_percent_encoded_like_any_userinfo() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_server, port) = server(dir.path(), "authorization { token: \"t0k/en+1\" }").await;
+    let url = format!("nats://t0k%2Fen%2B1@127.0.0.1:{port}");
+    let bus = connect(&url, &NatsAccess::default()).await.unwrap();
+    bus.ensure_streams(&StreamSettings::default())
+        .await
+        .unwrap();
+    let err = connect(
+        &format!("nats://not-it@127.0.0.1:{port}"),
+        &NatsAccess::default(),
+    )
+    .await
+    .expect_err("a wrong token is refused");
+    assert!(!format!("{err:?}").contains("not-it"), "{err:?}");
+}
+
+#[tokio::test]
+async fn a_creds_file_that_cannot_be_read_is_named_with_its_variable() {
+    let dir = tempfile::tempdir().unwrap();
+    let access = NatsAccess {
+        creds: Some(dir.path().join("service.creds")),
+        ..NatsAccess::default()
+    };
+    let err = connect("nats://127.0.0.1:1", &access)
+        .await
+        .expect_err("no creds file");
+    let text = err.to_string();
+    assert!(
+        text.starts_with("RUNYARD_NATS_CREDS: ") && text.contains("service.creds"),
+        "{text}"
+    );
+}
