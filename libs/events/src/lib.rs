@@ -13,7 +13,7 @@ pub use v1::{
     AllocationIssued, Conclusion, Event, Forge, JobKey, JobObserved, JobStatus, PipelineObserved,
     RetryIssued, RetryJob, RetryRefused, RetryRequested, RetryTarget, RunnerAssigned,
     RunnerCreated, RunnerDeleted, RunnerFailed, RunnerOnline, RunnerRef, RunnerRequested, Source,
-    UsageReported, event::Body,
+    UsageIdentity, UsageReported, event::Body,
 };
 
 use std::fmt;

@@ -66,6 +66,8 @@ pub fn normalize_usage(
                 ));
             }
         },
+        // Who sent it is ingest's to say (the body has no say in it).
+        identity: None,
     };
     let id = ids::usage(forge, &instance, job_id, attempt);
     let envelope = Envelope {

@@ -115,6 +115,7 @@ pub fn usage_event(job_id: u64, created: OffsetDateTime) -> Event {
         exit_code: Some(0),
         project: format!("acme/repo-{}", job_id % 17),
         cgroup: "v2".into(),
+        identity: None,
     });
     envelope(id.clone(), created + Duration::seconds(900), &id, body)
 }

@@ -139,6 +139,19 @@ async fn seed(url: &str, samples: usize, workloads: usize) -> Duration {
         .execute(&pool)
         .await
         .unwrap();
+        // Their jobs' rows, as the webhooks leave them: a sample trains
+        // only on the ref its job row confirms.
+        sqlx::query(
+            "INSERT INTO jobs (forge, instance, job_id, status, ref, first_seen_at,
+                last_event_at, rank_status, rank_at, rank_event)
+             SELECT 'gitlab', 'bench', j, 4, 'develop', t, t, 4, t, 'bench'
+             FROM unnest($1::int8[], $2::timestamptz[]) AS x(j, t)",
+        )
+        .bind(&job_ids)
+        .bind(&ats)
+        .execute(&pool)
+        .await
+        .unwrap();
         done += n;
     }
     pool.close().await;

@@ -31,7 +31,7 @@ const OVERLAP: Duration = Duration::from_secs(600);
 /// Rows are decoded here while a blocking thread feeds the model, so
 /// Postgres, decoding and the model each keep a core busy; workloads come as
 /// their stored `workload_key` (no JSON per row) and the protected-ref test
-/// runs in the query.
+/// runs in the query, against the projected job's ref.
 pub async fn load(state: &State) -> Result<(HashSet<String>, time::OffsetDateTime), sqlx::Error> {
     let started = time::OffsetDateTime::now_utc();
     let recent_after = started - OVERLAP;
@@ -50,12 +50,20 @@ pub async fn load(state: &State) -> Result<(HashSet<String>, time::OffsetDateTim
     let protected: Vec<&str> = state.protected.iter().map(String::as_str).collect();
     // Insertion order is time order up to small skews the model tolerates;
     // it streams from the primary key instead of sorting a million rows.
+    // A sample trains only when the job's own (signed) webhook confirms
+    // its ref: the projected job row exists and names the same ref, and
+    // that ref is protected. A report whose job row is not projected yet
+    // loads unprotected (it still counts for OOM streaks).
     let mut rows = sqlx::query(
-        "SELECT workload_key, COALESCE(ref, '') = ANY($1) AS protected, peak_memory_bytes,
-                memory_limit_bytes, memory_request_bytes, cpu_seconds, wall_seconds,
-                oom_killed, reported_at,
-                CASE WHEN reported_at >= $2 THEN event_id END AS recent_id
-         FROM usage_samples WHERE reported_at >= $3 ORDER BY id",
+        "SELECT u.workload_key,
+                (j.ref IS NOT NULL AND j.ref = u.ref AND u.ref = ANY($1)) AS protected,
+                u.peak_memory_bytes, u.memory_limit_bytes, u.memory_request_bytes,
+                u.cpu_seconds, u.wall_seconds, u.oom_killed, u.reported_at,
+                CASE WHEN u.reported_at >= $2 THEN u.event_id END AS recent_id
+         FROM usage_samples u
+         LEFT JOIN jobs j
+           ON j.forge = u.forge AND j.instance = u.instance AND j.job_id = u.job_id
+         WHERE u.reported_at >= $3 ORDER BY u.id",
     )
     .bind(&protected)
     .bind(recent_after)
@@ -176,14 +184,17 @@ fn decode(row: &sqlx::postgres::PgRow, chunk: &mut Chunk) -> Result<Option<Strin
 }
 
 /// Converts a usage event into the model's terms.
-/// `job`: what the job's own (signed) webhooks said of a GitHub job; its
-/// workload and ref win over the report's (ARCHITECTURE: GitHub samples are
-/// keyed from the job).
+/// `job`: what the job's own (signed) webhooks said of it. A GitHub job's
+/// workload wins over the report's (ARCHITECTURE: GitHub samples are keyed
+/// from the job). The sample trains (`protected`) only when the webhook
+/// names the report's ref and that ref is protected: a job not seen yet
+/// (its webhook may come after the report) does not train now — the next
+/// start's load, which joins the projected job row, decides again.
 pub fn observation(
     state: &State,
     u: &UsageReported,
     event: &Event,
-    job: Option<&GithubJob>,
+    job: Option<&KnownJob>,
 ) -> (Workload, Observation) {
     let at = event
         .occurred_at
@@ -191,15 +202,15 @@ pub fn observation(
         .or(event.received_at.as_ref())
         .and_then(from_timestamp)
         .unwrap_or_else(time::OffsetDateTime::now_utc);
-    let workload: Workload = match job {
-        Some(j) => j.workload.clone(),
+    let workload: Workload = match job.and_then(|j| j.workload.as_ref()) {
+        Some(w) => w.clone(),
         None => u
             .workload
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect(),
     };
-    let git_ref = job.map_or(u.r#ref.as_str(), |j| j.git_ref.as_str());
+    let confirmed = job.is_some_and(|j| j.git_ref == u.r#ref);
     let obs = Observation {
         at: at.unix_timestamp() as f64,
         peak_memory_bytes: u.peak_memory_bytes,
@@ -208,7 +219,7 @@ pub fn observation(
         cpu_seconds: u.cpu_seconds,
         wall_seconds: u.wall_seconds,
         oom_killed: runyard_events::oom_killed(u),
-        protected: state.is_protected(git_ref),
+        protected: confirmed && state.is_protected(&u.r#ref),
     };
     (workload, obs)
 }
@@ -226,10 +237,12 @@ pub async fn follow(
     let config = ConsumerConfig {
         durable: None,
         description: "runyard allocator: usage reports followed live".into(),
-        // GitHub jobs too: their samples are keyed from the job.
+        // Jobs too: a sample trains only on the ref its job's webhook
+        // names, and GitHub samples are keyed from the job.
         filter_subjects: vec![
             format!("{}.v1.usage.>", state.bus.namespace()),
             format!("{}.v1.job.github.>", state.bus.namespace()),
+            format!("{}.v1.job.gitlab.>", state.bus.namespace()),
         ],
         deliver: Deliver::ByStartTime(since - OVERLAP),
         batch_size: 256,
@@ -254,7 +267,7 @@ pub async fn follow(
         state: state.clone(),
         skip: Mutex::new(skip),
         fed_through: AtomicU64::new(0),
-        github_jobs: Mutex::default(),
+        jobs: Mutex::default(),
     };
     tokio::select! {
         () = consumer.run(follower, stop) => {}
@@ -271,20 +284,22 @@ struct UsageFollower {
     /// The highest sequence fed: a message at or below it is a redelivery
     /// (an ack that did not arrive), since a consumer delivers in order.
     fed_through: AtomicU64,
-    /// GitHub jobs seen, by `(instance, job id)`.
-    github_jobs: Mutex<HashMap<(String, u64), GithubJob>>,
+    /// Jobs seen, by `(forge, instance, job id)`.
+    jobs: Mutex<HashMap<(i32, String, u64), KnownJob>>,
 }
 
-/// GitHub jobs remembered for keying their usage (the oldest are forgotten
-/// past this many).
-const GITHUB_JOBS_KEPT: usize = 200_000;
+/// Jobs remembered for judging their usage (all are forgotten past this
+/// many; the next start's load judges from the projection).
+const JOBS_KEPT: usize = 200_000;
 
-/// What a GitHub job's webhooks say its usage is keyed by.
+/// What a job's (signed) webhooks say its usage is judged by.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GithubJob {
-    /// `{repo, workflow, job}`.
-    pub workload: Workload,
-    /// The webhook's branch.
+pub struct KnownJob {
+    /// GitHub: `{repo, workflow, job}`, the key its usage is kept under;
+    /// `None` on GitLab (the report's workload is the key) or before the
+    /// webhook named the job.
+    pub workload: Option<Workload>,
+    /// The webhook's branch or tag.
     pub git_ref: String,
 }
 
@@ -297,24 +312,29 @@ impl Handler for UsageFollower {
             let u = match &d.event.body {
                 Some(Body::UsageReported(u)) => u,
                 Some(Body::JobObserved(j)) => {
-                    if let Some(key) = &j.job
-                        && !j.name.is_empty()
-                    {
-                        let mut jobs = self.github_jobs.lock().unwrap_or_else(|e| e.into_inner());
-                        if jobs.len() >= GITHUB_JOBS_KEPT {
+                    if let Some(key) = &j.job {
+                        let github = key.forge() == runyard_events::Forge::Github;
+                        let workload = (github && !j.name.is_empty()).then(|| {
+                            runyard_store::workload::github(&j.project, &j.workflow_name, &j.name)
+                        });
+                        let mut jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
+                        if jobs.len() >= JOBS_KEPT {
                             jobs.clear();
                         }
-                        jobs.insert(
-                            (key.instance.clone(), key.job_id),
-                            GithubJob {
-                                workload: runyard_store::workload::github(
-                                    &j.project,
-                                    &j.workflow_name,
-                                    &j.name,
-                                ),
-                                git_ref: j.r#ref.clone(),
-                            },
-                        );
+                        // A later observation that lacks a value keeps
+                        // the one an earlier one gave.
+                        let known = jobs
+                            .entry((key.forge, key.instance.clone(), key.job_id))
+                            .or_insert(KnownJob {
+                                workload: None,
+                                git_ref: String::new(),
+                            });
+                        if workload.is_some() {
+                            known.workload = workload;
+                        }
+                        if !j.r#ref.is_empty() {
+                            known.git_ref.clone_from(&j.r#ref);
+                        }
                     }
                     continue;
                 }
@@ -326,17 +346,13 @@ impl Handler for UsageFollower {
                     continue;
                 }
             }
-            let job = u
-                .job
-                .as_ref()
-                .filter(|k| k.forge() == runyard_events::Forge::Github)
-                .and_then(|k| {
-                    self.github_jobs
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .get(&(k.instance.clone(), k.job_id))
-                        .cloned()
-                });
+            let job = u.job.as_ref().and_then(|k| {
+                self.jobs
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get(&(k.forge, k.instance.clone(), k.job_id))
+                    .cloned()
+            });
             let (w, o) = observation(&self.state, u, &d.event, job.as_ref());
             self.state.model_write().observe(&w, o);
             self.state.metrics.samples_observed.inc();
@@ -369,6 +385,59 @@ mod tests {
         .unwrap()
     }
 
+    /// Projected job rows, as the jobs' webhooks would leave them, for
+    /// GitLab jobs `ids` of `ci.example` on `git_ref`.
+    async fn confirm_jobs(pool: &sqlx::PgPool, ids: std::ops::RangeInclusive<i64>, git_ref: &str) {
+        sqlx::query(
+            "INSERT INTO jobs (forge, instance, job_id, status, ref, first_seen_at,
+                last_event_at, rank_status, rank_at, rank_event)
+             SELECT 'gitlab', 'ci.example', j, 4, $3, now(), now(), 4, now(), 'test'
+             FROM generate_series($1::int8, $2::int8) AS j",
+        )
+        .bind(ids.start())
+        .bind(ids.end())
+        .bind(git_ref)
+        .execute(pool)
+        .await
+        .unwrap();
+    }
+
+    #[tokio::test]
+    async fn only_samples_whose_job_row_confirms_a_protected_ref_train_at_load() {
+        let nats = TestNats::get().await;
+        let db = TestDb::new();
+        runyard_store::migrate(&db.url).await.unwrap();
+        let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
+        // Jobs 1-8 report `develop`; 9-10 report a pull request's ref.
+        sqlx::query(
+            "INSERT INTO usage_samples (forge, instance, job_id, attempt, event_id, ref, workload,
+                workload_key, peak_memory_bytes, memory_limit_bytes, cpu_seconds, wall_seconds,
+                oom_killed, reported_at)
+             SELECT 'gitlab', 'ci.example', j, 1, 'usage:gitlab:ci.example:' || j || ':1',
+                CASE WHEN j <= 8 THEN 'develop' ELSE 'feature/x' END,
+                '{\"package\": \"zlib\"}', 'package=zlib', 1000000000 + j * 1000000,
+                4000000000, 60, 30, false, now() - (j || ' seconds')::interval
+             FROM generate_series(1, 10) AS j",
+        )
+        .execute(&pool)
+        .await
+        .unwrap();
+        // The webhooks: jobs 1-4 ran on develop; 5-6 are pull request jobs
+        // that claim develop; 7-8 have no job row (yet); 9-10 are honest
+        // pull request jobs.
+        confirm_jobs(&pool, 1..=4, "develop").await;
+        confirm_jobs(&pool, 5..=6, "feature/x").await;
+        confirm_jobs(&pool, 9..=10, "feature/x").await;
+        pool.close().await;
+        let app = app(&nats, &db, Config::default()).await;
+        super::load(&app.state).await.unwrap();
+        let w: crate::model::Workload = [("package".to_owned(), "zlib".to_owned())].into();
+        let answer = app.state.model_read().recommend(&w);
+        assert_eq!(answer.basis.samples, 4, "{:?}", answer.basis);
+        assert_eq!(app.state.model_read().stats(), (1, 4));
+        db.drop_db().await;
+    }
+
     #[tokio::test]
     async fn loading_again_counts_no_sample_twice() {
         // A load that fails half-way is retried: the retry must not add the
@@ -389,6 +458,7 @@ mod tests {
         .execute(&pool)
         .await
         .unwrap();
+        confirm_jobs(&pool, 1..=12, "develop").await;
         pool.close().await;
         let app = app(&nats, &db, Config::default()).await;
         let state = &app.state;
@@ -423,6 +493,7 @@ mod tests {
         .execute(&pool)
         .await
         .unwrap();
+        confirm_jobs(&pool, 1..=12, "develop").await;
         pool.close().await;
         let mut held = Vec::new();
         for days in [10, 0] {

@@ -12,7 +12,8 @@ use runyard_allocator::proto::allocator_client::AllocatorClient;
 use runyard_allocator::{App, Config};
 use runyard_bus::{Bus, StreamSettings, TRACEPARENT_HEADER, TraceParent};
 use runyard_events::{
-    Body, Event, Forge, JobKey, Namespace, Source, UsageReported, ids, timestamp,
+    Body, Event, Forge, JobKey, JobObserved, JobStatus, Namespace, Source, UsageReported, ids,
+    timestamp,
 };
 use runyard_testkit::otlp::{AnyValue, Collector, Span, attribute, hex_id};
 use runyard_testkit::{
@@ -23,6 +24,7 @@ use tokio::sync::oneshot;
 use tonic::transport::Channel;
 
 const USAGE_TOKEN: &str = "usage-token";
+const GITLAB_TOKEN: &str = "gitlab-webhook-token";
 
 struct Stack {
     nats: TestNats,
@@ -59,6 +61,7 @@ impl Stack {
             namespace: ns.to_string(),
             ingest_listen: local,
             usage_token: Some(USAGE_TOKEN.to_owned().into()),
+            gitlab_webhook_token: Some(GITLAB_TOKEN.to_owned().into()),
             ..runyard_ingest::Config::default()
         })
         .await
@@ -146,6 +149,27 @@ impl Stack {
         assert_eq!(resp.status(), 202);
     }
 
+    /// GitLab's (token-authenticated) Job Hook of job `job_id` on `r`: the
+    /// projected job row a report's ref must match to train.
+    async fn job_hook(&self, job_id: u64, r: &str) {
+        let mut hook: Value =
+            serde_json::from_str(&runyard_testkit::fixture("gitlab_job_running.json")).unwrap();
+        hook["build_id"] = json!(job_id);
+        hook["ref"] = json!(r);
+        let resp = reqwest::Client::new()
+            .post(format!("{}/webhooks/gitlab", self.ingest))
+            .header("X-Gitlab-Event", "Job Hook")
+            .header("X-Gitlab-Token", GITLAB_TOKEN)
+            .header("X-Gitlab-Instance", "https://gitlab.example.com")
+            .header("Idempotency-Key", format!("job-{job_id}"))
+            .json(&hook)
+            .send()
+            .await
+            .unwrap();
+        let status = resp.status();
+        assert_eq!(status, 202, "{}", resp.text().await.unwrap());
+    }
+
     async fn stop(self) {
         for s in self.stops {
             let _ = s.send(());
@@ -198,14 +222,22 @@ async fn usage_reports_through_the_stack_shape_the_recommendation() {
 
     let peaks = [6.0e9, 6.4e9, 5.8e9, 6.2e9, 6.1e9, 6.3e9];
     for (i, p) in peaks.iter().enumerate() {
+        stack.job_hook(100 + i as u64, "develop").await;
         stack
             .report(100 + i as u64, &torch(), *p as u64, "develop")
             .await;
     }
-    // A pull request's huge job must not train the model.
+    // A pull request's huge job must not train the model ...
+    stack.job_hook(999, "feature/x").await;
     stack
         .report(999, &torch(), 60_000_000_000, "feature/x")
         .await;
+    // ... not even when its report claims a protected ref: the job's
+    // webhook names the pull request's.
+    stack.job_hook(998, "feature/x").await;
+    stack.report(998, &torch(), 60_000_000_000, "develop").await;
+    // A report no webhook confirms (yet) does not train either.
+    stack.report(997, &torch(), 60_000_000_000, "develop").await;
     let rec = eventually(Duration::from_secs(10), || {
         let mut client = client.clone();
         async move {
@@ -317,7 +349,7 @@ async fn usage_reports_through_the_stack_shape_the_recommendation() {
             .await
             .ok()?;
         p.close().await;
-        (n == 7).then_some(())
+        (n == 9).then_some(())
     })
     .await;
     assert!(projected.is_some(), "job-tracker projected the reports");
@@ -351,6 +383,11 @@ async fn usage_reports_through_the_stack_shape_the_recommendation() {
     assert_eq!(
         from_db.variables, rec.variables,
         "same history, same answer"
+    );
+    assert_eq!(
+        from_db.basis.unwrap().samples as usize,
+        peaks.len(),
+        "the load trains only what the job rows confirm"
     );
     let _ = stop_other.send(());
     stack.stop().await;
@@ -402,7 +439,36 @@ async fn a_new_usage_report_changes_the_answer_within_a_second() {
             })),
         }
     };
+    // What the jobs' webhooks say: every job ran on develop.
+    let job = |job_id: u64| {
+        let now = time::OffsetDateTime::now_utc();
+        let instance = "gitlab.example.com".to_owned();
+        Event {
+            id: format!("test-job:{job_id}"),
+            occurred_at: Some(timestamp(now)),
+            received_at: Some(timestamp(now)),
+            source: Some(Source {
+                forge: Forge::Gitlab as i32,
+                instance: instance.clone(),
+                ..Default::default()
+            }),
+            body: Some(Body::JobObserved(JobObserved {
+                job: Some(JobKey {
+                    forge: Forge::Gitlab as i32,
+                    instance,
+                    job_id,
+                }),
+                name: "build".into(),
+                status: JobStatus::Completed as i32,
+                r#ref: "develop".into(),
+                ..Default::default()
+            })),
+        }
+    };
     let tp = TraceParent::new_root();
+    for id in 1..=6 {
+        bus.publish_event(&job(id), &tp).await.unwrap();
+    }
     for job in 1..=5 {
         bus.publish_event(&usage(job, 4_000_000_000 + job * 10_000_000), &tp)
             .await

@@ -29,11 +29,22 @@ pub struct Config {
     pub gitlab_webhook_token: Option<SecretString>,
     /// `RUNYARD_GITLAB_WEBHOOK_TOKEN_FILE`.
     pub gitlab_webhook_token_file: Option<PathBuf>,
-    /// `RUNYARD_USAGE_TOKEN`; unset → `/v1/usage` answers 503.
+    /// `RUNYARD_USAGE_TOKEN`: the shared bearer token usage reports may
+    /// carry, for setups without CI identity tokens (it lets its holder
+    /// report for any job). Unset and no `RUNYARD_USAGE_OIDC` →
+    /// `/v1/usage` answers 503.
     #[serde(skip_serializing)]
     pub usage_token: Option<SecretString>,
     /// `RUNYARD_USAGE_TOKEN_FILE`.
     pub usage_token_file: Option<PathBuf>,
+    /// `RUNYARD_USAGE_OIDC`: usage reports authenticated by the forge's CI
+    /// identity token, from these issuers: comma-separated
+    /// `issuer=audience` pairs (see [`crate::oidc::issuer::parse`]).
+    pub usage_oidc: String,
+    /// `RUNYARD_USAGE_OIDC_REFETCH`: an issuer's keys are fetched again for
+    /// a token signed with an unknown key at most this often.
+    #[serde(with = "humantime_serde")]
+    pub usage_oidc_refetch: Duration,
     /// `RUNYARD_GITHUB_INSTANCES`: the GitHub hosts deliveries are accepted
     /// from, comma-separated (default `github.com`); a GitHub Enterprise
     /// Server must be listed by its host name.
@@ -80,6 +91,8 @@ impl Default for Config {
             gitlab_webhook_token_file: None,
             usage_token: None,
             usage_token_file: None,
+            usage_oidc: String::new(),
+            usage_oidc_refetch: Duration::from_secs(60),
             github_instances: runyard_forge::GITHUB_DOT_COM.into(),
             ingest_max_body: ByteSize::mib(25),
             ingest_max_in_flight: 512,
@@ -106,6 +119,8 @@ const ENV_KEYS: &[&str] = &[
     "gitlab_webhook_token_file",
     "usage_token",
     "usage_token_file",
+    "usage_oidc",
+    "usage_oidc_refetch",
     "github_instances",
     "ingest_max_body",
     "ingest_max_in_flight",

@@ -6,6 +6,7 @@
 pub mod config;
 pub mod limits;
 mod metrics;
+pub mod oidc;
 pub mod quiet;
 mod routes;
 pub mod shed;
@@ -35,6 +36,9 @@ struct Inner {
     github_secret: Option<SecretString>,
     gitlab_token: Option<SecretString>,
     usage_token: Option<SecretString>,
+    /// `RUNYARD_USAGE_OIDC`: verifies CI identity tokens; `None` when no
+    /// issuer is configured.
+    oidc: Option<oidc::Verifier>,
     /// `RUNYARD_GITHUB_INSTANCES`, lower-cased.
     github_instances: Vec<String>,
     max_body: usize,
@@ -65,6 +69,17 @@ impl App {
     /// is not fatal: ingest answers 503 and `/readyz` stays red until it is up.
     pub async fn build(config: Config) -> anyhow::Result<Self> {
         let ns = Namespace::new(config.namespace.clone())?;
+        let issuers = oidc::issuer::parse(&config.usage_oidc).map_err(anyhow::Error::msg)?;
+        let oidc = if issuers.is_empty() {
+            None
+        } else {
+            tracing::info!(
+                issuers = ?issuers.iter().map(|i| i.url.as_str()).collect::<Vec<_>>(),
+                shared_token = config.usage_token.is_some(),
+                "usage reports accept CI identity tokens"
+            );
+            Some(oidc::Verifier::new(issuers, config.usage_oidc_refetch)?)
+        };
         let bus = Bus::connect(&config.nats_url, ns, "runyard-ingest", true)
             .await?
             .with_ack_timeout(config.ingest_ack_timeout);
@@ -87,6 +102,7 @@ impl App {
             github_secret: config.github_webhook_secret,
             gitlab_token: config.gitlab_webhook_token,
             usage_token: config.usage_token,
+            oidc,
             github_instances,
             max_body: usize::try_from(config.ingest_max_body.as_u64()).unwrap_or(usize::MAX),
             registry,

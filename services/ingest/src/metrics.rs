@@ -17,6 +17,21 @@ pub struct DeliveryLabels {
     pub result: &'static str,
 }
 
+/// Labels of `runyard_ingest_usage_auth_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct UsageAuthLabels {
+    /// `oidc` (a CI identity token), `token` (the shared usage token) or
+    /// `none` (no bearer credential at all).
+    pub method: &'static str,
+    /// `accepted`, `forbidden` (a verified token for another job than the
+    /// report's), `unavailable` (the issuer's keys could not be fetched),
+    /// `missing`, `wrong` (not the shared token, or not a token of an
+    /// accepted kind), or why an identity token was refused: `expired`,
+    /// `not_yet_valid`, `audience`, `unknown_issuer`, `unknown_key`,
+    /// `signature`, `algorithm`, `claims`, `malformed`.
+    pub result: &'static str,
+}
+
 /// Handles to the metrics ingest updates.
 #[derive(Clone, Debug)]
 pub struct IngestMetrics {
@@ -26,6 +41,8 @@ pub struct IngestMetrics {
     pub publish_latency: Histogram,
     /// Raw deliveries not kept because they exceed the server's max_payload.
     pub raw_skipped: Counter,
+    /// How usage reports authenticated, and with what result.
+    pub usage_auth: Family<UsageAuthLabels, Counter>,
 }
 
 impl IngestMetrics {
@@ -35,6 +52,7 @@ impl IngestMetrics {
             deliveries: Family::default(),
             publish_latency: Histogram::new(exponential_buckets(0.0002, 2.0, 16)),
             raw_skipped: Counter::default(),
+            usage_auth: Family::default(),
         };
         registry.register(|r| {
             let r = r.sub_registry_with_prefix("ingest");
@@ -53,6 +71,11 @@ impl IngestMetrics {
                 "Raw deliveries not kept because they exceed the server's max_payload",
                 m.raw_skipped.clone(),
             );
+            r.register(
+                "usage_auth",
+                "Usage report authentications by method (oidc, token, none) and result",
+                m.usage_auth.clone(),
+            );
         });
         m
     }
@@ -61,6 +84,13 @@ impl IngestMetrics {
     pub fn delivery(&self, forge: &'static str, result: &'static str) {
         self.deliveries
             .get_or_create(&DeliveryLabels { forge, result })
+            .inc();
+    }
+
+    /// Counts one usage report's authentication.
+    pub fn usage_auth(&self, method: &'static str, result: &'static str) {
+        self.usage_auth
+            .get_or_create(&UsageAuthLabels { method, result })
             .inc();
     }
 }

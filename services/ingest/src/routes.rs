@@ -24,8 +24,8 @@ use serde_json::json;
 use time::OffsetDateTime;
 use tracing::Instrument as _;
 
-use crate::AppState;
 use crate::limits::{self, Shape};
+use crate::{AppState, oidc};
 
 /// Seconds a client should wait before retrying a 503.
 const RETRY_AFTER_SECS: u64 = 5;
@@ -115,6 +115,12 @@ enum Outcome {
     Ignored(String),
     NotConfigured(&'static str),
     Unauthorized(String),
+    /// Authenticated, but not allowed to say this (a report about another
+    /// job than its identity token's).
+    Forbidden {
+        field: String,
+        message: String,
+    },
     TooLarge(TooLarge),
     UnsupportedMediaType(String),
     Invalid {
@@ -132,6 +138,7 @@ impl Outcome {
             Outcome::Ignored(_) => "ignored",
             Outcome::NotConfigured(_) => "not_configured",
             Outcome::Unauthorized(_) => "unauthorized",
+            Outcome::Forbidden { .. } => "forbidden",
             Outcome::TooLarge(_) => "too_large",
             Outcome::UnsupportedMediaType(_) => "unsupported_media_type",
             Outcome::Invalid { .. } => "invalid",
@@ -167,6 +174,9 @@ impl IntoResponse for Outcome {
                 r
             }
             Outcome::Unauthorized(msg) => error(StatusCode::UNAUTHORIZED, msg, None),
+            Outcome::Forbidden { field, message } => {
+                error(StatusCode::FORBIDDEN, message, Some(field))
+            }
             Outcome::TooLarge(TooLarge::Body { limit }) => error(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 format!("body exceeds RUNYARD_INGEST_MAX_BODY, the limit of {limit} bytes"),
@@ -537,7 +547,10 @@ fn finish(
             // `info` (the deliveries metric counts it).
             tracing::debug!(forge, %event_id, duplicate, "delivery accepted");
         }
-        Outcome::Unavailable(_) | Outcome::NotConfigured(_) | Outcome::Unauthorized(_) => {
+        Outcome::Unavailable(_)
+        | Outcome::NotConfigured(_)
+        | Outcome::Unauthorized(_)
+        | Outcome::Forbidden { .. } => {
             // One line per kind and window, not per delivery: an outage or a
             // misconfigured sender refuses thousands a second.
             if let Some(suppressed) = state.quiet.admit(result) {
@@ -720,17 +733,11 @@ async fn usage_outcome(
     body: Body,
     trace: TraceParent,
 ) -> Outcome {
-    let Some(token) = state.usage_token.as_ref() else {
-        return Outcome::NotConfigured("usage reports");
+    // The credential is a header: judge it before reading the body at all.
+    let sender = match usage_auth(state, headers).await {
+        Ok(sender) => sender,
+        Err(o) => return o,
     };
-    let given = verify::bearer(
-        headers
-            .get(header::AUTHORIZATION)
-            .map(HeaderValue::as_bytes),
-    );
-    if !verify::token_matches(token.expose_secret().as_bytes(), given) {
-        return Outcome::Unauthorized("Authorization: missing or wrong bearer token".into());
-    }
     let body = match read_body(headers, body, state.max_body).await {
         Ok(b) => b,
         Err(o) => return o,
@@ -738,8 +745,11 @@ async fn usage_outcome(
     let content_type = header_str(headers, header::CONTENT_TYPE.as_str());
     match normalize_usage(content_type, &body, OffsetDateTime::now_utc()) {
         Err(e) => payload_outcome(e),
-        Ok(event) => {
+        Ok(mut event) => {
             if let Err(o) = door(Shape::Usage, "", std::slice::from_ref(&event)) {
+                return o;
+            }
+            if let Err(o) = identify(state, &sender, &mut event) {
                 return o;
             }
             let tp = trace.header_value();
@@ -753,6 +763,105 @@ async fn usage_outcome(
             );
             publish(state, raw, vec![event], &tp).await
         }
+    }
+}
+
+/// Who sent a usage report.
+#[derive(Debug)]
+enum Sender {
+    /// A verified CI identity token: the claims name the job.
+    Oidc(Box<oidc::Identity>),
+    /// The shared usage token: the report names its job itself.
+    SharedToken,
+}
+
+/// Authenticates a usage report (ARCHITECTURE.md, "Usage API"): a
+/// JWT-shaped bearer is tried as a CI identity token when
+/// `RUNYARD_USAGE_OIDC` is set; the shared `RUNYARD_USAGE_TOKEN`, when set,
+/// is accepted too. A refusal names why, never the credential.
+async fn usage_auth(state: &AppState, headers: &HeaderMap) -> Result<Sender, Outcome> {
+    let shared = state.usage_token.as_ref();
+    if shared.is_none() && state.oidc.is_none() {
+        return Err(Outcome::NotConfigured("usage reports"));
+    }
+    let metrics = &state.metrics;
+    let Some(given) = verify::bearer(
+        headers
+            .get(header::AUTHORIZATION)
+            .map(HeaderValue::as_bytes),
+    ) else {
+        metrics.usage_auth("none", "missing");
+        return Err(Outcome::Unauthorized(
+            "Authorization: missing bearer credential".into(),
+        ));
+    };
+    let shared_matches =
+        || shared.is_some_and(|t| verify::token_matches(t.expose_secret().as_bytes(), Some(given)));
+    if let Some(verifier) = state.oidc.as_ref()
+        && oidc::looks_like_jwt(given)
+    {
+        // A JWT is ASCII by its shape.
+        let token = std::str::from_utf8(given).unwrap_or_default();
+        match verifier.verify(token).await {
+            Ok(identity) => return Ok(Sender::Oidc(Box::new(identity))),
+            Err(oidc::VerifyError::Unavailable(why)) => {
+                metrics.usage_auth("oidc", "unavailable");
+                return Err(Outcome::Unavailable(why));
+            }
+            // A shared token that happens to look like a JWT.
+            Err(oidc::VerifyError::Refused(_)) if shared_matches() => {}
+            Err(oidc::VerifyError::Refused(refusal)) => {
+                metrics.usage_auth("oidc", refusal.label());
+                return Err(Outcome::Unauthorized(format!("Authorization: {refusal}")));
+            }
+        }
+    }
+    if shared.is_none() {
+        metrics.usage_auth("token", "wrong");
+        return Err(Outcome::Unauthorized(format!(
+            "Authorization: not a CI identity token of an issuer in {}; \
+             the shared usage token (RUNYARD_USAGE_TOKEN) is not enabled",
+            oidc::issuer::VAR
+        )));
+    }
+    if !shared_matches() {
+        metrics.usage_auth("token", "wrong");
+        return Err(Outcome::Unauthorized(
+            "Authorization: missing or wrong bearer token".into(),
+        ));
+    }
+    Ok(Sender::SharedToken)
+}
+
+/// Records who sent the report in its event: with an identity token the
+/// report must be about the token's job (else 403 naming the field), and
+/// its project and ref become the token's.
+fn identify(state: &AppState, sender: &Sender, event: &mut Event) -> Result<(), Outcome> {
+    let Some(runyard_events::Body::UsageReported(u)) = event.body.as_mut() else {
+        return Ok(());
+    };
+    match sender {
+        Sender::SharedToken => {
+            state.metrics.usage_auth("token", "accepted");
+            u.identity = Some(runyard_events::UsageIdentity {
+                method: "token".into(),
+                ..Default::default()
+            });
+            Ok(())
+        }
+        Sender::Oidc(identity) => match oidc::claims::bind(identity, u) {
+            Ok(()) => {
+                state.metrics.usage_auth("oidc", "accepted");
+                Ok(())
+            }
+            Err(mismatch) => {
+                state.metrics.usage_auth("oidc", "forbidden");
+                Err(Outcome::Forbidden {
+                    field: mismatch.field.to_owned(),
+                    message: mismatch.to_string(),
+                })
+            }
+        },
     }
 }
 

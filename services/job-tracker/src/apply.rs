@@ -392,24 +392,19 @@ async fn insert_usage(
     Ok(())
 }
 
-/// A GitHub usage sample (id, workload key, ref) and its job's project,
-/// workflow, name and ref.
-type SampleAndJob = (
-    i64,
-    String,
-    Option<String>,
-    String,
-    String,
-    String,
-    Option<String>,
-);
+/// A GitHub usage sample (id, workload key) and its job's project,
+/// workflow and name.
+type SampleAndJob = (i64, String, String, String, String);
 
 /// Keys GitHub usage samples from their job's row (ARCHITECTURE: "the
 /// job-tracker keys a GitHub usage sample from its projected job row"): the
-/// workload becomes `{repo, workflow, job}` of the signed webhook and the
-/// ref the webhook's, whatever the report sent. Runs for every GitHub job
-/// or sample in the batch, so the order the job and the report arrive in
-/// does not matter.
+/// workload becomes `{repo, workflow, job}` of the signed webhook, whatever
+/// the report sent. The sample keeps the ref it was reported with (a
+/// verified identity token's, or the sender's word): whether it trains is
+/// decided where the job row's ref is compared with it (the allocator), so
+/// a report whose ref the webhook does not confirm never trains. Runs for
+/// every GitHub job or sample in the batch, so the order the job and the
+/// report arrive in does not matter.
 async fn rekey_github_usage(
     tx: &mut Transaction<'_, Postgres>,
     delta: &Delta,
@@ -429,8 +424,7 @@ async fn rekey_github_usage(
     pairs.dedup();
     let (instances, job_ids): (Vec<&str>, Vec<i64>) = pairs.into_iter().unzip();
     let rows: Vec<SampleAndJob> = sqlx::query_as(
-        "SELECT u.id, u.workload_key, u.ref, j.project, COALESCE(j.workflow_name, ''),
-                    j.name, j.ref
+        "SELECT u.id, u.workload_key, j.project, COALESCE(j.workflow_name, ''), j.name
              FROM usage_samples u
              JOIN jobs j ON j.forge = u.forge AND j.instance = u.instance AND j.job_id = u.job_id
              WHERE u.forge = 'github'
@@ -444,32 +438,28 @@ async fn rekey_github_usage(
     let mut ids = Vec::new();
     let mut workloads = Vec::new();
     let mut keys = Vec::new();
-    let mut refs = Vec::new();
-    for (id, old_key, old_ref, repo, workflow, name, job_ref) in rows {
+    for (id, old_key, repo, workflow, name) in rows {
         let attributes = runyard_store::workload::github(&repo, &workflow, &name);
         let key =
             runyard_store::workload::key(attributes.iter().map(|(k, v)| (k.as_str(), v.as_str())));
-        let git_ref = job_ref.or(old_ref.clone());
-        if key == old_key && git_ref == old_ref {
+        if key == old_key {
             continue;
         }
         ids.push(id);
         workloads.push(serde_json::json!(attributes).to_string());
         keys.push(key);
-        refs.push(git_ref);
     }
     if ids.is_empty() {
         return Ok(());
     }
     sqlx::query(
-        "UPDATE usage_samples u SET workload = t.workload::jsonb, workload_key = t.key, ref = t.ref
-         FROM unnest($1::int8[], $2::text[], $3::text[], $4::text[]) AS t(id, workload, key, ref)
+        "UPDATE usage_samples u SET workload = t.workload::jsonb, workload_key = t.key
+         FROM unnest($1::int8[], $2::text[], $3::text[]) AS t(id, workload, key)
          WHERE u.id = t.id",
     )
     .bind(&ids)
     .bind(&workloads)
     .bind(&keys)
-    .bind(&refs)
     .execute(&mut **tx)
     .await?;
     Ok(())

@@ -1631,7 +1631,7 @@ async fn exit_137_near_the_limit_counts_as_an_oom_kill_only_without_cgroup_data(
 }
 
 #[tokio::test]
-async fn github_usage_is_keyed_from_the_jobs_webhook_whatever_the_report_says() {
+async fn github_usage_is_keyed_from_the_jobs_webhook_and_keeps_its_reported_ref() {
     let nats = TestNats::get().await;
     let ns = unique_namespace();
     let db = TestDb::new();
@@ -1683,8 +1683,10 @@ async fn github_usage_is_keyed_from_the_jobs_webhook_whatever_the_report_says() 
     assert_eq!(
         rows,
         vec![
-            (1, expected(1), Some("feature/x".into())),
-            (2, expected(2), Some("feature/x".into())),
+            // The ref stays the report's: the allocator compares it with
+            // the job's before it trains.
+            (1, expected(1), Some("main".into())),
+            (2, expected(2), Some("main".into())),
         ]
     );
     p.close().await;

@@ -24,6 +24,7 @@ use secrecy::SecretString;
 mod cgroup;
 mod child;
 mod command;
+pub mod identity;
 mod post;
 mod quantity;
 mod report;
@@ -103,8 +104,18 @@ pub enum Error {
     #[error("no ingest url: pass --url or set RUNYARD_INGEST_URL")]
     MissingUrl,
     /// No usage token.
-    #[error("no usage token: pass --token, or set RUNYARD_USAGE_TOKEN or RUNYARD_USAGE_TOKEN_FILE")]
+    #[error(
+        "no credential: set RUNYARD_ID_TOKEN (the job's CI identity token), run on GitHub Actions \
+         with `permissions: id-token: write`, or pass --token / set RUNYARD_USAGE_TOKEN or \
+         RUNYARD_USAGE_TOKEN_FILE"
+    )]
     MissingToken,
+    /// GitHub Actions would not hand out the job's identity token.
+    #[error("cannot get the job's identity token from ACTIONS_ID_TOKEN_REQUEST_URL: {reason}")]
+    IdTokenRequest {
+        /// Why (never a token).
+        reason: String,
+    },
     /// The token file can't be read.
     #[error("cannot read token file {path}")]
     TokenFile {
@@ -322,6 +333,20 @@ pub struct Args {
         value_name = "PATH"
     )]
     pub token_file: Option<PathBuf>,
+    /// The job's CI identity token (GitLab: an `id_tokens` variable);
+    /// preferred to the usage token [default on GitHub Actions: requested
+    /// from ACTIONS_ID_TOKEN_REQUEST_URL]
+    #[arg(long, global = true, env = "RUNYARD_ID_TOKEN", hide_env_values = true, value_parser = parse_secret)]
+    pub id_token: Option<SecretString>,
+    /// Audience of the identity token requested on GitHub Actions (what
+    /// ingest's RUNYARD_USAGE_OIDC names for the issuer)
+    #[arg(
+        long,
+        global = true,
+        env = "RUNYARD_ID_TOKEN_AUDIENCE",
+        default_value = "runyard"
+    )]
+    pub id_token_audience: String,
 
     /// Deadline for the whole post, retries included
     #[arg(long, global = true, default_value = "60s", value_parser = parse_duration)]
@@ -453,6 +478,42 @@ pub fn resolve_token(
     Ok(SecretString::from(token))
 }
 
+/// The bearer credential a report is sent with (see [`identity`]): the
+/// given identity token, else one requested from GitHub Actions, else the
+/// shared usage token.
+async fn credential(
+    args: &Args,
+    client: &reqwest::Client,
+    env: &impl Fn(&str) -> Option<String>,
+    policy: &RetryPolicy,
+) -> Result<(SecretString, identity::Source), Error> {
+    if let Some(token) = &args.id_token {
+        return Ok((token.clone(), identity::Source::Given));
+    }
+    let requested = identity::request_github_token(
+        client,
+        env,
+        &args.id_token_audience,
+        policy.request_timeout,
+    )
+    .await;
+    match requested {
+        Some(Ok(token)) => Ok((token, identity::Source::Requested)),
+        Some(Err(error)) => {
+            // A shared token still gets the report in.
+            match resolve_token(args.token.as_ref(), args.token_file.as_deref()) {
+                Ok(token) => {
+                    tracing::warn!(%error, "posting with the usage token instead");
+                    Ok((token, identity::Source::Shared))
+                }
+                Err(_) => Err(error),
+            }
+        }
+        None => resolve_token(args.token.as_ref(), args.token_file.as_deref())
+            .map(|t| (t, identity::Source::Shared)),
+    }
+}
+
 /// What [`run_and_report`] did.
 #[derive(Debug)]
 pub struct RunOutcome {
@@ -523,7 +584,7 @@ async fn deliver(
     usage: &CgroupUsage,
     env: impl Fn(&str) -> Option<String>,
 ) -> Result<Outcome, Error> {
-    let report = build_report(inputs, usage, env, time::OffsetDateTime::now_utc())?;
+    let report = build_report(inputs, usage, &env, time::OffsetDateTime::now_utc())?;
 
     if args.dry_run {
         let json = serde_json::to_string_pretty(&report).map_err(Error::Encode)?;
@@ -542,10 +603,24 @@ async fn deliver(
         });
     }
     let url = usage_url(args.url.as_deref().ok_or(Error::MissingUrl)?)?;
-    let token = resolve_token(args.token.as_ref(), args.token_file.as_deref())?;
     let policy = args.retry_policy();
     let client = http_client(&policy)?;
-    let answer = post(&client, &url, &token, &report, &policy).await?;
+    let (token, source) = credential(args, &client, &env, &policy).await?;
+    tracing::info!(credential = source.as_str(), "posting the usage report");
+    let answer = match post(&client, &url, &token, &report, &policy).await {
+        // An ingest that does not take identity tokens (no
+        // RUNYARD_USAGE_OIDC) refuses the one GitHub handed out: the shared
+        // token, when there is one, is what it takes.
+        Err(Error::Rejected { status: 401, .. })
+            if source == identity::Source::Requested
+                && (args.token.is_some() || args.token_file.is_some()) =>
+        {
+            tracing::warn!("ingest refused the job's identity token; posting with the usage token");
+            let shared = resolve_token(args.token.as_ref(), args.token_file.as_deref())?;
+            post(&client, &url, &shared, &report, &policy).await?
+        }
+        other => other?,
+    };
     tracing::info!(
         event_id = answer.event_id.as_deref().unwrap_or("unknown"),
         duplicate = answer.duplicate,

@@ -18,6 +18,10 @@ use secrecy::SecretString;
 use serde_json::{Value, json};
 
 const TOKEN: &str = "s3cret-usage-token";
+/// What the fake GitHub hands out as the job's identity token.
+const ID_TOKEN: &str = "eyJhbGciOiJSUzI1NiJ9.eyJjaGVja19ydW5faWQiOiI0NzExIn0.c2lnbmF0dXJl";
+/// The bearer of the identity token request.
+const REQUEST_TOKEN: &str = "actions-request-token";
 const EVENT_ID: &str = "usage:gitlab:gitlab.example.com:4711:1";
 
 /// One scripted answer.
@@ -66,6 +70,8 @@ struct Seen {
 struct Shared {
     script: Vec<Reply>,
     seen: Mutex<Vec<Seen>>,
+    /// Identity token requests: their Authorization and query.
+    id_requests: Mutex<Vec<(Option<String>, String)>>,
 }
 
 #[derive(Debug)]
@@ -81,9 +87,11 @@ impl FakeIngest {
         let shared = Arc::new(Shared {
             script,
             seen: Mutex::new(Vec::new()),
+            id_requests: Mutex::new(Vec::new()),
         });
         let app = axum::Router::new()
             .route("/v1/usage", post_route(usage))
+            .route("/id-token", axum::routing::get(id_token))
             .with_state(Arc::clone(&shared));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
@@ -117,7 +125,9 @@ async fn usage(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Byte
         content_type: text(header::CONTENT_TYPE),
         body: serde_json::from_slice(&body).unwrap_or(Value::Null),
     };
-    let bearer_ok = seen.authorization.as_deref() == Some(&format!("Bearer {TOKEN}"));
+    let bearer_ok = [TOKEN, ID_TOKEN]
+        .iter()
+        .any(|t| seen.authorization.as_deref() == Some(&format!("Bearer {t}")));
     let n = {
         let mut all = shared.seen.lock().unwrap_or_else(PoisonError::into_inner);
         all.push(seen);
@@ -142,6 +152,29 @@ async fn usage(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Byte
             .insert(header::RETRY_AFTER, HeaderValue::from_static(after));
     }
     response
+}
+
+/// GitHub's `ACTIONS_ID_TOKEN_REQUEST_URL`: hands out [`ID_TOKEN`] to the
+/// bearer of [`REQUEST_TOKEN`].
+async fn id_token(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    uri: axum::http::Uri,
+) -> Response {
+    let authorization = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let ok = authorization.as_deref() == Some(&format!("Bearer {REQUEST_TOKEN}"));
+    shared
+        .id_requests
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .push((authorization, uri.query().unwrap_or_default().to_owned()));
+    if !ok {
+        return StatusCode::UNAUTHORIZED.into_response();
+    }
+    axum::Json(json!({"count": 1, "value": ID_TOKEN})).into_response()
 }
 
 /// The body has the contract's shape: required identity, known keys only,
@@ -823,4 +856,146 @@ async fn run_rejects_cgroup_dir() {
     assert_eq!(output.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("--cgroup-dir"), "{stderr}");
     assert!(fake.seen().is_empty());
+}
+
+/// The binary with a GitHub job's environment and `extra`, posting a
+/// report with a given peak to `fake`.
+async fn github_binary(fake: &FakeIngest, extra: &[(&str, &str)]) -> std::process::Output {
+    let mut env = vec![
+        ("GITHUB_ACTIONS", "true"),
+        ("GITHUB_SERVER_URL", "https://github.com"),
+        ("GITHUB_RUN_ATTEMPT", "1"),
+        ("GITHUB_REF_NAME", "main"),
+        ("GITHUB_REPOSITORY", "acme/app"),
+        ("GITHUB_WORKFLOW", "CI"),
+        ("GITHUB_JOB", "test"),
+        ("RUNYARD_JOB_ID", "4711"),
+    ];
+    env.extend_from_slice(extra);
+    binary(&env)
+        .args([
+            "--url",
+            &fake.base_url,
+            "--peak-memory-bytes",
+            "1000000",
+            "--fail-on-error",
+        ])
+        .output()
+        .await
+        .expect("run runyard-report")
+}
+
+#[tokio::test]
+async fn on_github_the_binary_requests_the_jobs_identity_token_and_sends_it() {
+    let fake = FakeIngest::start(vec![Reply::accepted()]).await;
+    let request_url = format!("{}/id-token?api-version=2.0", fake.base_url);
+    let output = github_binary(
+        &fake,
+        &[
+            ("ACTIONS_ID_TOKEN_REQUEST_URL", request_url.as_str()),
+            ("ACTIONS_ID_TOKEN_REQUEST_TOKEN", REQUEST_TOKEN),
+            // A shared token is there too: the identity token wins.
+            ("RUNYARD_USAGE_TOKEN", TOKEN),
+        ],
+    )
+    .await;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    for secret in [ID_TOKEN, REQUEST_TOKEN, TOKEN] {
+        assert!(!stderr.contains(secret), "a token was logged: {stderr}");
+    }
+    let requests = fake
+        .shared
+        .id_requests
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone();
+    assert_eq!(
+        requests,
+        [(
+            Some(format!("Bearer {REQUEST_TOKEN}")),
+            "api-version=2.0&audience=runyard".to_owned()
+        )]
+    );
+    let seen = fake.seen();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(
+        seen[0].authorization.as_deref(),
+        Some(format!("Bearer {ID_TOKEN}").as_str()),
+        "the report carries the job's identity token"
+    );
+    assert_eq!(seen[0].body["job_id"], 4711);
+
+    // Another audience, as RUNYARD_USAGE_OIDC names it.
+    let fake = FakeIngest::start(vec![Reply::accepted()]).await;
+    let request_url = format!("{}/id-token?api-version=2.0", fake.base_url);
+    let output = github_binary(
+        &fake,
+        &[
+            ("ACTIONS_ID_TOKEN_REQUEST_URL", request_url.as_str()),
+            ("ACTIONS_ID_TOKEN_REQUEST_TOKEN", REQUEST_TOKEN),
+            (
+                "RUNYARD_ID_TOKEN_AUDIENCE",
+                "https://ci.example.com/runyard",
+            ),
+        ],
+    )
+    .await;
+    assert!(output.status.success());
+    let requests = fake
+        .shared
+        .id_requests
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone();
+    assert_eq!(
+        requests[0].1,
+        "api-version=2.0&audience=https%3A%2F%2Fci.example.com%2Frunyard"
+    );
+}
+
+#[tokio::test]
+async fn a_given_identity_token_is_sent_as_is_and_a_refused_request_says_why() {
+    // RUNYARD_ID_TOKEN (GitLab's id_tokens variable): nothing is requested.
+    let fake = FakeIngest::start(vec![Reply::accepted()]).await;
+    let request_url = format!("{}/id-token", fake.base_url);
+    let output = github_binary(
+        &fake,
+        &[
+            ("RUNYARD_ID_TOKEN", ID_TOKEN),
+            ("ACTIONS_ID_TOKEN_REQUEST_URL", request_url.as_str()),
+            ("ACTIONS_ID_TOKEN_REQUEST_TOKEN", REQUEST_TOKEN),
+        ],
+    )
+    .await;
+    assert!(output.status.success());
+    assert_eq!(
+        fake.seen()[0].authorization.as_deref(),
+        Some(format!("Bearer {ID_TOKEN}").as_str())
+    );
+    assert!(
+        fake.shared
+            .id_requests
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_empty()
+    );
+
+    // GitHub refuses the request (no `id-token: write`) and there is no
+    // shared token: the error says so, without any token in it.
+    let fake = FakeIngest::start(vec![Reply::accepted()]).await;
+    let request_url = format!("{}/id-token", fake.base_url);
+    let output = github_binary(
+        &fake,
+        &[
+            ("ACTIONS_ID_TOKEN_REQUEST_URL", request_url.as_str()),
+            ("ACTIONS_ID_TOKEN_REQUEST_TOKEN", "not-the-request-token"),
+        ],
+    )
+    .await;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    assert!(stderr.contains("id-token: write"), "{stderr}");
+    assert!(!stderr.contains("not-the-request-token"), "{stderr}");
+    assert!(fake.seen().is_empty(), "nothing posted");
 }

@@ -114,14 +114,17 @@ async fn kill(stack: &Stack, pipeline_id: u64, job_id: u64, limit: u64, report_f
 async fn gitlab_oom_kills_get_one_new_pipeline_each_with_more_memory_until_the_limit() {
     let stack = Stack::start(GITLAB_ONLY).await;
     let workload = spack();
-    // History: three good builds around 1 GB.
+    // History: three good builds around 1 GB, on `develop` as their
+    // pipelines' hooks confirm (a report trains only then).
     for (i, peak) in [900_000_000u64, 1_000_000_000, 950_000_000]
         .into_iter()
         .enumerate()
     {
+        let job = 9000 + i as u64;
         stack
-            .usage(&report(9000 + i as u64, peak, 4_000_000_000, false))
+            .gitlab_pipeline(8000 + i as u64, "success", &[(job, "success", None)])
             .await;
+        stack.usage(&report(job, peak, 4_000_000_000, false)).await;
     }
     let first = eventually(WAIT, || async {
         let r = stack.recommend(&workload, "develop").await;

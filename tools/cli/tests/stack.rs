@@ -827,10 +827,20 @@ async fn jobs_runners_pools_and_recommend_answer_from_the_stack() {
     // Two more builds of the report's workload: the model wants three.
     let mut report: Value =
         serde_json::from_str(&runyard_testkit::fixture("usage_report.json")).unwrap();
+    // Their jobs' hooks too (sorted before the reports): a report trains
+    // only on the ref its job's webhook confirms.
+    let mut hook: Value =
+        serde_json::from_str(&runyard_testkit::fixture("gitlab_job_failed.json")).unwrap();
     for n in [1u64, 2] {
         report["job_id"] = Value::from(4711 + 1000 * n);
         report["peak_memory_bytes"] = Value::from(9_123_456_789 + n * 100_000_000);
         std::fs::write(dir.join(format!("usage_{n}.json")), report.to_string()).unwrap();
+        hook["build_id"] = Value::from(4711 + 1000 * n);
+        std::fs::write(
+            dir.join(format!("gitlab_job_failed_{n}.json")),
+            hook.to_string(),
+        )
+        .unwrap();
     }
     let o = runyard(&stack.target, &["replay", &dir.display().to_string()]).await;
     assert_eq!(code(&o), 0, "{}", stderr(&o));
@@ -840,10 +850,10 @@ async fn jobs_runners_pools_and_recommend_answer_from_the_stack() {
     let jobs = eventually(WAIT, || async {
         let o = runyard(&stack.target, &["jobs", "--json"]).await;
         let v = json(&o);
-        (v["jobs"].as_array().map_or(0, Vec::len) == 2).then_some(v)
+        (v["jobs"].as_array().map_or(0, Vec::len) == 4).then_some(v)
     })
     .await
-    .expect("both jobs projected");
+    .expect("every job projected");
     let ids: Vec<u64> = jobs["jobs"]
         .as_array()
         .unwrap()
