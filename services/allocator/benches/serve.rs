@@ -423,6 +423,8 @@ async fn main() {
             "RUNYARD_ALLOCATOR_HTTP_LISTEN",
             format!("127.0.0.1:{http_port}"),
         )
+        // The seeded history has fixed dates: load all of it, however old.
+        .env("RUNYARD_ALLOCATOR_HISTORY_DAYS", "0")
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
