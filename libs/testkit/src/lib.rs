@@ -243,6 +243,7 @@ pub fn decode_events(msgs: &[async_nats::jetstream::Message]) -> Vec<runyard_eve
 pub mod fake_github;
 pub mod fake_gitlab;
 pub mod otlp;
+pub mod pki;
 pub mod proxy;
 pub mod synth;
 

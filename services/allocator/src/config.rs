@@ -1,7 +1,7 @@
 //! Typed, layered configuration (defaults → TOML → `RUNYARD_*` env).
 
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
@@ -46,6 +46,16 @@ pub struct Config {
     /// never from the TOML file, never serialized); none → anonymous.
     #[serde(skip)]
     pub allocator_tokens: Tokens,
+    /// `RUNYARD_ALLOCATOR_TLS_CERT`: PEM certificate chain; with
+    /// `RUNYARD_ALLOCATOR_TLS_KEY`, both listeners speak TLS (the files are
+    /// read again when they change).
+    pub allocator_tls_cert: Option<PathBuf>,
+    /// `RUNYARD_ALLOCATOR_TLS_KEY`: its private key.
+    pub allocator_tls_key: Option<PathBuf>,
+    /// `RUNYARD_ALLOCATOR_TLS_CLIENT_CA`: clients need a certificate this CA
+    /// signed (mTLS); with `RUNYARD_ALLOCATOR_ANONYMOUS_GANTRY` on,
+    /// `GET /v1/allocation` is answered without one.
+    pub allocator_tls_client_ca: Option<PathBuf>,
     /// The recommendation maths (`[model]` in the TOML file;
     /// `model.target_oom` is taken from `allocator_target_oom`).
     pub model: Params,
@@ -66,6 +76,9 @@ impl Default for Config {
             allocator_anonymous_gantry: false,
             allocator_max_in_flight: 1024,
             allocator_tokens: Tokens::default(),
+            allocator_tls_cert: None,
+            allocator_tls_key: None,
+            allocator_tls_client_ca: None,
             model: Params::default(),
         }
     }
@@ -83,6 +96,9 @@ const ENV_KEYS: &[&str] = &[
     "allocator_target_oom",
     "allocator_anonymous_gantry",
     "allocator_max_in_flight",
+    "allocator_tls_cert",
+    "allocator_tls_key",
+    "allocator_tls_client_ca",
 ];
 
 impl Config {

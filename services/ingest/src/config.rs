@@ -60,6 +60,15 @@ pub struct Config {
     pub raw_max_age: Duration,
     /// `RUNYARD_STREAM_REPLICAS`.
     pub stream_replicas: usize,
+    /// `RUNYARD_INGEST_TLS_CERT`: PEM certificate chain; with
+    /// `RUNYARD_INGEST_TLS_KEY`, the listener speaks TLS (the files are read
+    /// again when they change).
+    pub ingest_tls_cert: Option<PathBuf>,
+    /// `RUNYARD_INGEST_TLS_KEY`: its private key.
+    pub ingest_tls_key: Option<PathBuf>,
+    /// `RUNYARD_INGEST_TLS_CLIENT_CA`: clients need a certificate this CA
+    /// signed (mTLS).
+    pub ingest_tls_client_ca: Option<PathBuf>,
 }
 
 impl Default for Config {
@@ -82,6 +91,9 @@ impl Default for Config {
             events_max_age: Duration::from_secs(90 * 24 * 3600),
             raw_max_age: Duration::from_secs(7 * 24 * 3600),
             stream_replicas: 1,
+            ingest_tls_cert: None,
+            ingest_tls_key: None,
+            ingest_tls_client_ca: None,
         }
     }
 }
@@ -106,6 +118,9 @@ const ENV_KEYS: &[&str] = &[
     "events_max_age",
     "raw_max_age",
     "stream_replicas",
+    "ingest_tls_cert",
+    "ingest_tls_key",
+    "ingest_tls_client_ca",
 ];
 
 /// A configuration that could not be loaded.

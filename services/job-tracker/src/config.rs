@@ -1,7 +1,7 @@
 //! Typed, layered configuration (defaults → TOML → `RUNYARD_*` env).
 
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -32,6 +32,15 @@ pub struct Config {
     pub tracker_ack_wait: Duration,
     /// `RUNYARD_DATABASE_POOL_SIZE`.
     pub database_pool_size: u32,
+    /// `RUNYARD_TRACKER_TLS_CERT`: PEM certificate chain; with
+    /// `RUNYARD_TRACKER_TLS_KEY`, the HTTP listener speaks TLS (the files
+    /// are read again when they change).
+    pub tracker_tls_cert: Option<PathBuf>,
+    /// `RUNYARD_TRACKER_TLS_KEY`: its private key.
+    pub tracker_tls_key: Option<PathBuf>,
+    /// `RUNYARD_TRACKER_TLS_CLIENT_CA`: clients need a certificate this CA
+    /// signed (mTLS).
+    pub tracker_tls_client_ca: Option<PathBuf>,
 }
 
 impl Default for Config {
@@ -46,6 +55,9 @@ impl Default for Config {
             tracker_max_attempts: 3,
             tracker_ack_wait: Duration::from_secs(5),
             database_pool_size: 4,
+            tracker_tls_cert: None,
+            tracker_tls_key: None,
+            tracker_tls_client_ca: None,
         }
     }
 }
@@ -60,6 +72,9 @@ const ENV_KEYS: &[&str] = &[
     "tracker_max_attempts",
     "tracker_ack_wait",
     "database_pool_size",
+    "tracker_tls_cert",
+    "tracker_tls_key",
+    "tracker_tls_client_ca",
 ];
 
 impl Config {
