@@ -109,4 +109,19 @@ mod tests {
             Ok(())
         });
     }
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment::Jail's own error type
+    fn tls_files_come_from_the_environment() {
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("RUNYARD_TRACKER_TLS_CERT", "/tls/tls.crt");
+            jail.set_env("RUNYARD_TRACKER_TLS_KEY", "/tls/tls.key");
+            jail.set_env("RUNYARD_TRACKER_TLS_CLIENT_CA", "/tls/ca.crt");
+            let c = Config::load(None).map_err(|e| e.to_string())?;
+            assert_eq!(c.tracker_tls_cert, Some(PathBuf::from("/tls/tls.crt")));
+            assert_eq!(c.tracker_tls_key, Some(PathBuf::from("/tls/tls.key")));
+            assert_eq!(c.tracker_tls_client_ca, Some(PathBuf::from("/tls/ca.crt")));
+            Ok(())
+        });
+    }
 }

@@ -1105,4 +1105,35 @@ api_budget_per_hour = 600
         ));
         assert_eq!(e.field, "pools[0].name");
     }
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment::Jail's own error type
+    fn tls_files_come_from_the_environment() {
+        figment::Jail::expect_with(|jail| {
+            let vars = [
+                ("RUNYARD_SCALER_TLS_CERT", "/tls/tls.crt"),
+                ("RUNYARD_SCALER_TLS_KEY", "/tls/tls.key"),
+                ("RUNYARD_SCALER_TLS_CLIENT_CA", "/tls/ca.crt"),
+                ("RUNYARD_ALLOCATOR_CA_FILE", "/tls/allocator-ca.crt"),
+                ("RUNYARD_ALLOCATOR_CLIENT_CERT", "/tls/client.crt"),
+                ("RUNYARD_ALLOCATOR_CLIENT_KEY", "/tls/client.key"),
+            ];
+            for (var, value) in vars {
+                jail.set_env(var, value);
+            }
+            let c = Config::load(None).map_err(|e| e.to_string())?;
+            let got = [
+                &c.scaler_tls_cert,
+                &c.scaler_tls_key,
+                &c.scaler_tls_client_ca,
+                &c.allocator_ca_file,
+                &c.allocator_client_cert,
+                &c.allocator_client_key,
+            ];
+            for ((var, value), got) in vars.iter().zip(got) {
+                assert_eq!(got.as_deref(), Some(Path::new(value)), "{var}");
+            }
+            Ok(())
+        });
+    }
 }
