@@ -346,6 +346,7 @@ pub mod fake_github;
 pub mod fake_gitlab;
 pub mod fake_oidc;
 pub mod otlp;
+pub mod pki;
 pub mod proxy;
 pub mod synth;
 

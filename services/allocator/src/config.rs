@@ -1,7 +1,7 @@
 //! Typed, layered configuration (defaults → TOML → `RUNYARD_*` env).
 
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
@@ -60,6 +60,16 @@ pub struct Config {
     /// never from the TOML file, never serialized); none → anonymous.
     #[serde(skip)]
     pub allocator_tokens: Tokens,
+    /// `RUNYARD_ALLOCATOR_TLS_CERT`: PEM certificate chain; with
+    /// `RUNYARD_ALLOCATOR_TLS_KEY`, both listeners speak TLS (the files are
+    /// read again when they change).
+    pub allocator_tls_cert: Option<PathBuf>,
+    /// `RUNYARD_ALLOCATOR_TLS_KEY`: its private key.
+    pub allocator_tls_key: Option<PathBuf>,
+    /// `RUNYARD_ALLOCATOR_TLS_CLIENT_CA`: clients need a certificate this CA
+    /// signed (mTLS); with `RUNYARD_ALLOCATOR_ANONYMOUS_GANTRY` on,
+    /// `GET /v1/allocation` is answered without one.
+    pub allocator_tls_client_ca: Option<PathBuf>,
     /// The recommendation maths (`[model]` in the TOML file;
     /// `model.target_oom` is taken from `allocator_target_oom`).
     pub model: Params,
@@ -84,6 +94,9 @@ impl Default for Config {
             allocator_max_workloads: 200_000,
             allocator_history_days: 180,
             allocator_tokens: Tokens::default(),
+            allocator_tls_cert: None,
+            allocator_tls_key: None,
+            allocator_tls_client_ca: None,
             model: Params::default(),
         }
     }
@@ -105,6 +118,9 @@ const ENV_KEYS: &[&str] = &[
     "allocator_max_in_flight",
     "allocator_max_workloads",
     "allocator_history_days",
+    "allocator_tls_cert",
+    "allocator_tls_key",
+    "allocator_tls_client_ca",
 ];
 
 impl Config {
@@ -291,6 +307,26 @@ mod tests {
             jail.set_env("RUNYARD_ALLOCATOR_TOKENS", "123456");
             let c = Config::load(None).map_err(|e| e.to_string())?;
             assert!(c.allocator_tokens.check(Some(b"Bearer 123456")).is_ok());
+            Ok(())
+        });
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment::Jail's own error type
+    fn tls_files_come_from_the_environment() {
+        figment::Jail::expect_with(|jail| {
+            let c = Config::load(None).map_err(|e| e.to_string())?;
+            assert_eq!(c.allocator_tls_cert, None);
+            jail.set_env("RUNYARD_ALLOCATOR_TLS_CERT", "/tls/tls.crt");
+            jail.set_env("RUNYARD_ALLOCATOR_TLS_KEY", "/tls/tls.key");
+            jail.set_env("RUNYARD_ALLOCATOR_TLS_CLIENT_CA", "/tls/ca.crt");
+            let c = Config::load(None).map_err(|e| e.to_string())?;
+            assert_eq!(c.allocator_tls_cert, Some(PathBuf::from("/tls/tls.crt")));
+            assert_eq!(c.allocator_tls_key, Some(PathBuf::from("/tls/tls.key")));
+            assert_eq!(
+                c.allocator_tls_client_ca,
+                Some(PathBuf::from("/tls/ca.crt"))
+            );
             Ok(())
         });
     }

@@ -2,6 +2,12 @@
 //! With tokens configured every path but `/healthz`, `/readyz` and
 //! `/metrics` (and `/v1/allocation` with `RUNYARD_ALLOCATOR_ANONYMOUS_GANTRY`)
 //! wants `Authorization: Bearer <token>`, else `401`.
+//!
+//! With a client CA (mTLS) and `RUNYARD_ALLOCATOR_ANONYMOUS_GANTRY` on, the
+//! handshake lets clients without a certificate in (Spack pipelines have
+//! none), and every path but `/v1/allocation` refuses them with `403`:
+//! without the gantry exception the handshake refuses them everywhere, and
+//! the open paths are the same either way.
 
 use std::sync::atomic::Ordering;
 
@@ -16,8 +22,8 @@ use crate::State;
 use crate::auth::Client;
 use crate::model;
 
-pub(crate) fn router(state: State) -> axum::Router {
-    axum::Router::new()
+pub(crate) fn router(state: State, client_certificate_per_request: bool) -> axum::Router {
+    let router = axum::Router::new()
         .route("/v1/allocation", get(allocation))
         .route(
             "/healthz",
@@ -31,7 +37,34 @@ pub(crate) fn router(state: State) -> axum::Router {
             state.clone(),
             authenticate,
         ))
-        .with_state(state)
+        .with_state(state);
+    if client_certificate_per_request {
+        // Outermost: a client without a certificate learns nothing else.
+        router.layer(axum::middleware::from_fn(client_certificate))
+    } else {
+        router
+    }
+}
+
+/// The mTLS check of a listener that lets clients without a certificate
+/// in for the gantry endpoint (see the module doc).
+async fn client_certificate(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let verified = request
+        .extensions()
+        .get::<axum::extract::ConnectInfo<runyard_tls::Peer>>()
+        .is_some_and(|c| c.0.client_certificate);
+    if verified || request.uri().path() == "/v1/allocation" {
+        return next.run(request).await;
+    }
+    tracing::debug!("HTTP call without a client certificate refused");
+    (
+        StatusCode::FORBIDDEN,
+        axum::Json(json!({"error": "client certificate required"})),
+    )
+        .into_response()
 }
 
 /// Paths answered without a token.

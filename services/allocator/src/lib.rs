@@ -436,22 +436,65 @@ async fn publish_allocations(bus: Bus, mut rx: mpsc::Receiver<Issued>) {
 #[derive(Debug)]
 pub struct App {
     state: State,
-    grpc: TcpListener,
-    http: TcpListener,
+    grpc: runyard_tls::Listener,
+    http: runyard_tls::Listener,
+    /// mTLS with the gantry endpoint open: the HTTP handshake lets clients
+    /// without a certificate in, and every other path refuses them.
+    http_cert_per_request: bool,
     allocations_rx: Option<mpsc::Receiver<Issued>>,
+}
+
+/// Both listeners, over TLS when `RUNYARD_ALLOCATOR_TLS_CERT` and `_KEY`
+/// are set (read again whenever they change). With a client CA, gRPC
+/// clients need a certificate it signed; so do HTTP clients, except on
+/// `GET /v1/allocation` when `RUNYARD_ALLOCATOR_ANONYMOUS_GANTRY` is on
+/// (then the HTTP handshake asks for a certificate without requiring one,
+/// and the other paths refuse a client that gave none). The last value
+/// says whether that per-request check is on.
+async fn listeners(
+    config: &Config,
+) -> anyhow::Result<(runyard_tls::Listener, runyard_tls::Listener, bool)> {
+    use runyard_tls::{ClientAuth, Protocols, ServerFiles, ServerTls};
+    let tls = ServerFiles::from_settings(
+        "ALLOCATOR",
+        config.allocator_tls_cert.as_deref(),
+        config.allocator_tls_key.as_deref(),
+        config.allocator_tls_client_ca.as_deref(),
+    )?
+    .map(ServerTls::start)
+    .transpose()?;
+    let per_request =
+        config.allocator_anonymous_gantry && tls.as_ref().is_some_and(|t| t.files().mtls());
+    let http_auth = if per_request {
+        ClientAuth::Optional
+    } else {
+        ClientAuth::Required
+    };
+    let acceptor = |auth, protocols| {
+        tls.as_ref()
+            .map(|t| t.acceptor(auth, protocols))
+            .transpose()
+    };
+    let grpc = TcpListener::bind(config.allocator_listen)
+        .await
+        .with_context(|| format!("binding {}", config.allocator_listen))?;
+    let http = TcpListener::bind(config.allocator_http_listen)
+        .await
+        .with_context(|| format!("binding {}", config.allocator_http_listen))?;
+    Ok((
+        runyard_tls::Listener::new(grpc, acceptor(ClientAuth::Required, Protocols::Grpc)?)
+            .nodelay(true),
+        runyard_tls::Listener::new(http, acceptor(http_auth, Protocols::Http)?),
+        per_request,
+    ))
 }
 
 impl App {
     /// Binds both listeners and connects to NATS.
     pub async fn build(config: Config) -> anyhow::Result<Self> {
         let ns = Namespace::new(config.namespace.clone())?;
+        let (grpc, http, http_cert_per_request) = listeners(&config).await?;
         let bus = Bus::connect(&config.nats_url, ns, "runyard-allocator", true).await?;
-        let grpc = TcpListener::bind(config.allocator_listen)
-            .await
-            .with_context(|| format!("binding {}", config.allocator_listen))?;
-        let http = TcpListener::bind(config.allocator_http_listen)
-            .await
-            .with_context(|| format!("binding {}", config.allocator_http_listen))?;
         let registry = Metrics::new();
         let metrics = AllocatorMetrics::register(&registry);
         let (tx, rx) = if config.allocator_publish_allocations {
@@ -500,6 +543,7 @@ impl App {
             }),
             grpc,
             http,
+            http_cert_per_request,
             allocations_rx: rx,
         })
     }
@@ -587,15 +631,19 @@ impl App {
                 .add_service(reflection_v1)
                 .add_service(reflection_v1alpha)
                 .add_service(allocator)
-                .serve_with_incoming_shutdown(tokio_stream_listener(self.grpc), async move {
+                .serve_with_incoming_shutdown(self.grpc.incoming(), async move {
                     grpc_stop.cancelled().await
                 }),
         );
         let http_stop = stop.clone();
+        let router = http::router(self.state.clone(), self.http_cert_per_request);
         let http = tokio::spawn(
-            axum::serve(self.http, http::router(self.state.clone()))
-                .with_graceful_shutdown(async move { http_stop.cancelled().await })
-                .into_future(),
+            axum::serve(
+                self.http,
+                router.into_make_service_with_connect_info::<runyard_tls::Peer>(),
+            )
+            .with_graceful_shutdown(async move { http_stop.cancelled().await })
+            .into_future(),
         );
         stop.cancelled().await;
         let _ = grpc.await;
@@ -609,16 +657,4 @@ impl App {
         tracing::info!("allocator stopped");
         Ok(())
     }
-}
-
-fn tokio_stream_listener(
-    listener: TcpListener,
-) -> impl futures::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
-    futures::stream::unfold(listener, |l| async move {
-        let r = l.accept().await.map(|(s, _)| {
-            let _ = s.set_nodelay(true);
-            s
-        });
-        Some((r, l))
-    })
 }

@@ -77,6 +77,15 @@ pub struct Config {
     pub raw_max_bytes: ByteSize,
     /// `RUNYARD_STREAM_REPLICAS`.
     pub stream_replicas: usize,
+    /// `RUNYARD_INGEST_TLS_CERT`: PEM certificate chain; with
+    /// `RUNYARD_INGEST_TLS_KEY`, the listener speaks TLS (the files are read
+    /// again when they change).
+    pub ingest_tls_cert: Option<PathBuf>,
+    /// `RUNYARD_INGEST_TLS_KEY`: its private key.
+    pub ingest_tls_key: Option<PathBuf>,
+    /// `RUNYARD_INGEST_TLS_CLIENT_CA`: clients need a certificate this CA
+    /// signed (mTLS).
+    pub ingest_tls_client_ca: Option<PathBuf>,
 }
 
 impl Default for Config {
@@ -103,6 +112,9 @@ impl Default for Config {
             events_max_bytes: ByteSize::gib(8),
             raw_max_bytes: ByteSize::gib(4),
             stream_replicas: 1,
+            ingest_tls_cert: None,
+            ingest_tls_key: None,
+            ingest_tls_client_ca: None,
         }
     }
 }
@@ -131,6 +143,9 @@ const ENV_KEYS: &[&str] = &[
     "events_max_bytes",
     "raw_max_bytes",
     "stream_replicas",
+    "ingest_tls_cert",
+    "ingest_tls_key",
+    "ingest_tls_client_ca",
 ];
 
 /// A configuration that could not be loaded.
@@ -237,6 +252,21 @@ mod tests {
             );
             jail.create_file("bad.toml", "no_such_key = 1\n")?;
             assert!(Config::load(Some(Path::new("bad.toml"))).is_err());
+            Ok(())
+        });
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment::Jail's own error type
+    fn tls_files_come_from_the_environment() {
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("RUNYARD_INGEST_TLS_CERT", "/tls/tls.crt");
+            jail.set_env("RUNYARD_INGEST_TLS_KEY", "/tls/tls.key");
+            jail.set_env("RUNYARD_INGEST_TLS_CLIENT_CA", "/tls/ca.crt");
+            let c = Config::load(None).map_err(|e| e.to_string())?;
+            assert_eq!(c.ingest_tls_cert, Some(PathBuf::from("/tls/tls.crt")));
+            assert_eq!(c.ingest_tls_key, Some(PathBuf::from("/tls/tls.key")));
+            assert_eq!(c.ingest_tls_client_ca, Some(PathBuf::from("/tls/ca.crt")));
             Ok(())
         });
     }

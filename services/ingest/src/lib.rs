@@ -59,7 +59,7 @@ type AppState = Arc<Inner>;
 /// to NATS, ready to [`run`](App::run).
 #[derive(Debug)]
 pub struct App {
-    listener: TcpListener,
+    listener: runyard_tls::Listener,
     state: AppState,
     settings: StreamSettings,
 }
@@ -80,12 +80,28 @@ impl App {
             );
             Some(oidc::Verifier::new(issuers, config.usage_oidc_refetch)?)
         };
+        let tls = runyard_tls::ServerFiles::from_settings(
+            "INGEST",
+            config.ingest_tls_cert.as_deref(),
+            config.ingest_tls_key.as_deref(),
+            config.ingest_tls_client_ca.as_deref(),
+        )?
+        .map(runyard_tls::ServerTls::start)
+        .transpose()?
+        .map(|t| {
+            t.acceptor(
+                runyard_tls::ClientAuth::Required,
+                runyard_tls::Protocols::Http,
+            )
+        })
+        .transpose()?;
         let bus = Bus::connect(&config.nats_url, ns, "runyard-ingest", true)
             .await?
             .with_ack_timeout(config.ingest_ack_timeout);
         let listener = TcpListener::bind(config.ingest_listen)
             .await
             .with_context(|| format!("binding {}", config.ingest_listen))?;
+        let listener = runyard_tls::Listener::new(listener, tls);
         let registry = Metrics::new();
         let metrics = IngestMetrics::register(&registry);
         let settings = StreamSettings {

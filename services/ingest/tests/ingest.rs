@@ -2600,3 +2600,70 @@ async fn a_three_node_cluster_losing_its_leader_under_load_loses_nothing_acknowl
     println!("cluster: leader n{leader} killed, {refused} answers 503, 60 of 60 stored once");
     h.stop().await;
 }
+
+/// A signed usage report over `client` to `base` (https): its status.
+async fn usage_over(client: &reqwest::Client, base: &str) -> Result<u16, reqwest::Error> {
+    let body = fixture("usage_report.json");
+    let resp = client
+        .post(format!("{base}/v1/usage"))
+        .bearer_auth(USAGE_TOKEN)
+        .header("Content-Type", "application/json")
+        .body(body)
+        .send()
+        .await?;
+    Ok(resp.status().as_u16())
+}
+
+#[tokio::test]
+async fn tls_on_the_listener_and_mtls_with_a_client_ca() {
+    let pki = runyard_testkit::pki::TestPki::new();
+    let with_tls = |ca: Option<std::path::PathBuf>| {
+        let (cert, key) = (pki.server.cert.clone(), pki.server.key.clone());
+        move |c: &mut Config| {
+            c.ingest_tls_cert = Some(cert);
+            c.ingest_tls_key = Some(key);
+            c.ingest_tls_client_ca = ca;
+        }
+    };
+
+    let mut h = Harness::start_with(TestNats::get().await, with_tls(None)).await;
+    let https = h.base.replace("http://", "https://");
+    let status = usage_over(&pki.https_client(None), &https).await.unwrap();
+    assert_eq!(status, 202, "a usage report over https is accepted");
+    let plain = h
+        .http
+        .get(format!("{}/healthz", h.base))
+        .timeout(Duration::from_secs(5))
+        .send()
+        .await;
+    assert!(plain.is_err(), "plaintext answered: {plain:?}");
+    h.stop().await;
+
+    let mut h =
+        Harness::start_with(TestNats::get().await, with_tls(Some(pki.ca_file.clone()))).await;
+    let https = h.base.replace("http://", "https://");
+    for (who, identity) in [("none", None), ("another CA's", Some(&pki.other_client))] {
+        let refused = usage_over(&pki.https_client(identity), &https).await;
+        assert!(refused.is_err(), "client certificate {who}: {refused:?}");
+    }
+    let status = usage_over(&pki.https_client(Some(&pki.client)), &https)
+        .await
+        .unwrap();
+    assert_eq!(status, 202);
+    assert_eq!(
+        h.events().await.len(),
+        1,
+        "the accepted report, nothing of the refused"
+    );
+    h.stop().await;
+
+    // Half a setting refuses to start, naming both variables.
+    let ns = unique_namespace();
+    let mut config = test_config(TestNats::get().await.url(), &ns);
+    config.ingest_tls_key = Some(pki.server.key.clone());
+    let e = format!("{:#}", App::build(config).await.unwrap_err());
+    assert!(
+        e.contains("RUNYARD_INGEST_TLS_CERT") && e.contains("RUNYARD_INGEST_TLS_KEY"),
+        "{e}"
+    );
+}

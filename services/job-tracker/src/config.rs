@@ -1,7 +1,7 @@
 //! Typed, layered configuration (defaults → TOML → `RUNYARD_*` env).
 
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -32,6 +32,15 @@ pub struct Config {
     pub tracker_ack_wait: Duration,
     /// `RUNYARD_DATABASE_POOL_SIZE`.
     pub database_pool_size: u32,
+    /// `RUNYARD_TRACKER_TLS_CERT`: PEM certificate chain; with
+    /// `RUNYARD_TRACKER_TLS_KEY`, the HTTP listener speaks TLS (the files
+    /// are read again when they change).
+    pub tracker_tls_cert: Option<PathBuf>,
+    /// `RUNYARD_TRACKER_TLS_KEY`: its private key.
+    pub tracker_tls_key: Option<PathBuf>,
+    /// `RUNYARD_TRACKER_TLS_CLIENT_CA`: clients need a certificate this CA
+    /// signed (mTLS).
+    pub tracker_tls_client_ca: Option<PathBuf>,
 }
 
 impl Default for Config {
@@ -46,6 +55,9 @@ impl Default for Config {
             tracker_max_attempts: 3,
             tracker_ack_wait: Duration::from_secs(5),
             database_pool_size: 4,
+            tracker_tls_cert: None,
+            tracker_tls_key: None,
+            tracker_tls_client_ca: None,
         }
     }
 }
@@ -60,6 +72,9 @@ const ENV_KEYS: &[&str] = &[
     "tracker_max_attempts",
     "tracker_ack_wait",
     "database_pool_size",
+    "tracker_tls_cert",
+    "tracker_tls_key",
+    "tracker_tls_client_ca",
 ];
 
 impl Config {
@@ -91,6 +106,21 @@ mod tests {
             assert_eq!(c.tracker_batch_wait, Duration::from_millis(5));
             jail.create_file("bad.toml", "batch = 1\n")?;
             assert!(Config::load(Some(Path::new("bad.toml"))).is_err());
+            Ok(())
+        });
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment::Jail's own error type
+    fn tls_files_come_from_the_environment() {
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("RUNYARD_TRACKER_TLS_CERT", "/tls/tls.crt");
+            jail.set_env("RUNYARD_TRACKER_TLS_KEY", "/tls/tls.key");
+            jail.set_env("RUNYARD_TRACKER_TLS_CLIENT_CA", "/tls/ca.crt");
+            let c = Config::load(None).map_err(|e| e.to_string())?;
+            assert_eq!(c.tracker_tls_cert, Some(PathBuf::from("/tls/tls.crt")));
+            assert_eq!(c.tracker_tls_key, Some(PathBuf::from("/tls/tls.key")));
+            assert_eq!(c.tracker_tls_client_ca, Some(PathBuf::from("/tls/ca.crt")));
             Ok(())
         });
     }

@@ -50,7 +50,7 @@ type State = Arc<Inner>;
 #[derive(Debug)]
 pub struct App {
     state: State,
-    listener: TcpListener,
+    listener: runyard_tls::Listener,
     consumer: Consumer,
 }
 
@@ -62,11 +62,15 @@ impl App {
     /// not-ready service. NATS is waited for in the background as always.
     pub async fn build(config: Config) -> anyhow::Result<Self> {
         let ns = Namespace::new(config.namespace.clone())?;
+        let tls = tls(&config)?;
         let listener = std::net::TcpListener::bind(config.tracker_http_listen)
             .with_context(|| format!("binding {}", config.tracker_http_listen))?;
         listener.set_nonblocking(true)?;
-        let starting = Starting::serve(listener.try_clone().context("cloning the listener")?)?;
-        let listener = TcpListener::from_std(listener)?;
+        let starting = Starting::serve(
+            listener.try_clone().context("cloning the listener")?,
+            tls.clone(),
+        )?;
+        let listener = runyard_tls::Listener::new(TcpListener::from_std(listener)?, tls);
         runyard_store::migrate_when_reachable(&config.database_url)
             .await
             .context("migrating the projection database")?;
@@ -139,6 +143,26 @@ impl App {
     }
 }
 
+/// The HTTP listener's TLS, when `RUNYARD_TRACKER_TLS_CERT` and `_KEY` are
+/// set (a client CA: mTLS); both the starting and the real router use it.
+fn tls(config: &Config) -> anyhow::Result<Option<runyard_tls::Acceptor>> {
+    runyard_tls::ServerFiles::from_settings(
+        "TRACKER",
+        config.tracker_tls_cert.as_deref(),
+        config.tracker_tls_key.as_deref(),
+        config.tracker_tls_client_ca.as_deref(),
+    )?
+    .map(runyard_tls::ServerTls::start)
+    .transpose()?
+    .map(|t| {
+        t.acceptor(
+            runyard_tls::ClientAuth::Required,
+            runyard_tls::Protocols::Http,
+        )
+    })
+    .transpose()
+}
+
 /// The HTTP answers of a tracker that is still starting: alive, not ready.
 /// Serves a second handle on the real listener's socket, so the port
 /// answers from the moment it is bound; once stopped, connections wait in
@@ -149,8 +173,11 @@ struct Starting {
 }
 
 impl Starting {
-    fn serve(second: std::net::TcpListener) -> anyhow::Result<Self> {
-        let second = TcpListener::from_std(second)?;
+    fn serve(
+        second: std::net::TcpListener,
+        tls: Option<runyard_tls::Acceptor>,
+    ) -> anyhow::Result<Self> {
+        let second = runyard_tls::Listener::new(TcpListener::from_std(second)?, tls);
         let router = axum::Router::new()
             .route(
                 "/healthz",

@@ -1889,3 +1889,117 @@ async fn the_rebuild_command_logs_the_database_without_its_password() {
     .await;
     live.drop_db().await;
 }
+
+/// The job-tracker binary with `RUNYARD_TRACKER_TLS_*` set to `tls`.
+fn spawn_tracker_with_tls(
+    nats_url: &str,
+    db_url: &str,
+    port: u16,
+    tls: &[(&str, &std::path::Path)],
+) -> std::process::Command {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_runyard-job-tracker"));
+    command
+        .env("RUNYARD_NATS_URL", nats_url)
+        .env("RUNYARD_NAMESPACE", unique_namespace().as_str())
+        .env("RUNYARD_DATABASE_URL", db_url)
+        .env("RUNYARD_TRACKER_HTTP_LISTEN", format!("127.0.0.1:{port}"))
+        .env("RUNYARD_LOG_FORMAT", "json")
+        .stdout(std::process::Stdio::null());
+    for (var, path) in tls {
+        command.env(var, path);
+    }
+    command
+}
+
+/// What `/readyz` over https answers `client` on `port`: the status and
+/// body, or `None` when the connection is refused.
+async fn readyz_over(client: &reqwest::Client, port: u16) -> Option<(u16, serde_json::Value)> {
+    let r = client
+        .get(format!("https://127.0.0.1:{port}/readyz"))
+        .send()
+        .await
+        .ok()?;
+    Some((r.status().as_u16(), r.json().await.ok()?))
+}
+
+#[tokio::test]
+async fn the_http_listener_speaks_mtls_while_starting_and_once_running() {
+    runyard_telemetry::install_crypto_provider();
+    let pki = runyard_testkit::pki::TestPki::new();
+    let nats = TestNats::get().await;
+    let tls = [
+        ("RUNYARD_TRACKER_TLS_CERT", pki.server.cert.as_path()),
+        ("RUNYARD_TRACKER_TLS_KEY", pki.server.key.as_path()),
+        ("RUNYARD_TRACKER_TLS_CLIENT_CA", pki.ca_file.as_path()),
+    ];
+    let client = pki.https_client(Some(&pki.client));
+    let refused = |port: u16| {
+        let (pki, plain) = (&pki, reqwest::Client::new());
+        async move {
+            for (who, c) in [
+                ("no certificate", pki.https_client(None)),
+                ("another CA's", pki.https_client(Some(&pki.other_client))),
+            ] {
+                assert!(readyz_over(&c, port).await.is_none(), "{who} answered");
+            }
+            let plain = plain
+                .get(format!("http://127.0.0.1:{port}/readyz"))
+                .timeout(Duration::from_secs(5))
+                .send()
+                .await;
+            assert!(plain.is_err(), "plaintext answered: {plain:?}");
+        }
+    };
+
+    // Postgres unreachable: the starting listener answers, over mTLS.
+    let port = runyard_testkit::free_port();
+    let nowhere = format!(
+        "postgres://postgres@127.0.0.1:{}/runyard",
+        runyard_testkit::free_port()
+    );
+    let _starting = KillOnDrop(
+        spawn_tracker_with_tls(&nats.url(), &nowhere, port, &tls)
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let starting = eventually(WAIT, || readyz_over(&client, port)).await;
+    assert_eq!(
+        starting,
+        Some((503, serde_json::json!({"starting": true}))),
+        "the starting answer over mTLS"
+    );
+    refused(port).await;
+
+    // Postgres there: the real router, over mTLS too.
+    let db = TestDb::new();
+    let port = runyard_testkit::free_port();
+    let _running = KillOnDrop(
+        spawn_tracker_with_tls(&nats.url(), &db.url, port, &tls)
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let ready = eventually(WAIT, || async {
+        readyz_over(&client, port)
+            .await
+            .filter(|(status, _)| *status == 200)
+    })
+    .await;
+    assert!(ready.is_some(), "ready over mTLS");
+    refused(port).await;
+    drop(_running);
+    db.drop_db().await;
+
+    // A certificate without its key: the process refuses to start, naming
+    // both variables.
+    let out = spawn_tracker_with_tls(&nats.url(), &nowhere, port, &tls[..1])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("RUNYARD_TRACKER_TLS_CERT") && stderr.contains("RUNYARD_TRACKER_TLS_KEY"),
+        "{stderr}"
+    );
+}

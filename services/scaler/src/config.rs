@@ -30,6 +30,14 @@ pub struct Config {
     /// `RUNYARD_ALLOCATOR_CLIENT_TOKEN` (or `_FILE`).
     #[serde(skip_serializing)]
     pub allocator_client_token: Option<SecretString>,
+    /// `RUNYARD_ALLOCATOR_CA_FILE`: the CA bundle an `https://` allocator's
+    /// certificate is checked against (default: the public roots).
+    pub allocator_ca_file: Option<PathBuf>,
+    /// `RUNYARD_ALLOCATOR_CLIENT_CERT`: the certificate presented to an
+    /// allocator that wants one (mTLS); with `RUNYARD_ALLOCATOR_CLIENT_KEY`.
+    pub allocator_client_cert: Option<PathBuf>,
+    /// `RUNYARD_ALLOCATOR_CLIENT_KEY`: its private key.
+    pub allocator_client_key: Option<PathBuf>,
     /// `RUNYARD_GITHUB_API_URL`.
     pub github_api_url: String,
     /// `RUNYARD_GITHUB_TOKEN` (or `_FILE`): a PAT, when no App is configured.
@@ -62,6 +70,10 @@ pub struct Config {
     pub scaler_tls_cert: Option<PathBuf>,
     /// `RUNYARD_SCALER_TLS_KEY`: PEM private key.
     pub scaler_tls_key: Option<PathBuf>,
+    /// `RUNYARD_SCALER_TLS_CLIENT_CA`: clients of the HTTP listener need a
+    /// certificate this CA signed (mTLS); the metadata listener never asks
+    /// (instances authenticate with their token).
+    pub scaler_tls_client_ca: Option<PathBuf>,
     /// `RUNYARD_STREAM_REPLICAS`: replicas of the KV buckets the scaler
     /// creates (3 on a 3-node NATS cluster), as ingest's for the streams.
     pub stream_replicas: usize,
@@ -77,6 +89,9 @@ impl Default for Config {
             scaler_config: None,
             allocator_url: "http://127.0.0.1:50051".into(),
             allocator_client_token: None,
+            allocator_ca_file: None,
+            allocator_client_cert: None,
+            allocator_client_key: None,
             github_api_url: "https://api.github.com".into(),
             github_token: None,
             github_app_id: None,
@@ -89,6 +104,7 @@ impl Default for Config {
             scaler_instance_token_key: None,
             scaler_tls_cert: None,
             scaler_tls_key: None,
+            scaler_tls_client_ca: None,
             stream_replicas: 1,
         }
     }
@@ -102,6 +118,9 @@ const ENV_KEYS: &[&str] = &[
     "scaler_config",
     "allocator_url",
     "allocator_client_token",
+    "allocator_ca_file",
+    "allocator_client_cert",
+    "allocator_client_key",
     "github_api_url",
     "github_token",
     "github_app_id",
@@ -114,6 +133,7 @@ const ENV_KEYS: &[&str] = &[
     "scaler_instance_token_key",
     "scaler_tls_cert",
     "scaler_tls_key",
+    "scaler_tls_client_ca",
     "stream_replicas",
 ];
 
@@ -1084,5 +1104,36 @@ api_budget_per_hour = 600
             GOOD.replace("name = \"linux-x64\"", "name = \"reconciler\"")
         ));
         assert_eq!(e.field, "pools[0].name");
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment::Jail's own error type
+    fn tls_files_come_from_the_environment() {
+        figment::Jail::expect_with(|jail| {
+            let vars = [
+                ("RUNYARD_SCALER_TLS_CERT", "/tls/tls.crt"),
+                ("RUNYARD_SCALER_TLS_KEY", "/tls/tls.key"),
+                ("RUNYARD_SCALER_TLS_CLIENT_CA", "/tls/ca.crt"),
+                ("RUNYARD_ALLOCATOR_CA_FILE", "/tls/allocator-ca.crt"),
+                ("RUNYARD_ALLOCATOR_CLIENT_CERT", "/tls/client.crt"),
+                ("RUNYARD_ALLOCATOR_CLIENT_KEY", "/tls/client.key"),
+            ];
+            for (var, value) in vars {
+                jail.set_env(var, value);
+            }
+            let c = Config::load(None).map_err(|e| e.to_string())?;
+            let got = [
+                &c.scaler_tls_cert,
+                &c.scaler_tls_key,
+                &c.scaler_tls_client_ca,
+                &c.allocator_ca_file,
+                &c.allocator_client_cert,
+                &c.allocator_client_key,
+            ];
+            for ((var, value), got) in vars.iter().zip(got) {
+                assert_eq!(got.as_deref(), Some(Path::new(value)), "{var}");
+            }
+            Ok(())
+        });
     }
 }

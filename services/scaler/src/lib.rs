@@ -74,10 +74,9 @@ pub fn pool_id(controller: &Uuid, pool: &str) -> Uuid {
 pub struct App {
     shared: Arc<Shared>,
     registry: Metrics,
-    listener: TcpListener,
+    listener: runyard_tls::Listener,
     /// The instance callback/metadata API's listener (with a token key).
-    metadata_listener: Option<TcpListener>,
-    tls: Option<axum_server::tls_rustls::RustlsConfig>,
+    metadata_listener: Option<runyard_tls::Listener>,
     reconciler: Option<reconciler::Reconciler>,
     retrier: retry::Retrier,
 }
@@ -192,14 +191,33 @@ async fn metadata_parts(
     )))
 }
 
-/// Binds the HTTP listener and, when the metadata API is served, its own.
+/// Binds the HTTP listener and, when the metadata API is served, its own;
+/// over TLS when `RUNYARD_SCALER_TLS_CERT` and `_KEY` are set (the files
+/// read again whenever they change). A client CA makes the HTTP listener
+/// want client certificates; the metadata listener never asks for one:
+/// instances authenticate with their token.
 async fn bind_listeners(
     config: &Config,
     metadata: bool,
-) -> anyhow::Result<(TcpListener, Option<TcpListener>)> {
+) -> anyhow::Result<(runyard_tls::Listener, Option<runyard_tls::Listener>)> {
+    use runyard_tls::{ClientAuth, Protocols, ServerFiles, ServerTls};
+    let tls = ServerFiles::from_settings(
+        "SCALER",
+        config.scaler_tls_cert.as_deref(),
+        config.scaler_tls_key.as_deref(),
+        config.scaler_tls_client_ca.as_deref(),
+    )?
+    .map(ServerTls::start)
+    .transpose()?;
+    let acceptor = |client_auth| {
+        tls.as_ref()
+            .map(|t| t.acceptor(client_auth, Protocols::Http))
+            .transpose()
+    };
     let listener = TcpListener::bind(config.scaler_http_listen)
         .await
         .with_context(|| format!("binding {}", config.scaler_http_listen))?;
+    let listener = runyard_tls::Listener::new(listener, acceptor(ClientAuth::Required)?);
     if !metadata {
         return Ok((listener, None));
     }
@@ -208,7 +226,31 @@ async fn bind_listeners(
         .await
         .with_context(|| format!("binding {addr}"))?;
     tracing::info!(addr = %metadata.local_addr()?, "instance metadata API listening");
+    let metadata = runyard_tls::Listener::new(metadata, acceptor(ClientAuth::Never)?);
     Ok((listener, Some(metadata)))
+}
+
+/// The scaler's TLS settings for an `https://` `RUNYARD_ALLOCATOR_URL`
+/// (`RUNYARD_ALLOCATOR_CA_FILE`, `_CLIENT_CERT`, `_CLIENT_KEY`); none set →
+/// tonic's defaults (the public roots for https). Files given with a
+/// plaintext URL refuse to start: the operator meant TLS.
+fn allocator_tls(config: &Config) -> anyhow::Result<Option<tonic::transport::ClientTlsConfig>> {
+    let files = runyard_tls::ClientFiles::new(
+        config.allocator_ca_file.as_deref(),
+        config.allocator_client_cert.as_deref(),
+        config.allocator_client_key.as_deref(),
+    )?;
+    if files.is_empty() {
+        return Ok(None);
+    }
+    anyhow::ensure!(
+        config.allocator_url.starts_with("https://"),
+        "{}, {} or {} is set but RUNYARD_ALLOCATOR_URL is not an https:// URL",
+        runyard_tls::CA_FILE_VAR,
+        runyard_tls::CLIENT_CERT_VAR,
+        runyard_tls::CLIENT_KEY_VAR
+    );
+    files.grpc().map(Some)
 }
 
 impl App {
@@ -230,6 +272,7 @@ impl App {
             }
         };
         file.validate().context("scaler configuration")?;
+        let allocator_tls = allocator_tls(&config)?;
         let ns = Namespace::new(config.namespace.clone())?;
         let controller = controller_id(&ns);
         let state_dir: PathBuf = file.scaler.state_dir.clone().unwrap_or_else(|| {
@@ -301,7 +344,6 @@ impl App {
         let provider_names: Vec<&str> = file.providers.keys().map(String::as_str).collect();
         let pool_names: Vec<&str> = file.pools.iter().map(|p| p.name.as_str()).collect();
         metrics.init(&provider_names, &pool_names);
-        let tls = Box::pin(tls_config(&config)).await?;
         let (listener, metadata_listener) =
             Box::pin(bind_listeners(&config, metadata.is_some())).await?;
         tracing::info!(addr = %listener.local_addr()?, namespace = %bus.namespace(), %replica, pools = specs.len(), "scaler listening");
@@ -311,10 +353,11 @@ impl App {
             bus,
             coord,
             forges,
-            allocator: Allocator::new(
+            allocator: Allocator::with_tls(
                 &config.allocator_url,
                 config.allocator_client_token.clone(),
                 file.scaler.allocator_timeout,
+                allocator_tls,
             ),
             db,
             timers: file.scaler.clone(),
@@ -351,7 +394,6 @@ impl App {
             registry,
             listener,
             metadata_listener,
-            tls,
             reconciler,
             retrier,
         })
@@ -443,15 +485,14 @@ impl App {
             .route("/metrics", get(metrics_text))
             .route("/v1/pools", get(pools))
             .with_state(http_state);
-        let tls = self.tls.clone();
-        let http = tokio::spawn(serve(self.listener, router, tls.clone(), stop.clone()));
+        let http = tokio::spawn(serve(self.listener, router, stop.clone()));
         let metadata_tasks = tokio_util::task::TaskTracker::new();
         let metadata_http = match (
             self.metadata_listener,
             metadata::api::router(self.shared.clone(), metadata_tasks.clone()),
         ) {
             (Some(listener), Some(router)) => {
-                Some(tokio::spawn(serve(listener, router, tls, stop.clone())))
+                Some(tokio::spawn(serve(listener, router, stop.clone())))
             }
             _ => None,
         };
@@ -480,71 +521,15 @@ impl App {
     }
 }
 
-/// Serves `router` on `listener` until `stop`, over TLS when `tls` is set.
+/// Serves `router` on `listener` (plaintext or TLS) until `stop`.
 async fn serve(
-    listener: TcpListener,
+    listener: runyard_tls::Listener,
     router: axum::Router,
-    tls: Option<axum_server::tls_rustls::RustlsConfig>,
     stop: tokio_util::sync::CancellationToken,
 ) -> std::io::Result<()> {
-    let Some(tls) = tls else {
-        return axum::serve(listener, router)
-            .with_graceful_shutdown(async move { stop.cancelled().await })
-            .await;
-    };
-    let handle = axum_server::Handle::new();
-    let on_stop = handle.clone();
-    tokio::spawn(async move {
-        stop.cancelled().await;
-        on_stop.graceful_shutdown(Some(Duration::from_secs(5)));
-    });
-    axum_server::from_tcp_rustls(listener.into_std()?, tls)?
-        .handle(handle)
-        .serve(router.into_make_service())
+    axum::serve(listener, router)
+        .with_graceful_shutdown(async move { stop.cancelled().await })
         .await
-}
-
-/// The listeners' TLS settings, when `RUNYARD_SCALER_TLS_CERT` and `_KEY`
-/// are set; the files are read again whenever they change.
-async fn tls_config(
-    config: &Config,
-) -> anyhow::Result<Option<axum_server::tls_rustls::RustlsConfig>> {
-    let (cert, key) = match (&config.scaler_tls_cert, &config.scaler_tls_key) {
-        (Some(c), Some(k)) => (c.clone(), k.clone()),
-        (None, None) => return Ok(None),
-        _ => anyhow::bail!("RUNYARD_SCALER_TLS_CERT and RUNYARD_SCALER_TLS_KEY go together"),
-    };
-    let tls = axum_server::tls_rustls::RustlsConfig::from_pem_file(&cert, &key)
-        .await
-        .with_context(|| {
-            format!(
-                "TLS certificate {} and key {}",
-                cert.display(),
-                key.display()
-            )
-        })?;
-    let reload = tls.clone();
-    tokio::spawn(async move {
-        let stamp = |p: &std::path::Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
-        let mut seen = (stamp(&cert), stamp(&key));
-        loop {
-            tokio::time::sleep(Duration::from_secs(10)).await;
-            let now = (stamp(&cert), stamp(&key));
-            if now == seen {
-                continue;
-            }
-            match reload.reload_from_pem_file(&cert, &key).await {
-                Ok(()) => {
-                    tracing::info!(cert = %cert.display(), "TLS certificate reloaded");
-                    seen = now;
-                }
-                Err(error) => {
-                    tracing::warn!(%error, "TLS certificate changed but cannot be read; the old one stays")
-                }
-            }
-        }
-    });
-    Ok(Some(tls))
 }
 
 async fn wait_for<T, E: std::fmt::Display, F: Future<Output = Result<T, E>>>(

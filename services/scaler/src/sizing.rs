@@ -8,7 +8,7 @@ use runyard_allocator::proto::RecommendRequest;
 use runyard_allocator::proto::allocator_client::AllocatorClient;
 use runyard_events::Forge;
 use secrecy::{ExposeSecret as _, SecretString};
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
 use crate::config::Flavor;
 use crate::world::Job;
@@ -57,11 +57,31 @@ pub struct Allocator {
 }
 
 impl Allocator {
-    /// Connects lazily to `url` (an unusable URL means "unavailable").
+    /// Connects lazily to `url` (an unusable URL means "unavailable");
+    /// an `https://` URL with the public roots.
     pub fn new(url: &str, token: Option<SecretString>, timeout: Duration) -> Self {
-        let client = Endpoint::from_shared(url.to_owned())
-            .ok()
-            .map(|e| AllocatorClient::new(e.timeout(timeout).connect_lazy()));
+        Self::with_tls(url, token, timeout, None)
+    }
+
+    /// [`Allocator::new`] with TLS settings for an `https://` URL (a
+    /// private CA, a client certificate for mTLS).
+    pub fn with_tls(
+        url: &str,
+        token: Option<SecretString>,
+        timeout: Duration,
+        tls: Option<ClientTlsConfig>,
+    ) -> Self {
+        let endpoint = Endpoint::from_shared(url.to_owned()).and_then(|e| match tls {
+            Some(tls) => e.tls_config(tls),
+            None => Ok(e),
+        });
+        let client = match endpoint {
+            Ok(e) => Some(AllocatorClient::new(e.timeout(timeout).connect_lazy())),
+            Err(error) => {
+                tracing::warn!(%error, "RUNYARD_ALLOCATOR_URL cannot be used: every pool gets its first flavor");
+                None
+            }
+        };
         Self {
             client,
             token,

@@ -121,3 +121,87 @@ async fn the_recommend_call_carries_the_client_token() {
     tokio::time::sleep(Duration::from_millis(100)).await;
     db.drop_db().await;
 }
+
+#[tokio::test]
+async fn the_recommend_call_goes_over_mtls_with_the_client_certificate() {
+    runyard_telemetry::install_crypto_provider();
+    let pki = runyard_testkit::pki::TestPki::new();
+    let nats = TestNats::get().await;
+    let ns = unique_namespace();
+    let db = TestDb::new();
+    runyard_store::migrate(&db.url).await.unwrap();
+    Bus::connect(&nats.url(), ns.clone(), "test", false)
+        .await
+        .unwrap()
+        .ensure_streams(&StreamSettings::default())
+        .await
+        .unwrap();
+    let local = SocketAddr::from(([127, 0, 0, 1], 0));
+    let app = runyard_allocator::App::build(runyard_allocator::Config {
+        nats_url: nats.url(),
+        namespace: ns.to_string(),
+        database_url: db.url.clone(),
+        allocator_listen: local,
+        allocator_http_listen: local,
+        allocator_tokens: Tokens::new([TOKEN]),
+        allocator_tls_cert: Some(pki.server.cert.clone()),
+        allocator_tls_key: Some(pki.server.key.clone()),
+        allocator_tls_client_ca: Some(pki.ca_file.clone()),
+        ..runyard_allocator::Config::default()
+    })
+    .await
+    .unwrap();
+    let url = format!("https://127.0.0.1:{}", app.grpc_addr().port());
+    let http = format!("https://{}", app.http_addr());
+    let (stop, rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(app.run(async move {
+        let _ = rx.await;
+    }));
+    let probe = pki.https_client(Some(&pki.client));
+    let ready = eventually(Duration::from_secs(20), || async {
+        let r = probe.get(format!("{http}/readyz")).send().await.ok()?;
+        (r.status() == 200).then_some(())
+    })
+    .await;
+    assert!(ready.is_some(), "allocator ready");
+
+    let flavors =
+        [("small", ByteSize::mib(1)), ("large", ByteSize::tib(1))].map(|(name, memory)| Flavor {
+            name: name.into(),
+            memory,
+            cpus: 2,
+        });
+    let timeout = Duration::from_secs(5);
+    let tls = |identity: Option<&runyard_testkit::pki::Pair>| {
+        runyard_tls::ClientFiles::new(
+            Some(pki.ca_file.as_path()),
+            identity.map(|p| p.cert.as_path()),
+            identity.map(|p| p.key.as_path()),
+        )
+        .unwrap()
+        .grpc()
+        .unwrap()
+    };
+    let sized = Allocator::with_tls(
+        &url,
+        Some(TOKEN.to_owned().into()),
+        timeout,
+        Some(tls(Some(&pki.client))),
+    )
+    .size(&job(), &flavors)
+    .await;
+    assert!(!sized.allocator_unavailable, "{sized:?}");
+    assert_eq!(sized.flavor, 1, "right-sized over mTLS: {sized:?}");
+
+    // Without a client certificate, with another CA's, or trusting only
+    // the public roots, the handshake fails: the first flavor.
+    for tls in [Some(tls(None)), Some(tls(Some(&pki.other_client))), None] {
+        let sized = Allocator::with_tls(&url, Some(TOKEN.to_owned().into()), timeout, tls)
+            .size(&job(), &flavors)
+            .await;
+        assert!(sized.allocator_unavailable, "{sized:?}");
+        assert_eq!((sized.flavor, sized.recommended_limit), (0, None));
+    }
+    let _ = stop.send(());
+    db.drop_db().await;
+}

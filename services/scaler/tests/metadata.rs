@@ -604,22 +604,21 @@ async fn a_gitlab_instance_gets_its_runner_token_and_no_jit_files() {
 }
 
 #[tokio::test]
-async fn the_api_speaks_tls_when_a_certificate_is_configured() {
+async fn the_api_speaks_tls_without_asking_instances_for_a_certificate() {
     runyard_telemetry::install_crypto_provider();
     let stack = Stack::new(&pool_toml(2, 0, "")).await;
-    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).expect("cert");
-    let dir = tempfile::tempdir().expect("dir");
-    let (cert_file, key_file) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
-    std::fs::write(&cert_file, cert.cert.pem()).expect("cert file");
-    std::fs::write(&key_file, cert.key_pair.serialize_pem()).expect("key file");
+    let pki = runyard_testkit::pki::TestPki::new();
     let mut config = stack.config();
-    config.scaler_tls_cert = Some(cert_file);
-    config.scaler_tls_key = Some(key_file);
+    config.scaler_tls_cert = Some(pki.server.cert.clone());
+    config.scaler_tls_key = Some(pki.server.key.clone());
+    // mTLS on the scaler's HTTP listener; the metadata API never asks.
+    config.scaler_tls_client_ca = Some(pki.ca_file.clone());
     let file = ScalerFile::parse(&stack.file).expect("valid scaler file");
     let app = Box::pin(App::build(config, Some(file)))
         .await
         .expect("scaler builds");
     let port = app.metadata_addr().expect("metadata API").port();
+    let http_port = app.local_addr().port();
     let (tx, rx) = oneshot::channel::<()>();
     let task = tokio::spawn(app.run(async move {
         let _ = rx.await;
@@ -632,12 +631,8 @@ async fn the_api_speaks_tls_when_a_certificate_is_configured() {
     let token = InstanceTokens::new(&SecretString::from(KEY.to_owned()))
         .mint("ry-linux-tls", "linux", HOUR)
         .expect("token");
-    let client = reqwest::Client::builder()
-        .add_root_certificate(
-            reqwest::Certificate::from_pem(cert.cert.pem().as_bytes()).expect("pem"),
-        )
-        .build()
-        .expect("client");
+    // An instance has no client certificate.
+    let client = pki.https_client(None);
     let url =
         |scheme: &str| format!("{scheme}://localhost:{port}/api/v1/metadata/credentials/runner");
     let resp = client
@@ -651,6 +646,60 @@ async fn the_api_speaks_tls_when_a_certificate_is_configured() {
     // Plain HTTP gets no answer from a TLS listener.
     let plain = client.get(url("http")).bearer_auth(&token).send().await;
     assert!(plain.map(|r| r.status() != StatusCode::OK).unwrap_or(true));
+    // The HTTP listener wants a certificate the client CA signed.
+    let healthz = format!("https://127.0.0.1:{http_port}/healthz");
+    for (who, c) in [
+        ("no certificate", pki.https_client(None)),
+        ("another CA's", pki.https_client(Some(&pki.other_client))),
+    ] {
+        let refused = c.get(&healthz).send().await;
+        assert!(refused.is_err(), "{who}: {refused:?}");
+    }
+    let ok = pki
+        .https_client(Some(&pki.client))
+        .get(&healthz)
+        .send()
+        .await
+        .expect("mTLS GET");
+    assert_eq!(ok.status(), StatusCode::OK);
     let _ = tx.send(());
     let _ = task.await;
+}
+
+#[tokio::test]
+async fn tls_settings_that_cannot_work_refuse_to_start() {
+    runyard_telemetry::install_crypto_provider();
+    let stack = Stack::new(&pool_toml(2, 0, "")).await;
+    let pki = runyard_testkit::pki::TestPki::new();
+    let build = |tweak: &dyn Fn(&mut runyard_scaler::Config)| {
+        let mut config = stack.config();
+        tweak(&mut config);
+        let file = ScalerFile::parse(&stack.file).expect("valid scaler file");
+        async move {
+            match Box::pin(App::build(config, Some(file))).await {
+                Ok(_) => panic!("built"),
+                Err(e) => format!("{e:#}"),
+            }
+        }
+    };
+    let e = build(&|c| c.scaler_tls_cert = Some(pki.server.cert.clone())).await;
+    assert!(
+        e.contains("RUNYARD_SCALER_TLS_CERT") && e.contains("RUNYARD_SCALER_TLS_KEY"),
+        "{e}"
+    );
+    // TLS files for the allocator with a plaintext allocator URL.
+    let e = build(&|c| c.allocator_ca_file = Some(pki.ca_file.clone())).await;
+    assert!(
+        e.contains("RUNYARD_ALLOCATOR_CA_FILE") && e.contains("RUNYARD_ALLOCATOR_URL"),
+        "{e}"
+    );
+    let e = build(&|c| {
+        c.allocator_url = "https://allocator.example:50051".into();
+        c.allocator_client_cert = Some(pki.client.cert.clone());
+    })
+    .await;
+    assert!(
+        e.contains("RUNYARD_ALLOCATOR_CLIENT_CERT") && e.contains("RUNYARD_ALLOCATOR_CLIENT_KEY"),
+        "{e}"
+    );
 }

@@ -628,15 +628,14 @@ async fn allocator_grpc(global: &Global) -> Check {
     let url = redact(&global.allocator_url);
     let fix = "start runyard-allocator, or point --allocator-url / RUNYARD_ALLOCATOR_URL at \
                its gRPC listener (RUNYARD_ALLOCATOR_LISTEN, port 50051 by default)";
-    let endpoint = match tonic::transport::Endpoint::from_shared(global.allocator_url.clone()) {
-        Ok(e) => e
-            .connect_timeout(global.timeout())
-            .timeout(global.timeout()),
+    let endpoint = match global.allocator_endpoint() {
+        Ok(e) => e,
         Err(e) => {
             return fail(
                 id,
-                format!("allocator URL {url}: {e}"),
-                "give --allocator-url as http://host:port",
+                format!("allocator URL {url}: {}", e.message()),
+                "give --allocator-url as http://host:port (https://host:port for TLS, with \
+                 --allocator-ca-file for a private CA)",
             );
         }
     };

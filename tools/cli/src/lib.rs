@@ -91,6 +91,19 @@ pub struct Global {
         hide_env_values = true
     )]
     pub allocator_token: Option<String>,
+    /// CA bundle (PEM) the allocator's certificate is checked against for
+    /// an `https://` URL, instead of the public roots; the HTTP calls to
+    /// every service trust it too.
+    #[arg(long, global = true, env = "RUNYARD_ALLOCATOR_CA_FILE")]
+    pub allocator_ca_file: Option<String>,
+    /// Client certificate (PEM) presented to an allocator that wants one
+    /// (mTLS), and to the other services over https; with
+    /// `--allocator-client-key`.
+    #[arg(long, global = true, env = "RUNYARD_ALLOCATOR_CLIENT_CERT")]
+    pub allocator_client_cert: Option<String>,
+    /// The client certificate's private key (PEM).
+    #[arg(long, global = true, env = "RUNYARD_ALLOCATOR_CLIENT_KEY")]
+    pub allocator_client_key: Option<String>,
     /// ingest's HTTP base URL.
     #[arg(
         long,
@@ -173,13 +186,55 @@ impl Global {
             .map_err(|e| Failure::Usage(format!("namespace {:?}: {e}", self.namespace)))
     }
 
-    /// An HTTP client with the per-call timeout.
+    /// The TLS files (`--allocator-ca-file`, `--allocator-client-cert`,
+    /// `--allocator-client-key`), checked; an empty value is unset.
+    pub fn tls(&self) -> Result<runyard_tls::ClientFiles, Failure> {
+        runyard_tls::ClientFiles::new(
+            self.allocator_ca_file.as_deref().map(std::path::Path::new),
+            self.allocator_client_cert
+                .as_deref()
+                .map(std::path::Path::new),
+            self.allocator_client_key
+                .as_deref()
+                .map(std::path::Path::new),
+        )
+        .map_err(|e| Failure::Usage(format!("{e:#}")))
+    }
+
+    /// An HTTP client with the per-call timeout, trusting the CA file and
+    /// presenting the client certificate when they are given (https URLs).
     pub fn http(&self) -> Result<reqwest::Client, Failure> {
-        reqwest::Client::builder()
+        let builder = reqwest::Client::builder()
             .timeout(self.timeout())
-            .connect_timeout(self.timeout())
+            .connect_timeout(self.timeout());
+        self.tls()?
+            .http(builder)
+            .map_err(|e| Failure::Usage(format!("{e:#}")))?
             .build()
             .map_err(|e| Failure::Failed(format!("building the HTTP client: {e}")))
+    }
+
+    /// The allocator's gRPC endpoint with the per-call timeout; an
+    /// `https://` URL with the TLS files' CA (else the public roots) and
+    /// client certificate.
+    pub fn allocator_endpoint(&self) -> Result<tonic::transport::Endpoint, Failure> {
+        let url = redact(&self.allocator_url);
+        let endpoint = tonic::transport::Endpoint::from_shared(self.allocator_url.clone())
+            .map_err(|e| {
+                Failure::Usage(format!(
+                    "--allocator-url {url}: {e} (give it as http://host:port or https://host:port)"
+                ))
+            })?
+            .connect_timeout(self.timeout())
+            .timeout(self.timeout());
+        let files = self.tls()?;
+        if files.is_empty() || !self.allocator_url.starts_with("https://") {
+            return Ok(endpoint);
+        }
+        let tls = files.grpc().map_err(|e| Failure::Usage(format!("{e:#}")))?;
+        endpoint
+            .tls_config(tls)
+            .map_err(|e| Failure::Usage(format!("--allocator-url {url}: {e}")))
     }
 }
 

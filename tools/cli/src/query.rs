@@ -359,10 +359,7 @@ pub fn parse_workload(pairs: &[String]) -> Result<BTreeMap<String, String>, Fail
 pub async fn recommend(global: &Global, args: &RecommendArgs) -> Result<u8, Failure> {
     let workload = parse_workload(&args.workload)?;
     let url = redact(&global.allocator_url);
-    let endpoint = tonic::transport::Endpoint::from_shared(global.allocator_url.clone())
-        .map_err(|e| Failure::Usage(format!("--allocator-url {url}: {e}")))?
-        .connect_timeout(global.timeout())
-        .timeout(global.timeout());
+    let endpoint = global.allocator_endpoint()?;
     let channel = endpoint.connect().await.map_err(|e| {
         Failure::Failed(format!(
             "connecting to the allocator at {url}: {} (is runyard-allocator running? --allocator-url / RUNYARD_ALLOCATOR_URL)",

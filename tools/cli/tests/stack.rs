@@ -12,6 +12,7 @@ use std::time::Duration;
 use prost::Message as _;
 use runyard_events::{Body, Event, Namespace, RunnerRef, RunnerRequested, Source};
 use runyard_testkit::fake_github::FakeGitHub;
+use runyard_testkit::pki::TestPki;
 use runyard_testkit::{NatsServer, TestDb, TestNats, eventually, free_port, unique_namespace};
 use sea_orm_migration::MigratorTrait as _;
 use serde_json::Value;
@@ -35,6 +36,8 @@ struct Target {
     allocator_grpc: String,
     allocator_http: String,
     scaler: String,
+    /// `RUNYARD_ALLOCATOR_CA_FILE`, `_CLIENT_CERT`, `_CLIENT_KEY`.
+    tls: Option<[std::path::PathBuf; 3]>,
 }
 
 impl Target {
@@ -50,6 +53,7 @@ impl Target {
             allocator_grpc: nowhere(),
             allocator_http: nowhere(),
             scaler: nowhere(),
+            tls: None,
         }
     }
 }
@@ -57,7 +61,8 @@ impl Target {
 /// Runs `runyard ARGS` with the target's addresses in the environment (the
 /// `RUNYARD_*` fallbacks) and nothing else of this process's.
 async fn runyard(t: &Target, args: &[&str]) -> Output {
-    tokio::process::Command::new(env!("CARGO_BIN_EXE_runyard"))
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_runyard"));
+    command
         .env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())
         .env("RUNYARD_NATS_URL", &t.nats)
@@ -71,11 +76,14 @@ async fn runyard(t: &Target, args: &[&str]) -> Output {
         .env("RUNYARD_GITHUB_WEBHOOK_SECRET", GITHUB_SECRET)
         .env("RUNYARD_GITLAB_WEBHOOK_TOKEN", GITLAB_TOKEN)
         .env("RUNYARD_USAGE_TOKEN", USAGE_TOKEN)
-        .env("RUNYARD_ALLOCATOR_CLIENT_TOKEN", ALLOCATOR_TOKEN)
-        .args(args)
-        .output()
-        .await
-        .expect("running runyard")
+        .env("RUNYARD_ALLOCATOR_CLIENT_TOKEN", ALLOCATOR_TOKEN);
+    if let Some([ca, cert, key]) = &t.tls {
+        command
+            .env("RUNYARD_ALLOCATOR_CA_FILE", ca)
+            .env("RUNYARD_ALLOCATOR_CLIENT_CERT", cert)
+            .env("RUNYARD_ALLOCATOR_CLIENT_KEY", key);
+    }
+    command.args(args).output().await.expect("running runyard")
 }
 
 fn stdout(o: &Output) -> String {
@@ -157,7 +165,19 @@ max_runners = 3
 
 impl Stack {
     async fn start() -> Self {
+        Self::start_with(None).await
+    }
+
+    /// The stack; with `pki`, every listener speaks mTLS (the PKI's server
+    /// certificate, its CA as the client CA), the scaler asks the allocator
+    /// over `https://` with the client certificate, and the CLI is given
+    /// the CA and the client certificate.
+    async fn start_with(pki: Option<&TestPki>) -> Self {
         runyard_telemetry::install_crypto_provider();
+        let cert = pki.map(|p| p.server.cert.clone());
+        let key = pki.map(|p| p.server.key.clone());
+        let ca = pki.map(|p| p.ca_file.clone());
+        let scheme = if pki.is_some() { "https" } else { "http" };
         let nats = TestNats::get().await;
         let ns = unique_namespace();
         let db = TestDb::new();
@@ -172,6 +192,9 @@ impl Stack {
             github_webhook_secret: Some(GITHUB_SECRET.to_owned().into()),
             gitlab_webhook_token: Some(GITLAB_TOKEN.to_owned().into()),
             usage_token: Some(USAGE_TOKEN.to_owned().into()),
+            ingest_tls_cert: cert.clone(),
+            ingest_tls_key: key.clone(),
+            ingest_tls_client_ca: ca.clone(),
             ..runyard_ingest::Config::default()
         })
         .await
@@ -189,6 +212,9 @@ impl Stack {
             database_url: db.url.clone(),
             tracker_http_listen: LOCAL,
             tracker_batch_wait: Duration::from_millis(5),
+            tracker_tls_cert: cert.clone(),
+            tracker_tls_key: key.clone(),
+            tracker_tls_client_ca: ca.clone(),
             ..runyard_job_tracker::Config::default()
         })
         .await
@@ -207,6 +233,9 @@ impl Stack {
             allocator_listen: LOCAL,
             allocator_http_listen: LOCAL,
             allocator_tokens: runyard_allocator::auth::Tokens::new([ALLOCATOR_TOKEN]),
+            allocator_tls_cert: cert.clone(),
+            allocator_tls_key: key.clone(),
+            allocator_tls_client_ca: ca.clone(),
             ..runyard_allocator::Config::default()
         })
         .await
@@ -226,8 +255,14 @@ impl Stack {
                 scaler_http_listen: LOCAL,
                 github_api_url: github.url(),
                 github_token: Some("test-token".to_owned().into()),
-                allocator_url: format!("http://{grpc}"),
+                allocator_url: format!("{scheme}://{grpc}"),
                 allocator_client_token: Some(ALLOCATOR_TOKEN.to_owned().into()),
+                allocator_ca_file: ca.clone(),
+                allocator_client_cert: pki.map(|p| p.client.cert.clone()),
+                allocator_client_key: pki.map(|p| p.client.key.clone()),
+                scaler_tls_cert: cert.clone(),
+                scaler_tls_key: key.clone(),
+                scaler_tls_client_ca: ca.clone(),
                 scaler_metadata_listen: LOCAL,
                 scaler_instance_token_key: Some("test-instance-token-key".to_owned().into()),
                 ..runyard_scaler::Config::default()
@@ -247,13 +282,23 @@ impl Stack {
             nats: nats.url(),
             ns: ns.as_str().to_owned(),
             db: db.url.clone(),
-            ingest: format!("http://{ingest_addr}"),
-            tracker: format!("http://{tracker_addr}"),
-            allocator_grpc: format!("http://{grpc}"),
-            allocator_http: format!("http://{alloc_http}"),
-            scaler: format!("http://{scaler_addr}"),
+            ingest: format!("{scheme}://{ingest_addr}"),
+            tracker: format!("{scheme}://{tracker_addr}"),
+            allocator_grpc: format!("{scheme}://{grpc}"),
+            allocator_http: format!("{scheme}://{alloc_http}"),
+            scaler: format!("{scheme}://{scaler_addr}"),
+            tls: pki.map(|p| {
+                [
+                    p.ca_file.clone(),
+                    p.client.cert.clone(),
+                    p.client.key.clone(),
+                ]
+            }),
         };
-        let http = reqwest::Client::new();
+        let http = match pki {
+            Some(p) => p.https_client(Some(&p.client)),
+            None => reqwest::Client::new(),
+        };
         for base in [
             &target.ingest,
             &target.tracker,
@@ -1051,4 +1096,76 @@ fn usage_errors_exit_2() {
         .unwrap();
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("nonesuch"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_and_recommend_work_on_a_stack_with_mtls_everywhere() {
+    let pki = TestPki::new();
+    let stack = Stack::start_with(Some(&pki)).await;
+    let t = &stack.target;
+    let out = runyard(t, &["doctor", "--json"]).await;
+    let report = json(&out);
+    assert_eq!(code(&out), 0, "{report:#}\n{}", stderr(&out));
+    let checks = checks(&report);
+    for id in [
+        "ingest.ready",
+        "job-tracker.ready",
+        "allocator.ready",
+        "scaler.ready",
+        "allocator.grpc",
+    ] {
+        assert_eq!(checks[id].0, "ok", "{id}: {:?}", checks[id]);
+    }
+    let out = runyard(
+        t,
+        &[
+            "recommend",
+            "--json",
+            "--workload",
+            "repo=acme/app",
+            "--workload",
+            "job=build",
+        ],
+    )
+    .await;
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(
+        json(&out)["memory_limit_bytes"]
+            .as_u64()
+            .is_some_and(|m| m > 0)
+    );
+
+    // Without the client certificate every service refuses the CLI.
+    let bare = Target {
+        tls: Some([
+            pki.ca_file.clone(),
+            std::path::PathBuf::new(),
+            std::path::PathBuf::new(),
+        ]),
+        ..t.clone()
+    };
+    let out = runyard(&bare, &["doctor", "--json"]).await;
+    assert_eq!(code(&out), 1, "{}", stdout(&out));
+    let checks = self::checks(&json(&out));
+    for id in ["ingest.ready", "scaler.ready", "allocator.grpc"] {
+        assert_eq!(checks[id].0, "fail", "{id}: {:?}", checks[id]);
+    }
+    // Half a client identity is a usage error naming both variables.
+    let half = Target {
+        tls: Some([
+            pki.ca_file.clone(),
+            pki.client.cert.clone(),
+            std::path::PathBuf::new(),
+        ]),
+        ..t.clone()
+    };
+    let out = runyard(&half, &["recommend", "--workload", "repo=acme/app"]).await;
+    assert_eq!(code(&out), 2);
+    assert!(
+        stderr(&out).contains("RUNYARD_ALLOCATOR_CLIENT_CERT")
+            && stderr(&out).contains("RUNYARD_ALLOCATOR_CLIENT_KEY"),
+        "{}",
+        stderr(&out)
+    );
+    drop(stack);
 }
