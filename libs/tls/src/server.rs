@@ -278,6 +278,32 @@ impl ServerTls {
         Ok(tls)
     }
 
+    /// [`ServerTls::start`] on `RUNYARD_<service>_TLS_*`'s files, when
+    /// they are set ([`ServerFiles::from_settings`]).
+    pub fn from_settings(
+        service: &str,
+        cert: Option<&std::path::Path>,
+        key: Option<&std::path::Path>,
+        client_ca: Option<&std::path::Path>,
+    ) -> anyhow::Result<Option<Self>> {
+        ServerFiles::from_settings(service, cert, key, client_ca)?
+            .map(Self::start)
+            .transpose()
+    }
+
+    /// The acceptor of a service's one HTTP listener: TLS when its files are
+    /// set, a client certificate required when it has a client CA.
+    pub fn http_acceptor(
+        service: &str,
+        cert: Option<&std::path::Path>,
+        key: Option<&std::path::Path>,
+        client_ca: Option<&std::path::Path>,
+    ) -> anyhow::Result<Option<Acceptor>> {
+        Self::from_settings(service, cert, key, client_ca)?
+            .map(|t| t.acceptor(ClientAuth::Required, Protocols::Http))
+            .transpose()
+    }
+
     /// The files.
     pub fn files(&self) -> &ServerFiles {
         &self.shared.files

@@ -454,15 +454,13 @@ pub struct App {
 async fn listeners(
     config: &Config,
 ) -> anyhow::Result<(runyard_tls::Listener, runyard_tls::Listener, bool)> {
-    use runyard_tls::{ClientAuth, Protocols, ServerFiles, ServerTls};
-    let tls = ServerFiles::from_settings(
+    use runyard_tls::{ClientAuth, Protocols, ServerTls};
+    let tls = ServerTls::from_settings(
         "ALLOCATOR",
         config.allocator_tls_cert.as_deref(),
         config.allocator_tls_key.as_deref(),
         config.allocator_tls_client_ca.as_deref(),
-    )?
-    .map(ServerTls::start)
-    .transpose()?;
+    )?;
     let per_request =
         config.allocator_anonymous_gantry && tls.as_ref().is_some_and(|t| t.files().mtls());
     let http_auth = if per_request {

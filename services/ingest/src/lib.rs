@@ -80,21 +80,12 @@ impl App {
             );
             Some(oidc::Verifier::new(issuers, config.usage_oidc_refetch)?)
         };
-        let tls = runyard_tls::ServerFiles::from_settings(
+        let tls = runyard_tls::ServerTls::http_acceptor(
             "INGEST",
             config.ingest_tls_cert.as_deref(),
             config.ingest_tls_key.as_deref(),
             config.ingest_tls_client_ca.as_deref(),
-        )?
-        .map(runyard_tls::ServerTls::start)
-        .transpose()?
-        .map(|t| {
-            t.acceptor(
-                runyard_tls::ClientAuth::Required,
-                runyard_tls::Protocols::Http,
-            )
-        })
-        .transpose()?;
+        )?;
         let bus = Bus::connect(&config.nats_url, ns, "runyard-ingest", true)
             .await?
             .with_ack_timeout(config.ingest_ack_timeout);

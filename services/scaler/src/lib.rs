@@ -200,15 +200,13 @@ async fn bind_listeners(
     config: &Config,
     metadata: bool,
 ) -> anyhow::Result<(runyard_tls::Listener, Option<runyard_tls::Listener>)> {
-    use runyard_tls::{ClientAuth, Protocols, ServerFiles, ServerTls};
-    let tls = ServerFiles::from_settings(
+    use runyard_tls::{ClientAuth, Protocols, ServerTls};
+    let tls = ServerTls::from_settings(
         "SCALER",
         config.scaler_tls_cert.as_deref(),
         config.scaler_tls_key.as_deref(),
         config.scaler_tls_client_ca.as_deref(),
-    )?
-    .map(ServerTls::start)
-    .transpose()?;
+    )?;
     let acceptor = |client_auth| {
         tls.as_ref()
             .map(|t| t.acceptor(client_auth, Protocols::Http))
