@@ -22,7 +22,7 @@ pub mod verify;
 pub use github::{GithubDelivery, normalize_github};
 pub use gitlab::{GitlabDelivery, normalize_gitlab};
 pub use usage::normalize_usage;
-pub use verify::{AuthError, bearer, github_signature, token_matches};
+pub use verify::{AuthError, GithubSignature, bearer, github_signature, token_matches};
 
 use runyard_events::{Event, Forge, Source};
 

@@ -28,23 +28,61 @@ pub enum AuthError {
 /// An empty `secret` never verifies: an HMAC under an empty key is one anyone
 /// can compute, so a blank configuration must not open the endpoint.
 pub fn github_signature(secret: &[u8], body: &[u8], header: Option<&str>) -> Result<(), AuthError> {
-    let header = header.map(str::trim).filter(|h| !h.is_empty());
-    let Some(header) = header else {
-        return Err(AuthError::Missing);
-    };
-    let hex_sig = header.strip_prefix("sha256=").ok_or(AuthError::Malformed)?;
-    let sig = hex::decode(hex_sig).map_err(|_| AuthError::Malformed)?;
-    if sig.len() != 32 {
-        return Err(AuthError::Malformed);
+    let mut check = GithubSignature::expect(secret, header)?;
+    check.update(body);
+    check.verify()
+}
+
+/// [`github_signature`] as the body arrives: the header is judged before a
+/// byte of the body is read ([`GithubSignature::expect`]), each chunk is
+/// hashed as it comes ([`GithubSignature::update`]), and the signature is
+/// compared once the last one has ([`GithubSignature::verify`]). A delivery
+/// without a well-formed signature is refused without reading its body, and
+/// a signed one is hashed in the same pass that buffers it.
+pub struct GithubSignature {
+    mac: Hmac<Sha256>,
+    expected: [u8; 32],
+}
+
+impl std::fmt::Debug for GithubSignature {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GithubSignature").finish_non_exhaustive()
     }
-    if secret.is_empty() {
-        return Err(AuthError::Mismatch);
+}
+
+impl GithubSignature {
+    /// Parses the `X-Hub-Signature-256` header: `Missing` or `Malformed` as
+    /// [`github_signature`] would answer them, and `Mismatch` at once for an
+    /// empty `secret`, which never verifies.
+    pub fn expect(secret: &[u8], header: Option<&str>) -> Result<Self, AuthError> {
+        let header = header.map(str::trim).filter(|h| !h.is_empty());
+        let Some(header) = header else {
+            return Err(AuthError::Missing);
+        };
+        let hex_sig = header.strip_prefix("sha256=").ok_or(AuthError::Malformed)?;
+        let mut expected = [0u8; 32];
+        hex::decode_to_slice(hex_sig, &mut expected).map_err(|_| AuthError::Malformed)?;
+        if secret.is_empty() {
+            return Err(AuthError::Mismatch);
+        }
+        // HMAC accepts keys of any length, so this cannot fail; mapping the
+        // error keeps the function panic-free regardless.
+        let mac = Hmac::<Sha256>::new_from_slice(secret).map_err(|_| AuthError::Mismatch)?;
+        Ok(Self { mac, expected })
     }
-    // HMAC accepts keys of any length, so this cannot fail; mapping the error
-    // keeps the function panic-free regardless.
-    let mut mac = Hmac::<Sha256>::new_from_slice(secret).map_err(|_| AuthError::Mismatch)?;
-    mac.update(body);
-    mac.verify_slice(&sig).map_err(|_| AuthError::Mismatch)
+
+    /// Hashes the next chunk of the body.
+    pub fn update(&mut self, chunk: &[u8]) {
+        self.mac.update(chunk);
+    }
+
+    /// Compares, in constant time, the signature of everything hashed with
+    /// the one the header carried.
+    pub fn verify(self) -> Result<(), AuthError> {
+        self.mac
+            .verify_slice(&self.expected)
+            .map_err(|_| AuthError::Mismatch)
+    }
 }
 
 /// Compares a shared token (GitLab `X-Gitlab-Token`, the usage bearer token)
@@ -162,6 +200,27 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    #[test]
+    fn github_signature_hashed_in_chunks_verifies_as_the_whole_body() {
+        for size in [1, 2, 5, BODY.len()] {
+            let mut check = GithubSignature::expect(SECRET, Some(GOOD)).expect("well-formed");
+            BODY.chunks(size).for_each(|c| check.update(c));
+            assert_eq!(check.verify(), Ok(()), "chunks of {size}");
+        }
+        let mut check = GithubSignature::expect(SECRET, Some(GOOD)).expect("well-formed");
+        check.update(&BODY[..5]);
+        assert_eq!(check.verify(), Err(AuthError::Mismatch));
+        // Judged from the header alone, before any body.
+        assert_eq!(
+            GithubSignature::expect(SECRET, Some("sha256=12")).err(),
+            Some(AuthError::Malformed)
+        );
+        assert_eq!(
+            GithubSignature::expect(b"", Some(GOOD)).err(),
+            Some(AuthError::Mismatch)
+        );
     }
 
     #[test]

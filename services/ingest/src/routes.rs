@@ -15,8 +15,8 @@ use http_body_util::BodyExt as _;
 use runyard_bus::{BusError, HeaderValue as NatsValue, Prepared, TraceParent};
 use runyard_events::{Event, ids};
 use runyard_forge::{
-    GithubDelivery, GitlabDelivery, Normalized, PayloadError, normalize_github, normalize_gitlab,
-    normalize_usage, verify,
+    GithubDelivery, GithubSignature, GitlabDelivery, Normalized, PayloadError, normalize_github,
+    normalize_gitlab, normalize_usage, verify,
 };
 use runyard_telemetry::traces::OpenTelemetrySpanExt as _;
 use secrecy::ExposeSecret;
@@ -315,7 +315,14 @@ fn payload_outcome(e: PayloadError) -> Outcome {
 
 /// Reads the body up to `limit` bytes: a declared length over the limit is
 /// refused without reading anything, a chunked body as soon as it passes it.
-async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, Outcome> {
+/// Reads the whole body, refusing it past `limit`; `seen` is shown every
+/// chunk as it arrives (GitHub's signature is hashed in the same pass).
+async fn read_body(
+    headers: &HeaderMap,
+    body: Body,
+    limit: usize,
+    mut seen: impl FnMut(&[u8]),
+) -> Result<Bytes, Outcome> {
     let declared =
         header_str(headers, header::CONTENT_LENGTH.as_str()).and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > limit as u64) {
@@ -330,6 +337,7 @@ async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Byte
         match frame {
             Ok(frame) => {
                 if let Ok(data) = frame.into_data() {
+                    seen(&data);
                     buf.extend_from_slice(&data);
                 }
             }
@@ -589,16 +597,26 @@ async fn github_outcome(
     let Some(secret) = state.github_secret.as_ref() else {
         return Outcome::NotConfigured("github webhook");
     };
-    let body = match read_body(headers, body, state.max_body).await {
+    // The signature header is judged before the body is read, and the body
+    // hashed as it arrives: an unsigned delivery costs no body bytes.
+    let refused = |e: verify::AuthError| Outcome::Unauthorized(format!("X-Hub-Signature-256: {e}"));
+    let mut signature = match GithubSignature::expect(
+        secret.expose_secret().as_bytes(),
+        header_str(headers, "x-hub-signature-256"),
+    ) {
+        Ok(s) => s,
+        Err(e) => return refused(e),
+    };
+    let body = match read_body(headers, body, state.max_body, |chunk| {
+        signature.update(chunk)
+    })
+    .await
+    {
         Ok(b) => b,
         Err(o) => return o,
     };
-    if let Err(e) = verify::github_signature(
-        secret.expose_secret().as_bytes(),
-        &body,
-        header_str(headers, "x-hub-signature-256"),
-    ) {
-        return Outcome::Unauthorized(format!("X-Hub-Signature-256: {e}"));
+    if let Err(e) = signature.verify() {
+        return refused(e);
     }
     let delivery = GithubDelivery {
         event: header_str(headers, "x-github-event"),
@@ -661,7 +679,7 @@ async fn gitlab_outcome(
     ) {
         return Outcome::Unauthorized("X-Gitlab-Token: missing or wrong".into());
     }
-    let body = match read_body(headers, body, state.max_body).await {
+    let body = match read_body(headers, body, state.max_body, |_| ()).await {
         Ok(b) => b,
         Err(o) => return o,
     };
@@ -738,7 +756,7 @@ async fn usage_outcome(
         Ok(sender) => sender,
         Err(o) => return o,
     };
-    let body = match read_body(headers, body, state.max_body).await {
+    let body = match read_body(headers, body, state.max_body, |_| ()).await {
         Ok(b) => b,
         Err(o) => return o,
     };

@@ -2323,6 +2323,72 @@ async fn a_full_ingest_sheds_deliveries_at_once_with_retry_after() {
     h.stop().await;
 }
 
+#[tokio::test]
+async fn an_unsigned_github_delivery_is_refused_before_its_body_is_read() {
+    use tokio::io::AsyncWriteExt as _;
+    let mut h = Harness::start().await;
+    let addr = h.base.trim_start_matches("http://").to_owned();
+    // A 20 MiB body announced, none of it sent: without a well-formed
+    // signature the answer is 401 at once, not `100 Continue` (which would
+    // mean the server wants the body).
+    for (signature, why) in [
+        (None, "signature or token missing"),
+        (Some("sha256=zz"), "signature malformed"),
+        (Some("sha1=0123"), "signature malformed"),
+    ] {
+        let mut conn = tokio::net::TcpStream::connect(&addr)
+            .await
+            .expect("connect");
+        let signature = signature
+            .map(|s| format!("X-Hub-Signature-256: {s}\r\n"))
+            .unwrap_or_default();
+        let head = format!(
+            "POST /webhooks/github HTTP/1.1\r\nHost: {addr}\r\nX-GitHub-Event: workflow_job\r\n\
+             X-GitHub-Delivery: unsigned-1\r\n{signature}Content-Type: application/json\r\n\
+             Content-Length: {}\r\nExpect: 100-continue\r\n\r\n",
+            20 * 1024 * 1024
+        );
+        conn.write_all(head.as_bytes()).await.expect("write head");
+        let mut buf = Vec::new();
+        let answer = tokio::time::timeout(Duration::from_secs(5), read_head(&mut conn, &mut buf))
+            .await
+            .expect("answered without the body");
+        assert!(answer.starts_with("HTTP/1.1 401 "), "{answer}");
+        let text = String::from_utf8_lossy(&buf);
+        assert!(text.contains(why), "{text}");
+    }
+    // A well-formed but wrong signature needs the whole body to be judged;
+    // its body is hashed as it arrives and the delivery refused.
+    let body = fixture("github_workflow_job_queued.json");
+    let wrong = github_signature("another secret", body.as_bytes());
+    let held = hold_delivery(&addr, "wrong-1", &wrong, body.len()).await;
+    assert!(release(held, body.as_bytes()).await.contains(" 401 "));
+    // Sent in small chunks, a signed body verifies as one sent at once.
+    let chunks: Vec<Result<Vec<u8>, std::io::Error>> =
+        body.as_bytes().chunks(7).map(|c| Ok(c.to_vec())).collect();
+    let resp = h
+        .http
+        .post(format!("{}/webhooks/github", h.base))
+        .header("X-GitHub-Event", "workflow_job")
+        .header("X-GitHub-Delivery", "chunked-1")
+        .header(
+            "X-Hub-Signature-256",
+            github_signature(GH_SECRET, body.as_bytes()),
+        )
+        .header("Content-Type", "application/json")
+        .body(reqwest::Body::wrap_stream(futures::stream::iter(chunks)))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(resp.status().as_u16(), 202);
+    let ids: Vec<_> = decode_events(&h.events().await)
+        .into_iter()
+        .map(|e| e.id)
+        .collect();
+    assert_eq!(ids, ["github:chunked-1"]);
+    h.stop().await;
+}
+
 /// Sends SIGSTOP or SIGCONT to a process this test started.
 fn signal(pid: u32, sig: &str) {
     let status = std::process::Command::new("kill")
