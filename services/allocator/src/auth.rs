@@ -59,6 +59,10 @@ pub enum Refusal {
     Missing,
     /// A token was sent that is not one of the configured ones.
     Unknown,
+    /// An HTTP call without a client certificate on a listener that lets
+    /// such clients in for the gantry endpoint only (mTLS with
+    /// `ANONYMOUS_GANTRY`): every other path answers 403.
+    NoClientCertificate,
 }
 
 impl Refusal {
@@ -67,6 +71,7 @@ impl Refusal {
         match self {
             Self::Missing => "missing bearer token",
             Self::Unknown => "unknown token",
+            Self::NoClientCertificate => "client certificate required",
         }
     }
 
@@ -75,6 +80,7 @@ impl Refusal {
         match self {
             Self::Missing => "missing",
             Self::Unknown => "unknown",
+            Self::NoClientCertificate => "client_certificate",
         }
     }
 }

@@ -37,10 +37,13 @@ pub(crate) fn router(state: State, client_certificate_per_request: bool) -> axum
             state.clone(),
             authenticate,
         ))
-        .with_state(state);
+        .with_state(state.clone());
     if client_certificate_per_request {
         // Outermost: a client without a certificate learns nothing else.
-        router.layer(axum::middleware::from_fn(client_certificate))
+        router.layer(axum::middleware::from_fn_with_state(
+            state,
+            client_certificate,
+        ))
     } else {
         router
     }
@@ -49,6 +52,7 @@ pub(crate) fn router(state: State, client_certificate_per_request: bool) -> axum
 /// The mTLS check of a listener that lets clients without a certificate
 /// in for the gantry endpoint (see the module doc).
 async fn client_certificate(
+    AxumState(state): AxumState<State>,
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
@@ -60,9 +64,11 @@ async fn client_certificate(
         return next.run(request).await;
     }
     tracing::debug!("HTTP call without a client certificate refused");
+    let refusal = crate::auth::Refusal::NoClientCertificate;
+    state.metrics.refused(crate::Door::Http, refusal);
     (
         StatusCode::FORBIDDEN,
-        axum::Json(json!({"error": "client certificate required"})),
+        axum::Json(json!({"error": refusal.message()})),
     )
         .into_response()
 }

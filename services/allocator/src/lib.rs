@@ -60,7 +60,11 @@ struct RefusedLabels {
 /// The doors a call can be refused at, as counted.
 const DOORS: [&str; 2] = ["grpc", "http"];
 /// Why a call was refused, as counted (see [`auth::Refusal::reason`]).
-const REFUSALS: [auth::Refusal; 2] = [auth::Refusal::Missing, auth::Refusal::Unknown];
+const REFUSALS: [auth::Refusal; 3] = [
+    auth::Refusal::Missing,
+    auth::Refusal::Unknown,
+    auth::Refusal::NoClientCertificate,
+];
 
 /// Where a call was refused.
 #[derive(Debug, Clone, Copy)]
@@ -157,7 +161,7 @@ impl AllocatorMetrics {
             );
             r.register(
                 "auth_refused",
-                "Calls refused for a missing or unknown bearer token, by API and reason",
+                "Calls refused for a missing or unknown bearer token or a missing client certificate, by API and reason",
                 refused,
             );
             r.register(
@@ -174,6 +178,7 @@ impl AllocatorMetrics {
         let reason = match refusal {
             auth::Refusal::Missing => 0,
             auth::Refusal::Unknown => 1,
+            auth::Refusal::NoClientCertificate => 2,
         };
         self.auth_refused[door as usize][reason].inc();
     }

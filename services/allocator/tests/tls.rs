@@ -200,7 +200,17 @@ async fn anonymous_gantry_answers_the_allocation_without_a_certificate_and_nothi
     let stranger = get(&pki.https_client(Some(&pki.other_client)), "/v1/allocation").await;
     assert!(stranger.is_err(), "{stranger:?}");
     let client = pki.https_client(Some(&pki.client));
-    assert_eq!(get(&client, "/metrics").await.unwrap().status(), 200);
+    let metrics = get(&client, "/metrics").await.unwrap();
+    assert_eq!(metrics.status(), 200);
+    // The four refusals are counted, so an operator sees clients that lack
+    // a certificate.
+    let metrics = metrics.text().await.unwrap();
+    assert!(
+        metrics.contains(
+            r#"runyard_allocator_auth_refused_total{api="http",reason="client_certificate"} 4"#
+        ),
+        "{metrics}"
+    );
     // gRPC still wants the certificate at the handshake.
     let refused = recommend(&pki, a.grpc, None).await;
     assert!(refused.is_err(), "{refused:?}");

@@ -131,6 +131,14 @@ pub enum Error {
     /// Writing the dry-run report to stdout failed.
     #[error("cannot write the report to stdout")]
     Stdout(#[source] std::io::Error),
+    /// `RUNYARD_INGEST_CA_FILE` cannot be used.
+    #[error("RUNYARD_INGEST_CA_FILE {path}: {reason}")]
+    CaFile {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// The HTTP client can't be built.
     #[error("cannot build the http client")]
     Client(#[source] reqwest::Error),
@@ -322,6 +330,15 @@ pub struct Args {
     /// Ingest base URL; /v1/usage is appended
     #[arg(long, global = true, env = "RUNYARD_INGEST_URL")]
     pub url: Option<String>,
+    /// CA bundle (PEM) to trust besides the public roots, for an https
+    /// ingest whose certificate a private CA signed
+    #[arg(
+        long,
+        global = true,
+        env = "RUNYARD_INGEST_CA_FILE",
+        value_name = "PATH"
+    )]
+    pub ca_file: Option<PathBuf>,
     /// Usage token (prefer the env variable or a file: flags show in `ps`)
     #[arg(long, global = true, env = "RUNYARD_USAGE_TOKEN", hide_env_values = true, value_parser = parse_secret)]
     pub token: Option<SecretString>,
@@ -604,7 +621,7 @@ async fn deliver(
     }
     let url = usage_url(args.url.as_deref().ok_or(Error::MissingUrl)?)?;
     let policy = args.retry_policy();
-    let client = http_client(&policy)?;
+    let client = http_client(&policy, args.ca_file.as_deref())?;
     let (token, source) = credential(args, &client, &env, &policy).await?;
     tracing::info!(credential = source.as_str(), "posting the usage report");
     let answer = match post(&client, &url, &token, &report, &policy).await {

@@ -2,6 +2,7 @@
 
 use std::cell::Cell;
 use std::hash::{BuildHasher, Hasher, RandomState};
+use std::path::Path;
 use std::time::Duration;
 
 use backon::{ExponentialBuilder, Retryable};
@@ -85,18 +86,35 @@ pub fn usage_url(base: &str) -> Result<Url, Error> {
 }
 
 /// The HTTP client: no redirects (a redirected POST turns into a GET and
-/// would carry the token elsewhere), bounded connect time, rustls.
-pub fn http_client(policy: &RetryPolicy) -> Result<reqwest::Client, Error> {
+/// would carry the token elsewhere), bounded connect time, rustls. `ca_file`
+/// (`RUNYARD_INGEST_CA_FILE`) is a PEM bundle trusted besides the public
+/// roots, for an ingest whose certificate a private CA signed (the public
+/// roots stay: GitHub's identity token endpoint needs them).
+pub fn http_client(policy: &RetryPolicy, ca_file: Option<&Path>) -> Result<reqwest::Client, Error> {
     // reqwest is built without a default rustls provider and panics on the
     // first client without one; installing is idempotent, so make sure here
     // too rather than rely on every caller.
     runyard_telemetry::install_crypto_provider();
-    reqwest::Client::builder()
+    let mut builder = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .connect_timeout(policy.request_timeout)
-        .user_agent(concat!("runyard-report/", env!("CARGO_PKG_VERSION")))
-        .build()
-        .map_err(Error::Client)
+        .user_agent(concat!("runyard-report/", env!("CARGO_PKG_VERSION")));
+    if let Some(path) = ca_file.filter(|p| !p.as_os_str().is_empty()) {
+        let bad = |reason: String| Error::CaFile {
+            path: path.to_owned(),
+            reason,
+        };
+        let pem = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
+        let certs = reqwest::Certificate::from_pem_bundle(&pem)
+            .map_err(|_| bad("not a PEM certificate bundle".to_owned()))?;
+        if certs.is_empty() {
+            return Err(bad("holds no certificate".to_owned()));
+        }
+        for cert in certs {
+            builder = builder.add_root_certificate(cert);
+        }
+    }
+    builder.build().map_err(Error::Client)
 }
 
 /// Why one attempt failed.

@@ -84,6 +84,17 @@ impl FakeIngest {
     /// Starts the fake; the n-th request gets `script[n]`, later ones the
     /// last entry. A wrong bearer token gets 401 like the real ingest.
     async fn start(script: Vec<Reply>) -> Self {
+        Self::start_on(script, None).await
+    }
+
+    /// [`FakeIngest::start`] serving https with `cert` and `key` (PEM files).
+    async fn start_tls(script: Vec<Reply>, cert: &std::path::Path, key: &std::path::Path) -> Self {
+        let tls = runyard_tls::ServerTls::http_acceptor("INGEST", Some(cert), Some(key), None)
+            .expect("tls files");
+        Self::start_on(script, tls).await
+    }
+
+    async fn start_on(script: Vec<Reply>, tls: Option<runyard_tls::Acceptor>) -> Self {
         let shared = Arc::new(Shared {
             script,
             seen: Mutex::new(Vec::new()),
@@ -97,9 +108,11 @@ impl FakeIngest {
             .await
             .expect("bind fake ingest");
         let addr = listener.local_addr().expect("local addr");
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let listener = runyard_tls::Listener::new(listener, tls);
         tokio::spawn(async move { axum::serve(listener, app).await });
         FakeIngest {
-            base_url: format!("http://{addr}"),
+            base_url: format!("{scheme}://{addr}"),
             shared,
         }
     }
@@ -259,7 +272,7 @@ async fn post_sample(
     token: &str,
     policy: &RetryPolicy,
 ) -> Result<runyard_report::IngestAnswer, Error> {
-    let client = http_client(policy).expect("client");
+    let client = http_client(policy, None).expect("client");
     let url = usage_url(fake_url).expect("url");
     post(
         &client,
@@ -510,6 +523,72 @@ async fn binary_posts_cgroup_usage() {
         time::OffsetDateTime::now_utc(),
     )
     .expect("ingest's normalizer accepts the posted body");
+}
+
+/// `runyard-report` for a GitLab job with a fixed peak, posting to `url`
+/// with `env`.
+async fn post_with(url: &str, env: &[(&str, &str)]) -> std::process::Output {
+    let mut all = vec![("RUNYARD_USAGE_TOKEN", TOKEN)];
+    all.extend_from_slice(env);
+    binary(&all)
+        .args([
+            "--url",
+            url,
+            "--forge",
+            "gitlab",
+            "--instance",
+            "gitlab.example.com",
+            "--job-id",
+            "4711",
+            "--peak-memory-bytes",
+            "1000000",
+            "--max-retries",
+            "0",
+            "--fail-on-error",
+        ])
+        .output()
+        .await
+        .expect("run runyard-report")
+}
+
+#[tokio::test]
+async fn an_ingest_with_a_private_ca_is_trusted_through_the_ca_file() {
+    let pki = runyard_testkit::pki::TestPki::new();
+    let fake =
+        FakeIngest::start_tls(vec![Reply::accepted()], &pki.server.cert, &pki.server.key).await;
+    assert!(fake.base_url.starts_with("https://"));
+    let ca = pki.ca_file.to_str().expect("utf-8 path");
+
+    // Without the CA the certificate is unknown: nothing reaches ingest.
+    let output = post_with(&fake.base_url, &[]).await;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    assert!(stderr.contains("invalid peer certificate"), "{stderr}");
+    assert!(fake.seen().is_empty());
+
+    let output = post_with(&fake.base_url, &[("RUNYARD_INGEST_CA_FILE", ca)]).await;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(stderr.contains(EVENT_ID), "{stderr}");
+    assert_eq!(fake.seen().len(), 1);
+
+    // A file that is not a certificate bundle, or none at all, is named
+    // with its variable, and nothing is posted.
+    let junk = pki.dir().join("junk.pem");
+    std::fs::write(&junk, "not a certificate").expect("write junk");
+    for (path, reason) in [
+        (junk.to_str().expect("utf-8"), "holds no certificate"),
+        ("/nonexistent/ca.pem", "No such file"),
+    ] {
+        let output = post_with(&fake.base_url, &[("RUNYARD_INGEST_CA_FILE", path)]).await;
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{stderr}");
+        assert!(
+            stderr.contains(&format!("RUNYARD_INGEST_CA_FILE {path}")) && stderr.contains(reason),
+            "{stderr}"
+        );
+    }
+    assert_eq!(fake.seen().len(), 1);
 }
 
 #[tokio::test]
