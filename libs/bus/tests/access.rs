@@ -1,12 +1,18 @@
 //! Reaching a NATS that wants more than a URL — TLS with a private CA, a
-//! user and password — against real nats-server processes, and settings
-//! that cannot work refused naming their variable.
+//! user and password, a token, a `.creds` file in operator mode — against
+//! real nats-server processes, and settings that cannot work refused naming
+//! their variable.
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 use std::path::Path;
 
-use runyard_bus::{Bus, BusError, NatsAccess, StreamSettings};
-use runyard_testkit::{free_port, spawn_nats, unique_namespace, wait_for_port};
+use async_nats::ConnectErrorKind;
+use runyard_bus::{Bus, BusError, NatsAccess, StreamSettings, TraceParent};
+use runyard_testkit::nats_jwt::OperatorMode;
+use runyard_testkit::synth::{base_time, usage_event};
+use runyard_testkit::{
+    decode_events, free_port, spawn_nats, stream_messages, unique_namespace, wait_for_port,
+};
 
 /// A bus in a fresh namespace on `url`, connecting once.
 async fn connect(url: &str, access: &NatsAccess) -> Result<Bus, BusError> {
@@ -131,4 +137,53 @@ async fn a_creds_file_that_cannot_be_read_is_named_with_its_variable() {
         text.starts_with("RUNYARD_NATS_CREDS: ") && text.contains("service.creds"),
         "{text}"
     );
+}
+
+#[tokio::test]
+async fn a_creds_file_logs_in_to_an_operator_mode_nats_and_foreign_or_expired_ones_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let operator = OperatorMode::new();
+    let (_server, port) = server(dir.path(), operator.server_config()).await;
+    let url = format!("nats://127.0.0.1:{port}");
+    let with_creds = |creds: &Path| NatsAccess {
+        creds: Some(creds.to_owned()),
+        ..NatsAccess::default()
+    };
+
+    // The account's user is let in, and JetStream works for its account:
+    // the streams are made and an event goes in and comes back out.
+    let bus = connect(&url, &with_creds(&operator.creds)).await.unwrap();
+    bus.ensure_streams(&StreamSettings::default())
+        .await
+        .unwrap();
+    assert!(bus.streams_exist().await);
+    let event = usage_event(42, base_time());
+    let stored = bus
+        .publish_event(&event, &TraceParent::new_root())
+        .await
+        .unwrap();
+    assert_eq!((stored.sequence, stored.duplicate), (1, false));
+    let msgs = stream_messages(bus.client(), &bus.namespace().events_stream()).await;
+    assert_eq!(decode_events(&msgs), vec![event]);
+
+    // No creds, a user of an account the operator never signed, a user
+    // whose JWT has expired: each refused by the server, no seed in the
+    // error.
+    for (who, access) in [
+        ("no creds", NatsAccess::default()),
+        ("foreign account", with_creds(&operator.foreign_creds)),
+        ("expired user", with_creds(&operator.expired_creds)),
+    ] {
+        let err = connect(&url, &access).await.expect_err(who);
+        let text = format!("{err} / {err:?}");
+        assert!(
+            matches!(&err, BusError::Connect { source, .. }
+                if source.kind() == ConnectErrorKind::AuthorizationViolation),
+            "{who}: {text}"
+        );
+        assert!(text.contains("authorization violation"), "{who}: {text}");
+        for seed in operator.seeds() {
+            assert!(!text.contains(seed.as_str()), "{who}: a seed in {text}");
+        }
+    }
 }

@@ -30,7 +30,7 @@ impl StoreError {
     /// True when the error says Postgres could not be reached (yet): down,
     /// starting up, refusing connections, or a connection lost midway. Such
     /// an error is worth retrying; any other (bad SQL, wrong password, a
-    /// missing database server name) is not.
+    /// missing database server name, a certificate not trusted) is not.
     pub fn is_transient(&self) -> bool {
         match self {
             Self::NoDatabase(_) => false,
@@ -42,10 +42,11 @@ impl StoreError {
 
 fn transient_sqlx(e: &sqlx::Error) -> bool {
     match e {
-        sqlx::Error::Io(_)
-        | sqlx::Error::PoolTimedOut
-        | sqlx::Error::PoolClosed
-        | sqlx::Error::WorkerCrashed => true,
+        // Invalid data is what the TLS layer says of a certificate it does
+        // not trust (or a peer that is not Postgres): waiting will not fix
+        // it. Refused, reset, timed out and the like will.
+        sqlx::Error::Io(io) => io.kind() != std::io::ErrorKind::InvalidData,
+        sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::WorkerCrashed => true,
         // 57P01-57P03: admin shutdown, crash shutdown, cannot connect now
         // (starting up / recovering); class 08: connection exceptions.
         sqlx::Error::Database(d) => d

@@ -345,8 +345,10 @@ pub fn decode_events(msgs: &[async_nats::jetstream::Message]) -> Vec<runyard_eve
 pub mod fake_github;
 pub mod fake_gitlab;
 pub mod fake_oidc;
+pub mod nats_jwt;
 pub mod otlp;
 pub mod pki;
+pub mod postgres;
 pub mod proxy;
 pub mod synth;
 

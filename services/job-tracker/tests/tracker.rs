@@ -10,6 +10,7 @@ use rand::seq::SliceRandom;
 use runyard_bus::{Bus, Outgoing, StreamSettings, TraceParent};
 use runyard_events::{Body, Event, JobStatus, Namespace};
 use runyard_job_tracker::{App, Config, rebuild};
+use runyard_testkit::postgres::PrivatePostgres;
 use runyard_testkit::proxy::TcpProxy;
 use runyard_testkit::{TestDb, TestNats, eventually, synth, unique_namespace};
 use sqlx::PgPool;
@@ -407,69 +408,11 @@ async fn postgres_outage_under_load_then_catch_up() {
     db.drop_db().await;
 }
 
-/// A PostgreSQL cluster of this test's own (the scripts' private cluster,
-/// `scripts/lib.sh`), so it can be stopped and started for real without
-/// disturbing the server every other test uses. Stopped and removed on drop.
-struct PrivatePostgres {
-    name: String,
-    port: u16,
-}
-
-impl PrivatePostgres {
-    fn shell(command: &str) -> String {
-        let repo = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
-        let out = std::process::Command::new("bash")
-            .arg("-c")
-            .arg(format!("cd {repo} && source scripts/lib.sh && {command}"))
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{command}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).trim().to_owned()
-    }
-
-    fn start() -> Self {
-        let name = format!("test-restart-{}", std::process::id());
-        let port = Self::shell(&format!("embedded_postgres_start {name}"))
-            .parse()
-            .unwrap();
-        Self { name, port }
-    }
-
-    fn url(&self) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
-    }
-
-    /// Stops it as a crash would (`immediate`: no checkpoint, open
-    /// transactions lost) and starts it again on the same port.
-    fn crash_and_restart(&self, down: Duration) {
-        Self::shell(&format!("embedded_postgres_stop {} immediate", self.name));
-        std::thread::sleep(down);
-        let port = Self::shell(&format!(
-            "embedded_postgres_start {} {}",
-            self.name, self.port
-        ));
-        assert_eq!(port, self.port.to_string(), "restarted on its port");
-    }
-}
-
-impl Drop for PrivatePostgres {
-    fn drop(&mut self) {
-        let name = &self.name;
-        Self::shell(&format!(
-            "embedded_postgres_stop {name}; rm -rf \"$RUNYARD_STATE_DIR/postgres/{name}\""
-        ));
-    }
-}
-
 #[tokio::test]
 async fn postgres_restarted_for_real_mid_batch_loses_and_doubles_nothing() {
     let nats = TestNats::get().await;
     let ns = unique_namespace();
-    let pg = PrivatePostgres::start();
+    let pg = PrivatePostgres::start("test-restart");
     let bus = bus(&nats, &ns).await;
     let events = shuffled_lifecycles(3000, 11);
     publish(&bus, &events).await;
@@ -502,6 +445,64 @@ async fn postgres_restarted_for_real_mid_batch_loses_and_doubles_nothing() {
     assert_eq!(dead, 0, "a restart dead-letters nothing");
     println!("restart: crashed with {partway} of 12000 applied; 12000 applied once, 3000 jobs");
     p.close().await;
+}
+
+#[tokio::test]
+async fn a_tls_postgres_is_reached_with_its_ca_and_another_ca_is_refused_at_start() {
+    let nats = TestNats::get().await;
+    let ns = unique_namespace();
+    let pki = runyard_testkit::pki::TestPki::new();
+    let pg = PrivatePostgres::start_tls("test-tls", &pki.server.cert, &pki.server.key);
+    let tls_url = |ca: &std::path::Path| {
+        format!(
+            "{}?sslmode=verify-full&sslrootcert={}",
+            pg.url(),
+            ca.display()
+        )
+    };
+
+    // A CA that did not sign the server's certificate: the tracker refuses
+    // to start, saying why, rather than waiting as if Postgres were down.
+    let refused = tokio::process::Command::new(env!("CARGO_BIN_EXE_runyard-job-tracker"))
+        .env("RUNYARD_NATS_URL", nats.url())
+        .env("RUNYARD_NAMESPACE", ns.as_str())
+        .env("RUNYARD_DATABASE_URL", tls_url(&pki.other_ca_file))
+        .env("RUNYARD_TRACKER_HTTP_LISTEN", "127.0.0.1:0")
+        .env("RUST_LOG", "warn")
+        .kill_on_drop(true)
+        .output();
+    let refused = tokio::time::timeout(WAIT, refused)
+        .await
+        .expect("exits")
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{stderr}");
+    assert!(stderr.contains("certificate"), "{stderr}");
+
+    let bus = bus(&nats, &ns).await;
+    let events = shuffled_lifecycles(20, 5);
+    publish(&bus, &events).await;
+    let url = tls_url(&pki.ca_file);
+    let _tracker = spawn_batch_tracker(&nats.url(), &ns, &url);
+    let p = wait_applied(&url, 80).await;
+    assert_eq!(count(&p, "jobs").await, 20);
+    p.close().await;
+    // Every connection of the tracker's is encrypted (this one, over TLS
+    // too, left out).
+    let mut own = <sqlx::PgConnection as sqlx::Connection>::connect(&url)
+        .await
+        .unwrap();
+    let (tracker, plain): (i64, i64) = sqlx::query_as(
+        "SELECT count(*), count(*) FILTER (WHERE NOT s.ssl) FROM pg_stat_activity a \
+         JOIN pg_stat_ssl s USING (pid) \
+         WHERE a.backend_type = 'client backend' AND a.pid <> pg_backend_pid()",
+    )
+    .fetch_one(&mut own)
+    .await
+    .unwrap();
+    assert!(tracker >= 1, "the tracker is connected");
+    assert_eq!(plain, 0, "{plain} of {tracker} connections in plaintext");
+    println!("tls postgres: 80 events applied; the tracker holds {tracker} connections, all TLS");
 }
 
 #[tokio::test]
