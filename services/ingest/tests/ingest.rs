@@ -71,17 +71,20 @@ impl Harness {
         }
     }
 
-    async fn github(&self, event: &str, delivery: &str, body: &str) -> (u16, Value) {
-        let req = self
-            .http
+    /// A GitHub delivery's request, signed over `signed` (its body), without
+    /// the body and its content type.
+    fn github_post(&self, event: &str, delivery: &str, signed: &[u8]) -> reqwest::RequestBuilder {
+        self.http
             .post(format!("{}/webhooks/github", self.base))
             .header("X-GitHub-Event", event)
             .header("X-GitHub-Delivery", delivery)
             .header("X-GitHub-Hook-ID", "42")
-            .header(
-                "X-Hub-Signature-256",
-                github_signature(GH_SECRET, body.as_bytes()),
-            )
+            .header("X-Hub-Signature-256", github_signature(GH_SECRET, signed))
+    }
+
+    async fn github(&self, event: &str, delivery: &str, body: &str) -> (u16, Value) {
+        let req = self
+            .github_post(event, delivery, body.as_bytes())
             .header("Content-Type", "application/json")
             .body(body.to_owned());
         send(req).await
@@ -274,14 +277,7 @@ async fn github_form_encoded_delivery_is_accepted() {
     let json_body = fixture("github_workflow_job_queued.json");
     let form = serde_urlencoded::to_string([("payload", json_body.as_str())]).unwrap();
     let req = h
-        .http
-        .post(format!("{}/webhooks/github", h.base))
-        .header("X-GitHub-Event", "workflow_job")
-        .header("X-GitHub-Delivery", "form-1")
-        .header(
-            "X-Hub-Signature-256",
-            github_signature(GH_SECRET, form.as_bytes()),
-        )
+        .github_post("workflow_job", "form-1", form.as_bytes())
         .header("Content-Type", "application/x-www-form-urlencoded")
         .body(form);
     let (status, answer) = send(req).await;
@@ -2367,14 +2363,7 @@ async fn an_unsigned_github_delivery_is_refused_before_its_body_is_read() {
     let chunks: Vec<Result<Vec<u8>, std::io::Error>> =
         body.as_bytes().chunks(7).map(|c| Ok(c.to_vec())).collect();
     let resp = h
-        .http
-        .post(format!("{}/webhooks/github", h.base))
-        .header("X-GitHub-Event", "workflow_job")
-        .header("X-GitHub-Delivery", "chunked-1")
-        .header(
-            "X-Hub-Signature-256",
-            github_signature(GH_SECRET, body.as_bytes()),
-        )
+        .github_post("workflow_job", "chunked-1", body.as_bytes())
         .header("Content-Type", "application/json")
         .body(reqwest::Body::wrap_stream(futures::stream::iter(chunks)))
         .send()

@@ -431,6 +431,10 @@ async fn rekey_github_usage(
                AND (u.instance, u.job_id) IN (SELECT * FROM unnest($1::text[], $2::int8[]))
                AND j.project IS NOT NULL AND j.name IS NOT NULL",
     )
+    // Planned for each batch, never from a cached plan: a plan made while
+    // the tables were nearly empty (a fresh database, a rebuild's first
+    // seconds) scans every job per batch once they have grown.
+    .persistent(false)
     .bind(&instances)
     .bind(&job_ids)
     .fetch_all(&mut **tx)
@@ -457,6 +461,8 @@ async fn rekey_github_usage(
          FROM unnest($1::int8[], $2::text[], $3::text[]) AS t(id, workload, key)
          WHERE u.id = t.id",
     )
+    // As above: a plan cached while `usage_samples` was small would scan it.
+    .persistent(false)
     .bind(&ids)
     .bind(&workloads)
     .bind(&keys)

@@ -23,6 +23,15 @@ const ID_TOKEN: &str = "eyJhbGciOiJSUzI1NiJ9.eyJjaGVja19ydW5faWQiOiI0NzExIn0.c2l
 /// The bearer of the identity token request.
 const REQUEST_TOKEN: &str = "actions-request-token";
 const EVENT_ID: &str = "usage:gitlab:gitlab.example.com:4711:1";
+/// The flags naming the job [`EVENT_ID`] reports for.
+const GITLAB_JOB: [&str; 6] = [
+    "--forge",
+    "gitlab",
+    "--instance",
+    "gitlab.example.com",
+    "--job-id",
+    "4711",
+];
 
 /// One scripted answer.
 #[derive(Debug, Clone)]
@@ -464,12 +473,9 @@ async fn binary_posts_cgroup_usage() {
         cgroup.path().to_str().expect("utf-8 path"),
         "--url",
         &fake.base_url,
-        "--forge",
-        "gitlab",
-        "--instance",
-        "gitlab.example.com",
-        "--job-id",
-        "4711",
+    ])
+    .args(GITLAB_JOB)
+    .args([
         "--ref",
         "develop",
         "--workload",
@@ -531,15 +537,10 @@ async fn post_with(url: &str, env: &[(&str, &str)]) -> std::process::Output {
     let mut all = vec![("RUNYARD_USAGE_TOKEN", TOKEN)];
     all.extend_from_slice(env);
     binary(&all)
+        .args(GITLAB_JOB)
         .args([
             "--url",
             url,
-            "--forge",
-            "gitlab",
-            "--instance",
-            "gitlab.example.com",
-            "--job-id",
-            "4711",
             "--peak-memory-bytes",
             "1000000",
             "--max-retries",
