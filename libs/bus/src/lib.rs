@@ -200,13 +200,17 @@ impl From<Outgoing> for Prepared {
 }
 
 /// How to reach a NATS that wants more than a URL: a `.creds` file
-/// (JWT and NKey seed), and the CA of a server with TLS. User and password,
-/// or a token, ride in the URL itself (`nats://user:pw@host`,
-/// `nats://token@host`); `tls://` asks for TLS with the system's roots.
+/// (JWT and NKey seed), a bare NKey seed, and the CA of a server with TLS.
+/// User and password, or a token, ride in the URL itself
+/// (`nats://user:pw@host`, `nats://token@host`); `tls://` asks for TLS with
+/// the system's roots.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NatsAccess {
     /// `RUNYARD_NATS_CREDS`: a `.creds` file.
     pub creds: Option<std::path::PathBuf>,
+    /// `RUNYARD_NATS_NKEY`: a file holding a user's NKey seed (`SU…`), for
+    /// a server that lists the user's public key (`users: [{nkey: U…}]`).
+    pub nkey: Option<std::path::PathBuf>,
     /// `RUNYARD_NATS_TLS_CA`: PEM CA certificate(s) the server's certificate
     /// is checked against; setting it requires TLS.
     pub tls_ca: Option<std::path::PathBuf>,
@@ -214,12 +218,14 @@ pub struct NatsAccess {
 
 /// The variable naming a `.creds` file.
 pub const NATS_CREDS_VAR: &str = "RUNYARD_NATS_CREDS";
+/// The variable naming a file with an NKey seed.
+pub const NATS_NKEY_VAR: &str = "RUNYARD_NATS_NKEY";
 /// The variable naming the CA of a TLS NATS.
 pub const NATS_TLS_CA_VAR: &str = "RUNYARD_NATS_TLS_CA";
 
 impl NatsAccess {
-    /// `RUNYARD_NATS_CREDS` and `RUNYARD_NATS_TLS_CA` from the process
-    /// environment (empty = unset).
+    /// `RUNYARD_NATS_CREDS`, `RUNYARD_NATS_NKEY` and `RUNYARD_NATS_TLS_CA`
+    /// from the process environment (empty = unset).
     pub fn from_env() -> Self {
         let path = |var| {
             std::env::var_os(var)
@@ -228,6 +234,7 @@ impl NatsAccess {
         };
         Self {
             creds: path(NATS_CREDS_VAR),
+            nkey: path(NATS_NKEY_VAR),
             tls_ca: path(NATS_TLS_CA_VAR),
         }
     }
@@ -245,9 +252,32 @@ impl NatsAccess {
             opts = opts.add_root_certificates(ca.clone()).require_tls(true);
         }
         if let Some(creds) = &self.creds {
+            if self.nkey.is_some() {
+                return Err(BusError::Settings(format!(
+                    "{NATS_CREDS_VAR} and {NATS_NKEY_VAR} are both set: a .creds file \
+                     carries its own seed; set one"
+                )));
+            }
             opts = opts.credentials_file(creds).await.map_err(|e| {
                 BusError::Settings(format!("{NATS_CREDS_VAR}: {}: {e}", creds.display()))
             })?;
+        }
+        if let Some(path) = &self.nkey {
+            let named = |reason: &str| {
+                BusError::Settings(format!("{NATS_NKEY_VAR}: {}: {reason}", path.display()))
+            };
+            let text = std::fs::read_to_string(path).map_err(|e| named(&e.to_string()))?;
+            // The seed alone, or the first line that is one (files made by
+            // `nk -gen user` hold just the seed; some add comments).
+            let seed = text
+                .lines()
+                .map(str::trim)
+                .find(|l| l.starts_with("SU"))
+                .ok_or_else(|| named("holds no user NKey seed (a line starting SU)"))?;
+            // The seed is checked here so a bad one is named at start, not
+            // at the first connection; its text never reaches an error.
+            nkeys::KeyPair::from_seed(seed).map_err(|_| named("not a valid NKey seed"))?;
+            opts = opts.nkey(seed.to_owned());
         }
         Ok(opts)
     }

@@ -1,5 +1,6 @@
 //! Reaching a NATS that wants more than a URL — TLS with a private CA, a
-//! user and password, a token, a `.creds` file in operator mode — against
+//! user and password, a token, an NKey seed, a `.creds` file in operator
+//! mode — against
 //! real nats-server processes, and settings that cannot work refused naming
 //! their variable.
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
@@ -120,6 +121,74 @@ async fn a_token_rides_in_the_url_percent_encoded_like_any_userinfo() {
     .await
     .expect_err("a wrong token is refused");
     assert!(!format!("{err:?}").contains("not-it"), "{err:?}");
+}
+
+#[tokio::test]
+async fn an_nkey_seed_file_logs_in_and_another_seed_or_a_bad_file_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let user = nkeys::KeyPair::new_user();
+    let (_server, port) = server(
+        dir.path(),
+        &format!(
+            "authorization {{ users: [ {{ nkey: {} }} ] }}",
+            user.public_key()
+        ),
+    )
+    .await;
+    let url = format!("nats://127.0.0.1:{port}");
+    let seed_file = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        NatsAccess {
+            nkey: Some(path),
+            ..NatsAccess::default()
+        }
+    };
+    let seed = user.seed().unwrap();
+    let bus = connect(&url, &seed_file("user.nk", &format!("{seed}\n")))
+        .await
+        .unwrap();
+    bus.ensure_streams(&StreamSettings::default())
+        .await
+        .unwrap();
+    assert!(bus.streams_exist().await);
+
+    // Without a seed, or with a user the server does not list: refused.
+    let stranger = nkeys::KeyPair::new_user().seed().unwrap();
+    for access in [NatsAccess::default(), seed_file("stranger.nk", &stranger)] {
+        let err = connect(&url, &access).await.expect_err("refused");
+        assert!(matches!(&err, BusError::Connect { .. }), "{err}: {err:?}");
+        let text = format!("{err} / {err:?}");
+        assert!(!text.contains(&stranger) && !text.contains(&seed), "{text}");
+    }
+    // A file without a seed, a damaged seed, or a seed with a .creds file
+    // too: named with the variable at start, the seed never echoed.
+    let damaged = format!("{}X", &seed[..seed.len() - 1]);
+    for (access, reason) in [
+        (
+            seed_file("empty.nk", "# nothing\n"),
+            "holds no user NKey seed",
+        ),
+        (seed_file("damaged.nk", &damaged), "not a valid NKey seed"),
+        (
+            NatsAccess {
+                creds: Some(dir.path().join("service.creds")),
+                ..seed_file("user2.nk", &seed)
+            },
+            "both set",
+        ),
+    ] {
+        let err = connect(&url, &access).await.expect_err("refused");
+        let text = err.to_string();
+        assert!(
+            text.contains("RUNYARD_NATS_NKEY") && text.contains(reason),
+            "{text}"
+        );
+        assert!(
+            !text.contains(&seed[2..]) && !text.contains(&damaged[2..]),
+            "{text}"
+        );
+    }
 }
 
 #[tokio::test]
