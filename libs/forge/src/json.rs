@@ -16,6 +16,10 @@ use time::OffsetDateTime;
 use crate::PayloadError;
 use crate::timestamps;
 
+/// Longest key of an open map (usage `workload`) that an error's field
+/// names; a longer one, or one with a control character, is not echoed.
+const MAX_ECHOED_KEY: usize = 64;
+
 /// A JSON object together with the path it sits at.
 #[derive(Debug, Clone)]
 pub(crate) struct Obj<'a> {
@@ -226,7 +230,15 @@ impl<'a> Obj<'a> {
             .iter()
             .map(|(k, v)| match v {
                 Value::String(s) => Ok((k.clone(), s.clone())),
-                _ => Err(obj.wrong(k, "a string")),
+                // The key is the sender's: echo it only when it is short
+                // and printable, else name the map.
+                _ if k.len() <= MAX_ECHOED_KEY && !k.chars().any(char::is_control) => {
+                    Err(obj.wrong(k, "a string"))
+                }
+                _ => Err(PayloadError::invalid(
+                    obj.path.clone(),
+                    "expected a string for every member",
+                )),
             })
             .collect()
     }
@@ -323,6 +335,22 @@ mod tests {
         assert_eq!(field_of(o.opt_f64("negdur")), "negdur");
         assert_eq!(o.opt_i32("exit").ok(), Some(Some(-9)));
         assert_eq!(field_of(o.opt_i32("wide")), "wide");
+    }
+
+    #[test]
+    fn open_map_keys_are_echoed_only_when_short_and_printable() {
+        let long = "k".repeat(MAX_ECHOED_KEY + 1);
+        for (key, field) in [
+            ("version", "w.version"),
+            ("coy\u{7f}bytes", "w"),
+            ("a\nb", "w"),
+            ("a\u{0}", "w"),
+            (long.as_str(), "w"),
+        ] {
+            let v = json!({ "w": { key: 1 } });
+            let o = Obj::root(&v).expect("object");
+            assert_eq!(field_of(o.opt_str_map("w")), field, "{key:?}");
+        }
     }
 
     #[test]

@@ -265,6 +265,15 @@ mod tests {
             let body = removed(REPORT, required);
             assert_eq!(invalid_field(&body), &required[1..], "{required} removed");
         }
+        // A hostile key is not echoed back.
+        for key in ["coy\u{7f}bytes", "k".repeat(5000).as_str()] {
+            let mut v: Json = serde_json::from_str(REPORT).expect("json");
+            v["workload"][key] = json!(9123456789_u64);
+            assert_eq!(
+                invalid_field(&serde_json::to_vec(&v).expect("json")),
+                "workload"
+            );
+        }
         let mut v: Json = serde_json::from_str(REPORT).expect("json");
         v["project"] = json!({"path": "x"});
         assert_eq!(
