@@ -686,14 +686,9 @@ async fn binary_refuses_to_post_without_a_peak() {
             cgroup.path().to_str().expect("utf-8 path"),
             "--url",
             &fake.base_url,
-            "--forge",
-            "gitlab",
-            "--instance",
-            "gitlab.example.com",
-            "--job-id",
-            "4711",
             "--fail-on-error",
         ])
+        .args(GITLAB_JOB)
         .output()
         .await
         .expect("run runyard-report");

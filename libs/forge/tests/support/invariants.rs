@@ -61,16 +61,7 @@ pub fn github(d: &GithubDelivery<'_>, result: &Result<Normalized, PayloadError>)
         other => panic!("accepted action {other:?}"),
     };
     assert_eq!(j.status(), want);
-    let occurred = match want {
-        JobStatus::Queued => j.created_at,
-        JobStatus::InProgress => j.started_at,
-        JobStatus::Completed => j.completed_at,
-        _ => None,
-    };
-    assert_eq!(
-        e.occurred_at,
-        Some(occurred.unwrap_or(runyard_events::timestamp(d.received_at)))
-    );
+    assert_occurred_at(e, j, want, d.received_at);
     // Derived from the timestamps, and only once the job really started.
     let at = |t: &Option<prost_types::Timestamp>| t.as_ref().and_then(from_timestamp);
     for (secs, from, to, allowed) in [
@@ -387,16 +378,7 @@ fn gitlab_job(e: &Event, j: &JobObserved, key: &str, rx: OffsetDateTime) {
         assert_eq!(j.failure_reason, "");
     }
     assert!(j.html_url.is_empty() || j.html_url.ends_with(&format!("/-/jobs/{id}")));
-    let occurred = match status {
-        JobStatus::Queued => j.created_at,
-        JobStatus::InProgress => j.started_at,
-        JobStatus::Completed => j.completed_at,
-        _ => None,
-    };
-    assert_eq!(
-        e.occurred_at,
-        Some(occurred.unwrap_or(runyard_events::timestamp(rx)))
-    );
+    assert_occurred_at(e, j, status, rx);
     // GitLab's own durations are passed on for any status.
     for secs in [j.queued_duration_seconds, j.duration_seconds]
         .into_iter()
@@ -605,4 +587,19 @@ pub fn github_form_matches_json(json: &GithubDelivery<'_>) {
         }
         _ => panic!("JSON {a:?}, form {b:?}"),
     }
+}
+
+/// A job event occurred when its status says (queued: created, in
+/// progress: started, completed: completed), else when it was received.
+fn assert_occurred_at(e: &Event, j: &JobObserved, status: JobStatus, received: OffsetDateTime) {
+    let occurred = match status {
+        JobStatus::Queued => j.created_at,
+        JobStatus::InProgress => j.started_at,
+        JobStatus::Completed => j.completed_at,
+        _ => None,
+    };
+    assert_eq!(
+        e.occurred_at,
+        Some(occurred.unwrap_or(runyard_events::timestamp(received)))
+    );
 }
