@@ -752,18 +752,8 @@ async fn run_binary(fake: &FakeIngest, flags: &[&str], command: &[&str]) -> std:
         ("PATH", "/usr/local/bin:/usr/bin:/bin"),
     ])
     .arg("run")
-    .args([
-        "--url",
-        &fake.base_url,
-        "--forge",
-        "gitlab",
-        "--instance",
-        "gitlab.example.com",
-        "--job-id",
-        "4711",
-        "--retry-min-delay",
-        "10ms",
-    ])
+    .args(["--url", &fake.base_url, "--retry-min-delay", "10ms"])
+    .args(GITLAB_JOB)
     .args(flags)
     .arg("--")
     .args(command)
