@@ -40,8 +40,25 @@ fn job() -> Job {
     }
 }
 
-#[tokio::test]
-async fn the_recommend_call_carries_the_client_token() {
+/// A running allocator that wants [`TOKEN`] (real NATS and Postgres), with
+/// `tweak` applied to its configuration.
+struct Running {
+    _nats: TestNats,
+    db: TestDb,
+    grpc: SocketAddr,
+    http: SocketAddr,
+    stop: tokio::sync::oneshot::Sender<()>,
+}
+
+impl Running {
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        self.db.drop_db().await;
+    }
+}
+
+async fn allocator(tweak: impl FnOnce(&mut runyard_allocator::Config)) -> Running {
     runyard_telemetry::install_crypto_provider();
     let nats = TestNats::get().await;
     let ns = unique_namespace();
@@ -54,7 +71,7 @@ async fn the_recommend_call_carries_the_client_token() {
         .await
         .unwrap();
     let local = SocketAddr::from(([127, 0, 0, 1], 0));
-    let app = runyard_allocator::App::build(runyard_allocator::Config {
+    let mut config = runyard_allocator::Config {
         nats_url: nats.url(),
         namespace: ns.to_string(),
         database_url: db.url.clone(),
@@ -62,15 +79,38 @@ async fn the_recommend_call_carries_the_client_token() {
         allocator_http_listen: local,
         allocator_tokens: Tokens::new([TOKEN]),
         ..runyard_allocator::Config::default()
-    })
-    .await
-    .unwrap();
-    let url = format!("http://{}", app.grpc_addr());
-    let http = format!("http://{}", app.http_addr());
+    };
+    tweak(&mut config);
+    let app = runyard_allocator::App::build(config).await.unwrap();
+    let (grpc, http) = (app.grpc_addr(), app.http_addr());
     let (stop, rx) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(app.run(async move {
         let _ = rx.await;
     }));
+    Running {
+        _nats: nats,
+        db,
+        grpc,
+        http,
+        stop,
+    }
+}
+
+/// Any recommendation (the defaults, without history) is above the small
+/// flavor: right-sizing picks the large one.
+fn flavors() -> [Flavor; 2] {
+    [("small", ByteSize::mib(1)), ("large", ByteSize::tib(1))].map(|(name, memory)| Flavor {
+        name: name.into(),
+        memory,
+        cpus: 2,
+    })
+}
+
+#[tokio::test]
+async fn the_recommend_call_carries_the_client_token() {
+    let a = allocator(|_| {}).await;
+    let url = format!("http://{}", a.grpc);
+    let http = format!("http://{}", a.http);
     let ready = eventually(Duration::from_secs(20), || async {
         let r = reqwest::get(format!("{http}/readyz")).await.ok()?;
         (r.status() == 200).then_some(())
@@ -78,14 +118,7 @@ async fn the_recommend_call_carries_the_client_token() {
     .await;
     assert!(ready.is_some(), "allocator ready");
 
-    // Any recommendation (the defaults, without history) is above the
-    // small flavor: right-sizing picks the large one.
-    let flavors =
-        [("small", ByteSize::mib(1)), ("large", ByteSize::tib(1))].map(|(name, memory)| Flavor {
-            name: name.into(),
-            memory,
-            cpus: 2,
-        });
+    let flavors = flavors();
     let timeout = Duration::from_secs(5);
     let sized = Allocator::new(&url, Some(TOKEN.to_owned().into()), timeout)
         .size(&job(), &flavors)
@@ -117,46 +150,20 @@ async fn the_recommend_call_carries_the_client_token() {
             format!("runyard_allocator_auth_refused_total{{api=\"grpc\",reason=\"{reason}\"}} 1");
         assert!(page.contains(&series), "{series} in\n{page}");
     }
-    let _ = stop.send(());
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    db.drop_db().await;
+    a.stop().await;
 }
 
 #[tokio::test]
 async fn the_recommend_call_goes_over_mtls_with_the_client_certificate() {
-    runyard_telemetry::install_crypto_provider();
     let pki = runyard_testkit::pki::TestPki::new();
-    let nats = TestNats::get().await;
-    let ns = unique_namespace();
-    let db = TestDb::new();
-    runyard_store::migrate(&db.url).await.unwrap();
-    Bus::connect(&nats.url(), ns.clone(), "test", false)
-        .await
-        .unwrap()
-        .ensure_streams(&StreamSettings::default())
-        .await
-        .unwrap();
-    let local = SocketAddr::from(([127, 0, 0, 1], 0));
-    let app = runyard_allocator::App::build(runyard_allocator::Config {
-        nats_url: nats.url(),
-        namespace: ns.to_string(),
-        database_url: db.url.clone(),
-        allocator_listen: local,
-        allocator_http_listen: local,
-        allocator_tokens: Tokens::new([TOKEN]),
-        allocator_tls_cert: Some(pki.server.cert.clone()),
-        allocator_tls_key: Some(pki.server.key.clone()),
-        allocator_tls_client_ca: Some(pki.ca_file.clone()),
-        ..runyard_allocator::Config::default()
+    let a = allocator(|c| {
+        c.allocator_tls_cert = Some(pki.server.cert.clone());
+        c.allocator_tls_key = Some(pki.server.key.clone());
+        c.allocator_tls_client_ca = Some(pki.ca_file.clone());
     })
-    .await
-    .unwrap();
-    let url = format!("https://127.0.0.1:{}", app.grpc_addr().port());
-    let http = format!("https://{}", app.http_addr());
-    let (stop, rx) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(app.run(async move {
-        let _ = rx.await;
-    }));
+    .await;
+    let url = format!("https://127.0.0.1:{}", a.grpc.port());
+    let http = format!("https://{}", a.http);
     let probe = pki.https_client(Some(&pki.client));
     let ready = eventually(Duration::from_secs(20), || async {
         let r = probe.get(format!("{http}/readyz")).send().await.ok()?;
@@ -165,12 +172,7 @@ async fn the_recommend_call_goes_over_mtls_with_the_client_certificate() {
     .await;
     assert!(ready.is_some(), "allocator ready");
 
-    let flavors =
-        [("small", ByteSize::mib(1)), ("large", ByteSize::tib(1))].map(|(name, memory)| Flavor {
-            name: name.into(),
-            memory,
-            cpus: 2,
-        });
+    let flavors = flavors();
     let timeout = Duration::from_secs(5);
     let tls = |identity: Option<&runyard_testkit::pki::Pair>| {
         runyard_tls::ClientFiles::new(
@@ -202,6 +204,5 @@ async fn the_recommend_call_goes_over_mtls_with_the_client_certificate() {
         assert!(sized.allocator_unavailable, "{sized:?}");
         assert_eq!((sized.flavor, sized.recommended_limit), (0, None));
     }
-    let _ = stop.send(());
-    db.drop_db().await;
+    a.stop().await;
 }
