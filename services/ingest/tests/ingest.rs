@@ -2378,6 +2378,24 @@ async fn an_unsigned_github_delivery_is_refused_before_its_body_is_read() {
     h.stop().await;
 }
 
+/// A signed `workflow_job` delivery of `body` to `url`, as a forge sends it
+/// (and sends it again after a 503).
+fn signed_delivery(
+    http: &reqwest::Client,
+    url: &str,
+    delivery: &str,
+    body: &str,
+) -> reqwest::RequestBuilder {
+    http.post(url)
+        .header("X-GitHub-Event", "workflow_job")
+        .header("X-GitHub-Delivery", delivery)
+        .header(
+            "X-Hub-Signature-256",
+            github_signature(GH_SECRET, body.as_bytes()),
+        )
+        .body(body.to_owned())
+}
+
 /// Sends SIGSTOP or SIGCONT to a process this test started.
 fn signal(pid: u32, sig: &str) {
     let status = std::process::Command::new("kill")
@@ -2410,15 +2428,7 @@ async fn nats_frozen_under_load_then_retries_lose_and_double_nothing() {
             let mut unavailable = 0;
             let deadline = Instant::now() + Duration::from_secs(60);
             loop {
-                let resp = http
-                    .post(&url)
-                    .header("X-GitHub-Event", "workflow_job")
-                    .header("X-GitHub-Delivery", format!("frozen-{i}"))
-                    .header(
-                        "X-Hub-Signature-256",
-                        github_signature(GH_SECRET, body.as_bytes()),
-                    )
-                    .body(body.clone())
+                let resp = signed_delivery(&http, &url, &format!("frozen-{i}"), &body)
                     .send()
                     .await
                     .expect("answered");
@@ -2491,15 +2501,7 @@ fn forge_senders(
                 let deadline = Instant::now() + limit;
                 tokio::time::sleep(Duration::from_millis(50 * i)).await;
                 loop {
-                    let resp = http
-                        .post(&url)
-                        .header("X-GitHub-Event", "workflow_job")
-                        .header("X-GitHub-Delivery", format!("{prefix}-{i}"))
-                        .header(
-                            "X-Hub-Signature-256",
-                            github_signature(GH_SECRET, body.as_bytes()),
-                        )
-                        .body(body.clone())
+                    let resp = signed_delivery(&http, &url, &format!("{prefix}-{i}"), &body)
                         .send()
                         .await
                         .expect("answered");
