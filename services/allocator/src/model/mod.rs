@@ -37,6 +37,12 @@
 //!   level's one or two samples give the location, the pooled spread σ, and
 //!   the t distribution `prior_weight` degrees of freedom — wide, but not
 //!   the configured defaults;
+//! - **nothing on the ladder** (a new package): the site's prior for
+//!   newcomers — mean and spread of the first need of every earlier new
+//!   package (recent ones weighing more, a censored first build counted as
+//!   its expected need above its limit), once 20 are in; before that the
+//!   configured defaults. The quantile is priced like any other estimate,
+//!   so the answer says `…+newcomer` and gives its P(OOM);
 //! - **fallback**: when the base is not the most specific level (a new
 //!   version, compiler or variant set), the location is uncertain by
 //!   `max(fallback_sigma², the level's spread beyond its residuals)` more, and
@@ -383,6 +389,8 @@ pub struct Model {
     /// one), and how many it holds.
     pooled_var: f64,
     pooled_n: f64,
+    /// The site's prior for workloads never seen.
+    newcomers: Newcomers,
     /// Samples held at the most specific level (each observation once).
     held: usize,
     /// Windows no workload uses any more, to be handed out again.
@@ -422,6 +430,52 @@ const POOLED_MIN: f64 = 50.0;
 
 /// The pooled spread averages about this many recent residuals.
 const POOLED_MEMORY: f64 = 5000.0;
+
+/// Workloads that arrived with nothing known before the site's prior for
+/// newcomers replaces the configured defaults.
+const NEWCOMERS_MIN: f64 = 20.0;
+
+/// The site's prior for newcomers follows about this many recent ones.
+const NEWCOMERS_MEMORY: f64 = 500.0;
+
+/// How big a workload the model has never seen turns out to be: a running
+/// mean and variance of the first need of every workload whose whole ladder
+/// was empty when it trained (a new package), recent ones weighing more.
+/// Once `NEWCOMERS_MIN` are in, the next newcomer is priced from it like any
+/// other estimate instead of getting the configured defaults — a site whose
+/// builds are mostly 200 MB or mostly 20 GB is not sized at a fixed 5 GB.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct Newcomers {
+    n: f64,
+    mean: f64,
+    var: f64,
+}
+
+impl Newcomers {
+    fn add(&mut self, ln_need: f64) {
+        if !ln_need.is_finite() {
+            return;
+        }
+        self.n += 1.0;
+        let rate = (1.0 / self.n).max(1.0 / NEWCOMERS_MEMORY);
+        let d = ln_need - self.mean;
+        self.mean += rate * d;
+        self.var = (1.0 - rate) * (self.var + rate * d * d);
+    }
+
+    /// The predictive distribution of the next newcomer's `ln(need)`.
+    fn estimate(&self) -> Option<Estimate> {
+        let n = self.n.min(NEWCOMERS_MEMORY);
+        (self.n >= NEWCOMERS_MIN).then(|| Estimate {
+            mu: self.mean,
+            sd_pred: (self.var * (1.0 + 1.0 / n)).max(0.0).sqrt(),
+            dof: n - 1.0,
+            cores: None,
+            shrunk: false,
+            newcomer: true,
+        })
+    }
+}
 
 /// What the model keeps per full workload key.
 #[derive(Debug, Clone, PartialEq)]
@@ -477,6 +531,8 @@ struct Estimate {
     cores: Option<f64>,
     /// Whether the location blends a few more specific samples.
     shrunk: bool,
+    /// Whether it is the site's prior for a workload never seen.
+    newcomer: bool,
 }
 
 impl Estimate {
@@ -619,6 +675,7 @@ impl Model {
             }),
             pooled_var: params.prior_sigma.powi(2),
             pooled_n: 0.0,
+            newcomers: Newcomers::default(),
             params,
             held: 0,
             free: Vec::new(),
@@ -809,6 +866,13 @@ impl Model {
         let Some(state) = self.workloads.get(&index) else {
             return;
         };
+        if state
+            .windows
+            .iter()
+            .all(|&id| self.windows.get(id as usize).is_none_or(|w| w.len() == 0))
+        {
+            self.newcomers.add(ln_need);
+        }
         let cap = self.params.window;
         for (level, &id) in state.windows.iter().enumerate() {
             // Levels that collapse to one key (an absent attribute) hold the
@@ -889,10 +953,19 @@ impl Model {
                 if est.shrunk {
                     basis.statistic.push_str("+shrunk");
                 }
+                if est.newcomer {
+                    basis.statistic.push_str("+newcomer");
+                }
                 (
                     clamp_limit(round_up(limit, MB)),
                     round_up(est.mu.exp(), MB),
-                    round_up(quantile(p.retry_quantile).exp(), MB),
+                    // A newcomer's spread is the whole site's: its retry
+                    // floor would be far beyond any bump.
+                    if est.newcomer {
+                        0
+                    } else {
+                        round_up(quantile(p.retry_quantile).exp(), MB)
+                    },
                     est.cores,
                 )
             }
@@ -1170,7 +1243,9 @@ impl Model {
             // the pooled spread as σ (worth `prior_weight` samples) and, at a
             // coarser level than the workload's own, the fallback's
             // uncertainty on top.
-            let (level, own) = found.own?;
+            let Some((level, own)) = found.own else {
+                return self.newcomers.estimate();
+            };
             let fit = own.fit(&self.knobs);
             let var = global_var;
             let mut var_mu = var / fit.n_eff;
@@ -1183,6 +1258,7 @@ impl Model {
                 dof: p.prior_weight.max(1.0),
                 cores: fit.cores,
                 shrunk: false,
+                newcomer: false,
             });
         };
         let base = window.fit(&self.knobs);
@@ -1227,6 +1303,7 @@ impl Model {
             dof: dof.max(1.0),
             cores,
             shrunk,
+            newcomer: false,
         })
     }
 }

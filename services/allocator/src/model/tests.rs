@@ -1260,15 +1260,7 @@ fn the_least_recently_observed_workloads_are_forgotten_past_the_cap() {
         ..Params::default()
     };
     let mut model = Model::new(params);
-    let pkg = |i: usize| {
-        workload(&[
-            ("package", &format!("pkg{i}")),
-            ("version", "1.0"),
-            ("variants", "+shared"),
-            ("compiler", "gcc"),
-            ("compiler_version", "12"),
-        ])
-    };
+    let pkg = package;
     // 5,000 workloads, each observed 6 times, workload i at hour i.
     for i in 0..5_000 {
         train(&mut model, &pkg(i), 6, GB, now(i));
@@ -1288,13 +1280,96 @@ fn the_least_recently_observed_workloads_are_forgotten_past_the_cap() {
         "{} windows",
         model.windows.len()
     );
-    // The newest still answer from their history; the oldest from defaults.
+    // The newest still answer from their history; the oldest as a package
+    // never seen (the site's prior for new packages).
     let newest = model.recommend(&pkg(4_999));
     assert!(!newest.basis.defaults, "{:?}", newest.basis);
     assert_eq!(newest.basis.workload_samples, 6);
     let oldest = model.recommend(&pkg(0));
-    assert!(oldest.basis.defaults, "{:?}", oldest.basis);
+    assert_eq!(oldest.basis.workload_samples, 0);
+    assert!(
+        oldest.basis.statistic.ends_with("+newcomer"),
+        "{:?}",
+        oldest.basis
+    );
     // A forgotten workload observed again starts over.
     train(&mut model, &pkg(0), 6, GB, now(6_000));
-    assert!(!model.recommend(&pkg(0)).basis.defaults);
+    assert_eq!(model.recommend(&pkg(0)).basis.workload_samples, 6);
+}
+
+/// `pkg-<i>`@1.0 with one variant set and compiler.
+fn package(i: usize) -> Workload {
+    workload(&[
+        ("package", &format!("pkg-{i}")),
+        ("version", "1.0"),
+        ("variants", "+shared"),
+        ("compiler", "gcc"),
+        ("compiler_version", "13.2.0"),
+    ])
+}
+
+/// A model that has seen the first build of `n` packages, sized around
+/// `typical` (spread by ±50 % in a fixed pattern).
+fn site_of(n: usize, typical: u64) -> Model {
+    let mut model = Model::new(Params::default());
+    for i in 0..n {
+        let factor = [0.5, 0.8, 1.0, 1.25, 1.5][i % 5];
+        model.observe(&package(i), ok(now(i), (typical as f64 * factor) as u64));
+    }
+    model
+}
+
+#[test]
+fn a_new_package_is_sized_from_the_site_s_other_packages() {
+    let never_seen = package(10_000);
+    // Too few packages seen: the configured defaults.
+    let r = site_of(19, 30 * GB).recommend(&never_seen);
+    assert!(r.basis.defaults, "{r:?}");
+    assert_eq!(r.memory_limit_bytes, 5 * GB);
+
+    // A site of big builds: a new package is not sent in at 5 GB.
+    let big = site_of(40, 30 * GB).recommend(&never_seen);
+    assert!(!big.basis.defaults, "{big:?}");
+    assert!(big.basis.statistic.ends_with("+newcomer"), "{big:?}");
+    assert_eq!((big.basis.level, big.basis.samples), (-1, 0));
+    assert!(big.memory_limit_bytes > 30 * GB, "{big:?}");
+    let p = big.basis.oom_probability.unwrap();
+    assert!(p > 0.0 && p < 0.5, "{p}");
+    // A site of small builds: far less than 5 GB.
+    let small = site_of(40, 200_000_000).recommend(&never_seen);
+    assert!(small.memory_limit_bytes < GB, "{small:?}");
+    assert!(small.memory_request_bytes <= small.memory_limit_bytes);
+    // A package the model knows is sized from its own samples, not the site.
+    let mut model = site_of(40, 30 * GB);
+    let w = package(20_000);
+    train(&mut model, &w, 5, 100_000_000, now(100));
+    let own = model.recommend(&w);
+    assert!(!own.basis.statistic.contains("newcomer"), "{own:?}");
+    assert!(own.memory_limit_bytes < GB, "{own:?}");
+}
+
+#[test]
+fn only_a_package_s_first_protected_build_teaches_the_site_prior() {
+    let never_seen = package(10_000);
+    let before = site_of(40, GB).recommend(&never_seen);
+    // Later builds of known packages and pull-request builds of new ones,
+    // however big, say nothing about the next new package.
+    let mut model = site_of(40, GB);
+    for i in 0..40 {
+        model.observe(&package(i), ok(now(100 + i), 60 * GB));
+        model.observe(&package(500 + i), unprotected(ok(now(200 + i), 60 * GB)));
+    }
+    assert_eq!(model.recommend(&never_seen), before);
+    // New packages killed at their limit teach that newcomers need more
+    // than that, never less.
+    for i in 0..40 {
+        let w = package(1000 + i);
+        let limit = model.recommend(&w).memory_limit_bytes;
+        model.observe(&w, oom(now(300 + i), limit));
+    }
+    let after = model.recommend(&never_seen);
+    assert!(
+        after.memory_limit_bytes > before.memory_limit_bytes,
+        "{before:?} → {after:?}"
+    );
 }

@@ -159,6 +159,9 @@ pub struct SimulateArgs {
     /// Sparse generator: log-space σ of package sizes.
     #[arg(long, default_value_t = 1.4)]
     pub size_sigma: f32,
+    /// Sparse generator: median of package sizes, in GB.
+    #[arg(long, value_name = "GB", default_value_t = 1.0)]
+    pub size_median: f32,
     /// Generator: share of jobs with a 1.3–2.5× memory spike.
     #[arg(long, default_value_t = 0.005)]
     pub spike_rate: f32,
@@ -239,6 +242,7 @@ impl SimulateArgs {
             sigma_min: wide(self.sigma_min),
             sigma_max: wide(self.sigma_max),
             size_sigma: wide(self.size_sigma),
+            size_median: wide(self.size_median) * 1e9,
             spike_rate: wide(self.spike_rate),
             pr_share: wide(self.pr_share),
             ..d
@@ -444,7 +448,7 @@ impl Report {
                 s.push_str(&format!(
                     "| {} | {} | {} | {} |\n",
                     if i == 0 {
-                        "defaults".to_owned()
+                        "none (site prior or defaults)".to_owned()
                     } else {
                         (i - 1).to_string()
                     },
@@ -454,7 +458,7 @@ impl Report {
                 ));
             }
             s.push_str("\n| samples | jobs | OOM rate | avg limit slack |\n|---|---:|---:|---:|\n");
-            let names = ["0 (defaults)", "1–4", "5–9", "10–19", "20+"];
+            let names = ["0 (site prior or defaults)", "1–4", "5–9", "10–19", "20+"];
             for (name, l) in names
                 .iter()
                 .zip(&model.by_samples)
