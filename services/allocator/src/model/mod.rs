@@ -41,7 +41,8 @@
 //!   newcomers — mean and spread of the first need of every earlier new
 //!   package (recent ones weighing more, a censored first build counted as
 //!   its expected need above its limit), once 20 are in; before that the
-//!   configured defaults. The quantile is priced like any other estimate,
+//!   configured defaults; one prior per ladder (Spack packages and GitHub
+//!   jobs differ). The quantile is priced like any other estimate,
 //!   so the answer says `…+newcomer` and gives its P(OOM);
 //! - **fallback**: when the base is not the most specific level (a new
 //!   version, compiler or variant set), the location is uncertain by
@@ -389,8 +390,10 @@ pub struct Model {
     /// one), and how many it holds.
     pooled_var: f64,
     pooled_n: f64,
-    /// The site's prior for workloads never seen.
-    newcomers: Newcomers,
+    /// The site's prior for workloads never seen, per ladder (the last for
+    /// workloads no ladder fits): a new GitHub job is not sized from Spack
+    /// packages.
+    newcomers: Vec<Newcomers>,
     /// Samples held at the most specific level (each observation once).
     held: usize,
     /// Windows no workload uses any more, to be handed out again.
@@ -516,6 +519,9 @@ struct Found<'a> {
     base: Option<Base<'a>>,
     /// The next level after `base` with enough samples (another window).
     parent: Option<&'a Window>,
+    /// The workload's ladder (`None`: none fits), whose prior for new
+    /// workloads applies when no level holds a sample.
+    ladder: Option<usize>,
 }
 
 /// The predictive distribution of the next `ln(peak)`.
@@ -675,7 +681,7 @@ impl Model {
             }),
             pooled_var: params.prior_sigma.powi(2),
             pooled_n: 0.0,
-            newcomers: Newcomers::default(),
+            newcomers: vec![Newcomers::default(); params.ladders.len() + 1],
             params,
             held: 0,
             free: Vec::new(),
@@ -689,6 +695,12 @@ impl Model {
         self.calibration
             .as_ref()
             .map_or(self.params.oom_cost, Calibration::lambda)
+    }
+
+    /// The prior for new workloads of `ladder` (`None`: no ladder fits).
+    fn newcomers(&self, ladder: Option<usize>) -> Newcomers {
+        let slot = ladder.unwrap_or(self.params.ladders.len());
+        self.newcomers.get(slot).copied().unwrap_or_default()
     }
 
     /// The prior σ² of a workload's spread where no parent level has one:
@@ -772,8 +784,23 @@ impl Model {
                 .calibration
                 .as_ref()
                 .is_some_and(Calibration::wants_spread);
-        let estimate = if wants_spread || (obs.protected && obs.oom_killed) {
-            self.estimate(&self.found_from_ids(&state.windows, None))
+        // Nothing on its ladder yet: a new workload, priced (and, when
+        // protected, teaching) the prior for new workloads of its ladder.
+        let newcomer = state
+            .windows
+            .iter()
+            .all(|&id| self.windows.get(id as usize).is_none_or(|w| w.len() == 0));
+        let needs_estimate = wants_spread || (obs.protected && obs.oom_killed);
+        let ladder = if newcomer && (needs_estimate || obs.protected) {
+            select_ladder(
+                &self.params.ladders,
+                &runyard_store::workload::parse_key(full),
+            )
+        } else {
+            None
+        };
+        let estimate = if needs_estimate {
+            self.estimate(&self.found_from_ids(&state.windows, None, ladder))
         } else {
             None
         };
@@ -866,12 +893,11 @@ impl Model {
         let Some(state) = self.workloads.get(&index) else {
             return;
         };
-        if state
-            .windows
-            .iter()
-            .all(|&id| self.windows.get(id as usize).is_none_or(|w| w.len() == 0))
-        {
-            self.newcomers.add(ln_need);
+        if newcomer {
+            let slot = ladder.unwrap_or(self.params.ladders.len());
+            if let Some(prior) = self.newcomers.get_mut(slot) {
+                prior.add(ln_need);
+            }
         }
         let cap = self.params.window;
         for (level, &id) in state.windows.iter().enumerate() {
@@ -1164,7 +1190,7 @@ impl Model {
         let n = ladder.map_or(1, |l| self.escaped[l].len());
         let attributes = ladder.map(|l| p.ladders[l].as_slice());
         if let Some(state) = state.filter(|s| s.windows.len() == n) {
-            return self.found_from_ids(&state.windows, attributes);
+            return self.found_from_ids(&state.windows, attributes, ladder);
         }
         let mut key = String::new();
         let mut ids = [NO_WINDOW; MAX_LEVELS];
@@ -1180,15 +1206,17 @@ impl Model {
                 *id = self.lookup(&key);
             }
         }
-        self.found_from_ids(&ids[..n.min(MAX_LEVELS)], attributes)
+        self.found_from_ids(&ids[..n.min(MAX_LEVELS)], attributes, ladder)
     }
 
     /// What the windows `ids` of a workload's ladder levels (most specific
-    /// first; `attributes` their names, if known) hold.
+    /// first; `attributes` their names, if known; `ladder` which ladder)
+    /// hold.
     fn found_from_ids<'a>(
         &'a self,
         ids: &[u32],
         attributes: Option<&'a [Vec<String>]>,
+        ladder: Option<usize>,
     ) -> Found<'a> {
         let p = &self.params;
         let mut found = Found {
@@ -1196,6 +1224,7 @@ impl Model {
             exact: 0,
             base: None,
             parent: None,
+            ladder,
         };
         for (level, &id) in ids.iter().enumerate() {
             let Some(window) = self.windows.get(id as usize).filter(|w| w.len() > 0) else {
@@ -1244,7 +1273,7 @@ impl Model {
             // coarser level than the workload's own, the fallback's
             // uncertainty on top.
             let Some((level, own)) = found.own else {
-                return self.newcomers.estimate();
+                return self.newcomers(found.ladder).estimate();
             };
             let fit = own.fit(&self.knobs);
             let var = global_var;

@@ -1349,6 +1349,23 @@ fn a_new_package_is_sized_from_the_site_s_other_packages() {
 }
 
 #[test]
+fn new_github_jobs_are_not_sized_from_spack_packages() {
+    let mut model = site_of(40, 30 * GB);
+    let repo = |i: usize| workload(&[("repo", &format!("acme/app{i}")), ("job", "test")]);
+    let never_seen = repo(10_000);
+    // No GitHub job seen yet: the defaults, not the 30 GB packages.
+    assert!(model.recommend(&never_seen).basis.defaults);
+    for i in 0..40 {
+        model.observe(&repo(i), ok(now(100 + i), 300_000_000));
+    }
+    let r = model.recommend(&never_seen);
+    assert!(r.basis.statistic.ends_with("+newcomer"), "{r:?}");
+    assert!(r.memory_limit_bytes < 2 * GB, "{r:?}");
+    // And the packages' prior is unchanged by the jobs.
+    assert!(model.recommend(&package(10_000)).memory_limit_bytes > 30 * GB);
+}
+
+#[test]
 fn only_a_package_s_first_protected_build_teaches_the_site_prior() {
     let never_seen = package(10_000);
     let before = site_of(40, GB).recommend(&never_seen);
