@@ -49,6 +49,11 @@ where
 impl Stack {
     /// ingest + job-tracker + allocator on one namespace and database.
     async fn start() -> Self {
+        Self::start_with(runyard_allocator::model::Params::default()).await
+    }
+
+    /// [`Stack::start`] with these model parameters.
+    async fn start_with(model: runyard_allocator::model::Params) -> Self {
         runyard_telemetry::install_crypto_provider();
         let nats = TestNats::get().await;
         let ns = unique_namespace();
@@ -96,6 +101,7 @@ impl Stack {
             database_url: db.url.clone(),
             allocator_listen: local,
             allocator_http_listen: local,
+            model,
             ..Config::default()
         })
         .await
@@ -139,10 +145,14 @@ impl Stack {
             "peak_memory_bytes": peak, "memory_limit_bytes": 16_000_000_000u64,
             "cpu_seconds": 3600.0, "wall_seconds": 900.0, "oom_killed": false, "exit_code": 0
         });
+        self.post_usage(&body).await;
+    }
+
+    async fn post_usage(&self, body: &Value) {
         let resp = reqwest::Client::new()
             .post(format!("{}/v1/usage", self.ingest))
             .bearer_auth(USAGE_TOKEN)
-            .json(&body)
+            .json(body)
             .send()
             .await
             .unwrap();
@@ -887,5 +897,174 @@ async fn the_dashboard_queries_what_the_services_expose_and_all_of_it() {
         .filter(|f| !used.contains(f.as_str()))
         .collect();
     assert!(unused.is_empty(), "metrics on no panel: {unused:?}");
+    stack.stop().await;
+}
+
+/// What a CI system sends for one attempt of a job: its usage report, as
+/// `runyard-report` posts it after the job.
+struct Attempt<'a> {
+    job_id: u64,
+    attempt: u32,
+    git_ref: &'a str,
+    workload: &'a runyard_allocator::model::Workload,
+    job: &'a runyard_allocator::simulate::Job,
+    rec: &'a runyard_allocator::proto::Recommendation,
+}
+
+impl Stack {
+    async fn report_attempt(&self, a: &Attempt<'_>) {
+        let limit = a.rec.memory_limit_bytes;
+        let killed = a.job.peak_memory_bytes > limit;
+        let body = json!({
+            "forge": "gitlab", "instance": "gitlab.example.com", "job_id": a.job_id,
+            "attempt": a.attempt, "ref": a.git_ref, "workload": a.workload,
+            "peak_memory_bytes": a.job.peak_memory_bytes.min(limit),
+            "memory_limit_bytes": limit, "memory_request_bytes": a.rec.memory_request_bytes,
+            "cpu_seconds": a.job.cpu_seconds, "wall_seconds": a.job.wall_seconds,
+            "oom_killed": killed, "exit_code": if killed { 137 } else { 0 }
+        });
+        self.post_usage(&body).await;
+    }
+
+    /// Waits until the allocator has fed `n` usage reports to its model.
+    async fn observed(&self, n: u64) {
+        let seen = eventually(Duration::from_secs(10), || async {
+            let text = reqwest::get(format!("{}/metrics", self.http))
+                .await
+                .ok()?
+                .text()
+                .await
+                .ok()?;
+            let count = text
+                .lines()
+                .find(|l| l.starts_with("runyard_allocator_samples_observed_total"))?
+                .rsplit(' ')
+                .next()?
+                .parse::<f64>()
+                .ok()?;
+            (count >= n as f64).then_some(())
+        })
+        .await;
+        assert!(seen.is_some(), "the allocator observed report {n}");
+    }
+}
+
+/// The simulation's claims are only as good as its likeness to the service.
+/// A sparse trace (new packages and versions, spikes, growth, pull-request
+/// jobs) goes through the real stack as CI would send it — the job's
+/// webhook, a `Recommend` over gRPC, the usage report of every attempt (a
+/// killed one reporting its limit as its peak), a retry with the bumped
+/// limit — and the same trace through the model in process, as `simulate`
+/// replays it. Every attempt gets the same limit both ways. (Time decay by
+/// days is off in both: the stack stamps a report when it arrives, so a
+/// month replayed in seconds has no days between samples.)
+#[tokio::test]
+async fn the_stack_sizes_every_attempt_of_a_trace_as_the_simulation_does() {
+    use runyard_allocator::model::{Model, Observation, Params};
+    use runyard_allocator::simulate::{SparseConfig, generate_sparse};
+
+    let params = Params {
+        half_life_days: 0.0,
+        ..Params::default()
+    };
+    let trace = generate_sparse(&SparseConfig {
+        workloads: 120,
+        jobs: 700,
+        seed: 11,
+        ..SparseConfig::default()
+    });
+    let protected: Vec<bool> = trace.refs.iter().map(|r| r == "develop").collect();
+    assert!(protected.iter().any(|p| *p) && protected.iter().any(|p| !*p));
+
+    // In process, as `simulate` replays it.
+    let mut model = Model::new(params.clone());
+    let mut offline = Vec::new();
+    for job in &trace.jobs {
+        let w = &trace.workloads[job.workload as usize];
+        let mut rec = model.recommend(w);
+        for attempt in 0u32.. {
+            let limit = rec.memory_limit_bytes;
+            offline.push(limit);
+            let killed = job.peak_memory_bytes > limit;
+            model.observe(
+                w,
+                Observation {
+                    at: job.at + f64::from(attempt),
+                    peak_memory_bytes: job.peak_memory_bytes.min(limit),
+                    memory_limit_bytes: Some(limit),
+                    memory_request_bytes: Some(rec.memory_request_bytes),
+                    cpu_seconds: job.cpu_seconds,
+                    wall_seconds: job.wall_seconds,
+                    oom_killed: killed,
+                    protected: protected[job.git_ref as usize],
+                },
+            );
+            rec = model.recommend(w);
+            if !killed || rec.basis.retries_exhausted {
+                break;
+            }
+        }
+    }
+
+    // Through the stack.
+    let stack = Stack::start_with(params).await;
+    let mut client = stack.client().await;
+    let mut online = Vec::new();
+    let mut reports = 0;
+    let (mut kills, mut newcomers) = (0, 0);
+    for (i, job) in trace.jobs.iter().enumerate() {
+        let w = &trace.workloads[job.workload as usize];
+        let git_ref = &trace.refs[job.git_ref as usize];
+        let job_id = 10_000 + i as u64;
+        stack.job_hook(job_id, git_ref).await;
+        let ask = RecommendRequest {
+            workload: w.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+            r#ref: git_ref.clone(),
+        };
+        let mut rec = client.recommend(ask.clone()).await.unwrap().into_inner();
+        for attempt in 1u32.. {
+            online.push(rec.memory_limit_bytes);
+            let basis = rec.basis.clone().unwrap();
+            newcomers += u32::from(basis.statistic.contains("+newcomer"));
+            let killed = job.peak_memory_bytes > rec.memory_limit_bytes;
+            kills += u32::from(killed);
+            stack
+                .report_attempt(&Attempt {
+                    job_id,
+                    attempt,
+                    git_ref,
+                    workload: w,
+                    job,
+                    rec: &rec,
+                })
+                .await;
+            reports += 1;
+            stack.observed(reports).await;
+            rec = client.recommend(ask.clone()).await.unwrap().into_inner();
+            if !killed || rec.basis.as_ref().unwrap().retries_exhausted {
+                break;
+            }
+        }
+        if let Some(k) = online.iter().zip(&offline).position(|(a, b)| a != b) {
+            panic!(
+                "attempt {k} (job {i} of {}, {w:?}): the stack answered {} bytes, the simulation {}",
+                trace.jobs.len(),
+                online[k],
+                offline[k]
+            );
+        }
+    }
+    assert_eq!(online.len(), offline.len(), "the same attempts both ways");
+    // The trace exercised what it is for: kills and retries, and new
+    // packages sized from the site's prior.
+    assert!(
+        kills >= 5 && newcomers >= 5,
+        "kills {kills}, newcomers {newcomers}"
+    );
+    println!(
+        "online replay: {} jobs, {} attempts, {kills} killed, {newcomers} priced as new packages; every limit as simulated",
+        trace.jobs.len(),
+        online.len()
+    );
     stack.stop().await;
 }
