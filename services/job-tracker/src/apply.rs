@@ -565,6 +565,8 @@ table_columns! {
 enum Pick {
     /// The earliest `(<g>_at, <g>_event)` of group `g`.
     Earliest(&'static str),
+    /// The latest `(<g>_attempt, <g>_at, <g>_event)` of group `g`.
+    LatestAttempt(&'static str),
     /// `EXCLUDED`'s when this holds.
     When(&'static str),
 }
@@ -624,11 +626,7 @@ const RUNNER_GROUPS: &[(&[&str], Pick)] = &[
             "provider_status",
             "created_attempt",
         ],
-        Pick::When(
-            "EXCLUDED.created_event IS NOT NULL AND (runners.created_event IS NULL OR
-             (EXCLUDED.created_attempt, EXCLUDED.created_at, EXCLUDED.created_event COLLATE \"C\")
-             > (runners.created_attempt, runners.created_at, runners.created_event COLLATE \"C\"))",
-        ),
+        Pick::LatestAttempt("created"),
     ),
     (
         &["online_at", "online_event", "online_source"],
@@ -648,11 +646,7 @@ const RUNNER_GROUPS: &[(&[&str], Pick)] = &[
             "failed_attempt",
             "given_up",
         ],
-        Pick::When(
-            "EXCLUDED.failed_event IS NOT NULL AND (runners.failed_event IS NULL OR
-             (EXCLUDED.failed_attempt, EXCLUDED.failed_at, EXCLUDED.failed_event COLLATE \"C\")
-             > (runners.failed_attempt, runners.failed_at, runners.failed_event COLLATE \"C\"))",
-        ),
+        Pick::LatestAttempt("failed"),
     ),
     (
         &["deleted_at", "deleted_event", "deleted_reason"],
@@ -671,6 +665,11 @@ static UPSERT_RUNNERS: LazyLock<String> = LazyLock::new(|| {
                 "EXCLUDED.{g}_event IS NOT NULL AND (runners.{g}_event IS NULL OR
                  (EXCLUDED.{g}_at, EXCLUDED.{g}_event COLLATE \"C\")
                  < (runners.{g}_at, runners.{g}_event COLLATE \"C\"))"
+            ),
+            Pick::LatestAttempt(g) => format!(
+                "EXCLUDED.{g}_event IS NOT NULL AND (runners.{g}_event IS NULL OR
+                 (EXCLUDED.{g}_attempt, EXCLUDED.{g}_at, EXCLUDED.{g}_event COLLATE \"C\")
+                 > (runners.{g}_attempt, runners.{g}_at, runners.{g}_event COLLATE \"C\"))"
             ),
             Pick::When(cond) => (*cond).to_owned(),
         };
