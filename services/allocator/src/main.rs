@@ -28,7 +28,7 @@ enum Command {
     /// Serve recommendations (the default).
     Run,
     /// Replay a job trace through the model and gantry's rule and compare.
-    Simulate(simulate::SimulateArgs),
+    Simulate(Box<simulate::SimulateArgs>),
 }
 
 #[tokio::main]

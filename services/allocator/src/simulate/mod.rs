@@ -162,6 +162,13 @@ pub struct SimulateArgs {
     /// Sparse generator: median of package sizes, in GB.
     #[arg(long, value_name = "GB", default_value_t = 1.0)]
     pub size_median: f32,
+    /// Sparse generator: share of packages with a new version mid-month.
+    #[arg(long, default_value_t = 0.3)]
+    pub version_share: f32,
+    /// Sparse generator: log-space σ of the size jump of one new version in
+    /// four (the others move by σ 0.05).
+    #[arg(long, default_value_t = 0.35)]
+    pub version_jump: f32,
     /// Generator: share of jobs with a 1.3–2.5× memory spike.
     #[arg(long, default_value_t = 0.005)]
     pub spike_rate: f32,
@@ -243,6 +250,8 @@ impl SimulateArgs {
             sigma_max: wide(self.sigma_max),
             size_sigma: wide(self.size_sigma),
             size_median: wide(self.size_median) * 1e9,
+            version_share: wide(self.version_share),
+            version_jump: wide(self.version_jump),
             spike_rate: wide(self.spike_rate),
             pr_share: wide(self.pr_share),
             ..d

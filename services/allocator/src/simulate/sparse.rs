@@ -16,8 +16,8 @@
 //!   0.5 %–`growth_per_week` a week (no random walk for the others).
 //! - **New versions**: a share `version_share` of the packages gets a new
 //!   version in the middle third of the measured month; its size jumps by a
-//!   log-normal factor (σ 0.05 for three in four, σ 0.35 for the rest) and it
-//!   is a new workload key.
+//!   log-normal factor (σ 0.05 for three in four, σ `version_jump`, 0.35,
+//!   for the rest) and it is a new workload key.
 //! - **Spikes**: a share `spike_rate` of jobs (1 in 200) needs 2–4× its usual
 //!   peak.
 //! - **New workloads**: a share `new_share` of the streams first appears
@@ -63,6 +63,9 @@ pub struct SparseConfig {
     pub growth_per_week: f64,
     /// Share of packages with a new version mid-trace.
     pub version_share: f64,
+    /// Log-space σ of the size jump of one new version in four (the other
+    /// three move by σ 0.05).
+    pub version_jump: f64,
     /// Share of jobs that spike 2–4×.
     pub spike_rate: f64,
     /// Share of streams that first appear during the trace.
@@ -86,6 +89,7 @@ impl Default for SparseConfig {
             growth_share: 0.3,
             growth_per_week: 0.04,
             version_share: 0.3,
+            version_jump: 0.35,
             spike_rate: 0.005,
             new_share: 0.1,
             pr_share: 0.25,
@@ -97,7 +101,7 @@ impl SparseConfig {
     /// The knobs as one line for the report.
     pub fn describe(&self) -> String {
         format!(
-            "sparse profile (seed {}, {} streams, {} jobs, {} days; sizes median {:.1} GB, σ {} clamped 50 MB–120 GB; noise σ {}–{} log-uniform; build rates log-normal σ {}; {:.0}% of streams grow up to {:.1}%/week; {:.0}% of packages get a new version mid-month; {:.1}% of jobs spike 2–4×; {:.0}% of streams new during the month; {:.0}% on pull requests)",
+            "sparse profile (seed {}, {} streams, {} jobs, {} days; sizes median {:.1} GB, σ {} clamped 50 MB–120 GB; noise σ {}–{} log-uniform; build rates log-normal σ {}; {:.0}% of streams grow up to {:.1}%/week; {:.0}% of packages get a new version mid-month (size jump σ 0.05, σ {} for one in four); {:.1}% of jobs spike 2–4×; {:.0}% of streams new during the month; {:.0}% on pull requests)",
             self.seed,
             self.workloads,
             self.jobs,
@@ -110,6 +114,7 @@ impl SparseConfig {
             self.growth_share * 100.0,
             self.growth_per_week * 100.0,
             self.version_share * 100.0,
+            self.version_jump,
             self.spike_rate * 100.0,
             self.new_share * 100.0,
             self.pr_share * 100.0,
@@ -186,7 +191,11 @@ pub fn generate_sparse(config: &SparseConfig) -> Trace {
             // Mid-month: the middle third of the month after the first week.
             let week = (7.0 * DAY).min(horizon / 2.0);
             let at = START + week + (horizon - week) * (1.0 + rng.random::<f64>()) / 3.0;
-            let jump = if rng.random_bool(0.75) { 0.05 } else { 0.35 } * normal(&mut rng);
+            let jump = if rng.random_bool(0.75) {
+                0.05
+            } else {
+                finite(config.version_jump, 0.35)
+            } * normal(&mut rng);
             versions.push((at, jump, format!("{major}.{}.0", minor + 1)));
         }
         packages.push(Package {
