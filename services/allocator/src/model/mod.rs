@@ -82,8 +82,11 @@
 //! least the fit's `retry_quantile` and the share `retry_coverage` of the
 //! overshoots the model has seen: how far killed jobs exceeded their first
 //! limit (learned from streaks that ended in a success, given the streak has
-//! ruled out everything below the latest limit). So the first retry clears
-//! a spike instead of creeping up on it in 20 % steps. A longer streak gets
+//! ruled out everything below the latest limit) — for a workload killed
+//! before it had a sample of its own (a new version or package), the larger
+//! of that and the same share of new workloads' overshoots, which jump
+//! further. So the first retry clears a spike instead of creeping up on it
+//! in 20 % steps. A longer streak gets
 //! no bump (`retries_exhausted`, `retry_count` stays at the maximum). A
 //! successful attempt ends the streak; from then on the recommendation is the
 //! statistic again, whose window holds the killed attempt as a censored
@@ -383,6 +386,10 @@ pub struct Model {
     workloads: HashMap<u64, WorkloadState>,
     /// How far killed jobs overshot their first limit (all workloads).
     overshoots: Overshoots,
+    /// The overshoots of kills of workloads that had no sample of their own
+    /// (also in `overshoots`): a new version can jump far beyond its
+    /// package.
+    fresh_overshoots: Overshoots,
     /// The OOM-target calibration (`target_oom` > 0).
     calibration: Option<Calibration>,
     /// The spread pooled over all workloads: a running mean of squared
@@ -667,6 +674,7 @@ impl Model {
             windows: Vec::new(),
             workloads: HashMap::new(),
             overshoots: Overshoots::new(),
+            fresh_overshoots: Overshoots::new(),
             calibration: (params.target_oom > 0.0).then(|| {
                 Calibration::new(
                     params.target_oom,
@@ -765,8 +773,15 @@ impl Model {
         // A first attempt: no kill of this workload since its last success
         // (a retry follows a kill).
         let first_attempt = state.streak.kills.is_empty();
-        if let Some(ratio) = state.streak.record(at, &obs, keep) {
+        let fresh = state
+            .windows
+            .first()
+            .is_none_or(|&id| self.windows.get(id as usize).is_none_or(|w| w.len() == 0));
+        if let Some((ratio, fresh)) = state.streak.record(at, &obs, keep, fresh) {
             self.overshoots.add(ratio);
+            if fresh {
+                self.fresh_overshoots.add(ratio);
+            }
         }
         if obs.protected && state.windows.is_empty() {
             let ids = self.intern_levels(&runyard_store::workload::parse_key(full), full);
@@ -1026,13 +1041,24 @@ impl Model {
                     .kills
                     .first()
                     .filter(|_| p.retry_coverage > 0.0)
-                    .and_then(|first| first.limit)
-                    .filter(|&first| first > 0)
-                    .and_then(|first| {
+                    .and_then(|first| Some((first.limit?, first.fresh)))
+                    .filter(|&(first, _)| first > 0)
+                    .and_then(|(first, fresh)| {
                         let ruled_out = previous / first as f64;
-                        self.overshoots
-                            .quantile_above(ruled_out, p.retry_coverage)
-                            .map(|ratio| first as f64 * ratio)
+                        let all = self.overshoots.quantile_above(ruled_out, p.retry_coverage);
+                        // A new workload's kill covers new workloads'
+                        // overshoots too, once there are enough of them.
+                        let new = fresh
+                            .then(|| {
+                                self.fresh_overshoots
+                                    .quantile_above(ruled_out, p.retry_coverage)
+                            })
+                            .flatten();
+                        let ratio = match (all, new) {
+                            (Some(a), Some(n)) => Some(a.max(n)),
+                            (a, n) => a.or(n),
+                        };
+                        ratio.map(|ratio| first as f64 * ratio)
                     })
                     .unwrap_or(0.0);
                 let bumped = round_up(bumped.max(learned), MB).max(retry_floor);

@@ -12,6 +12,9 @@ pub(super) struct Killed {
     pub(super) limit: Option<u64>,
     /// Its usage at the kill.
     pub(super) peak: u64,
+    /// Whether the workload had no sample of its own when it was killed (a
+    /// new version or package, sized from related keys or the site).
+    pub(super) fresh: bool,
 }
 
 /// Consecutive OOM kills of one full workload key, robust to attempts that
@@ -32,9 +35,17 @@ impl Streak {
         }
     }
 
-    /// Records an attempt; when a success ends a streak, returns how far the
-    /// job overshot the streak's first killed limit (`peak / limit`).
-    pub(super) fn record(&mut self, at: f64, obs: &Observation, keep: usize) -> Option<f64> {
+    /// Records an attempt (`fresh`: the workload has no sample of its own
+    /// yet); when a success ends a streak, returns how far the job overshot
+    /// the streak's first killed limit (`peak / limit`) and whether that
+    /// kill was fresh.
+    pub(super) fn record(
+        &mut self,
+        at: f64,
+        obs: &Observation,
+        keep: usize,
+        fresh: bool,
+    ) -> Option<(f64, bool)> {
         if obs.oom_killed {
             if at < self.last_success {
                 return None;
@@ -43,6 +54,7 @@ impl Streak {
                 at,
                 limit: obs.memory_limit_bytes,
                 peak: obs.peak_memory_bytes,
+                fresh,
             };
             let pos = self.kills.partition_point(|k| k.at <= at);
             self.kills.insert(pos, kill);
@@ -56,9 +68,9 @@ impl Streak {
                 .kills
                 .first()
                 .filter(|k| k.at <= at)
-                .and_then(|k| k.limit)
-                .filter(|&limit| limit > 0)
-                .map(|limit| obs.peak_memory_bytes as f64 / limit as f64);
+                .and_then(|k| Some((k.limit?, k.fresh)))
+                .filter(|&(limit, _)| limit > 0)
+                .map(|(limit, fresh)| (obs.peak_memory_bytes as f64 / limit as f64, fresh));
             self.kills.retain(|k| k.at > at);
             overshoot
         } else {

@@ -1390,3 +1390,41 @@ fn only_a_package_s_first_protected_build_teaches_the_site_prior() {
         "{before:?} → {after:?}"
     );
 }
+
+#[test]
+fn a_new_version_s_first_retry_covers_how_far_new_versions_overshoot() {
+    let version = |i: usize, v: &str| {
+        let mut w = package(i);
+        w.insert("version".into(), v.into());
+        w
+    };
+    let mut model = Model::new(Params::default());
+    let known = package(0);
+    train(&mut model, &known, 5, GB, T0);
+    // A known workload's kills overshoot by 10 %; the first kills of other
+    // packages' new versions turned out to need 3× the limit.
+    let mut t = 10;
+    for _ in 0..1000 {
+        model.observe(&known, oom(now(t), GB));
+        model.observe(&known, ok(now(t + 1), 1_100_000_000));
+        t += 2;
+    }
+    for i in 1..=40 {
+        train(&mut model, &version(i, "1.0"), 5, GB, now(t));
+        model.observe(&version(i, "2.0"), oom(now(t + 5), GB));
+        model.observe(&version(i, "2.0"), ok(now(t + 6), 3 * GB));
+        t += 7;
+    }
+    // A new version of a package whose builds were all 1 GB, killed at
+    // 1 GB: its retry covers a 3× overshoot.
+    train(&mut model, &version(100, "1.0"), 5, GB, now(t));
+    model.observe(&version(100, "2.0"), oom(now(t + 5), GB));
+    let r = model.recommend(&version(100, "2.0"));
+    assert!(r.basis.oom_bump, "{r:?}");
+    assert!(r.memory_limit_bytes >= 3 * GB, "{r:?}");
+    // The known workload's retry is not inflated by new versions' jumps.
+    model.observe(&known, oom(now(t + 6), GB));
+    let r = model.recommend(&known);
+    assert!(r.basis.oom_bump, "{r:?}");
+    assert!(r.memory_limit_bytes < 2 * GB, "{r:?}");
+}
