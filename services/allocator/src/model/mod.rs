@@ -556,6 +556,11 @@ impl Estimate {
     }
 }
 
+/// Whether window `id` of `windows` holds no sample (or is no window).
+fn holds_nothing(windows: &[Window], id: u32) -> bool {
+    windows.get(id as usize).is_none_or(|w| w.len() == 0)
+}
+
 /// Unix seconds as stored in a sample.
 fn compact_time(at: f64) -> u32 {
     if at.is_finite() {
@@ -705,10 +710,18 @@ impl Model {
             .map_or(self.params.oom_cost, Calibration::lambda)
     }
 
-    /// The prior for new workloads of `ladder` (`None`: no ladder fits).
+    /// Where the prior for new workloads of `ladder` is kept (`None`: no
+    /// ladder fits, the last slot).
+    fn newcomer_slot(&self, ladder: Option<usize>) -> usize {
+        ladder.unwrap_or(self.params.ladders.len())
+    }
+
+    /// The prior for new workloads of `ladder`.
     fn newcomers(&self, ladder: Option<usize>) -> Newcomers {
-        let slot = ladder.unwrap_or(self.params.ladders.len());
-        self.newcomers.get(slot).copied().unwrap_or_default()
+        self.newcomers
+            .get(self.newcomer_slot(ladder))
+            .copied()
+            .unwrap_or_default()
     }
 
     /// The prior σ² of a workload's spread where no parent level has one:
@@ -776,7 +789,7 @@ impl Model {
         let fresh = state
             .windows
             .first()
-            .is_none_or(|&id| self.windows.get(id as usize).is_none_or(|w| w.len() == 0));
+            .is_none_or(|&id| holds_nothing(&self.windows, id));
         if let Some((ratio, fresh)) = state.streak.record(at, &obs, keep, fresh) {
             self.overshoots.add(ratio);
             if fresh {
@@ -804,7 +817,7 @@ impl Model {
         let newcomer = state
             .windows
             .iter()
-            .all(|&id| self.windows.get(id as usize).is_none_or(|w| w.len() == 0));
+            .all(|&id| holds_nothing(&self.windows, id));
         let needs_estimate = wants_spread || (obs.protected && obs.oom_killed);
         let ladder = if newcomer && (needs_estimate || obs.protected) {
             select_ladder(
@@ -909,7 +922,7 @@ impl Model {
             return;
         };
         if newcomer {
-            let slot = ladder.unwrap_or(self.params.ladders.len());
+            let slot = self.newcomer_slot(ladder);
             if let Some(prior) = self.newcomers.get_mut(slot) {
                 prior.add(ln_need);
             }
@@ -1054,11 +1067,10 @@ impl Model {
                                     .quantile_above(ruled_out, p.retry_coverage)
                             })
                             .flatten();
-                        let ratio = match (all, new) {
-                            (Some(a), Some(n)) => Some(a.max(n)),
-                            (a, n) => a.or(n),
-                        };
-                        ratio.map(|ratio| first as f64 * ratio)
+                        all.into_iter()
+                            .chain(new)
+                            .reduce(f64::max)
+                            .map(|ratio| first as f64 * ratio)
                     })
                     .unwrap_or(0.0);
                 let bumped = round_up(bumped.max(learned), MB).max(retry_floor);
