@@ -14,10 +14,13 @@
 //! # }
 //! ```
 //!
+//! Jobs follow GitHub's lifecycle (`waiting` for an approval, then `queued`;
+//! only a queued job starts; a move GitHub never makes panics) and every
+//! move sends its `workflow_job` webhook to an outbox ([`hooks`]).
+//!
 //! Simplifications: one rate-limit budget for every credential; runner names
 //! are unique per scope; a re-run copies the jobs it re-runs with new ids
-//! into a new run attempt and keeps the others; webhook payloads are not
-//! stored.
+//! into a new run attempt and keeps the others.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -31,6 +34,9 @@ use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use serde_json::{Value, json};
+
+mod hooks;
+pub use hooks::FakeWebhook;
 
 // ---------------------------------------------------------------------------
 // Pieces shared with the GitLab fake.
@@ -559,6 +565,8 @@ struct GhState {
 
     requests: Vec<RecordedRequest>,
     runner_downloads: Vec<Value>,
+    /// `workflow_job` deliveries sent, oldest first (see [`hooks`]).
+    webhooks: Vec<FakeWebhook>,
 }
 
 /// The fake GitHub server. Dropping it stops the server.
@@ -598,6 +606,7 @@ impl FakeGitHub {
             redeliveries: Vec::new(),
             requests: Vec::new(),
             runner_downloads: default_runner_downloads(),
+            webhooks: Vec::new(),
         }));
         let router = Router::new().fallback(handle).with_state(state.clone());
         Self {
@@ -805,26 +814,21 @@ impl FakeGitHub {
             run.jobs.push(job.id);
         }
         let id = job.id;
+        if matches!(job.status.as_str(), "queued" | "waiting") {
+            st.send(&full, &job, &job.status.clone());
+        }
         st.jobs.insert(id, (full, job));
         id
     }
 
     /// Moves a job to `status` (`in_progress` sets `started_at`, `completed`
-    /// sets `completed_at`).
+    /// sets `completed_at`) and sends its webhook. Panics on a move GitHub
+    /// never makes (a `waiting` job cannot start, nothing leaves
+    /// `completed`).
     pub fn set_job_status(&self, job_id: u64, status: &str, conclusion: Option<&str>) {
         let mut st = self.st();
-        if let Some((_, job)) = st.jobs.get_mut(&job_id) {
-            job.status = status.to_owned();
-            job.conclusion = conclusion.map(str::to_owned);
-            let now = rfc3339(SystemTime::now());
-            match status {
-                "in_progress" => job.started_at = Some(now),
-                "completed" => {
-                    job.started_at.get_or_insert_with(|| now.clone());
-                    job.completed_at = Some(now);
-                }
-                _ => {}
-            }
+        if st.jobs.contains_key(&job_id) {
+            st.transition(job_id, status, conclusion);
         }
     }
 
@@ -1388,6 +1392,14 @@ fn run_status(st: &GhState, run: &FakeRun) -> (&'static str, Option<&'static str
         .collect();
     if jobs.is_empty() || jobs.iter().all(|j| j.status == "queued") {
         return ("queued", None);
+    }
+    // Held for an approval, nothing running yet.
+    if jobs.iter().any(|j| j.status == "waiting")
+        && jobs
+            .iter()
+            .all(|j| matches!(j.status.as_str(), "queued" | "waiting"))
+    {
+        return ("waiting", None);
     }
     if jobs.iter().all(|j| j.status == "completed") {
         let concluded = |c: &str| jobs.iter().any(|j| j.conclusion.as_deref() == Some(c));

@@ -18,6 +18,9 @@ use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
+mod flow;
+pub use flow::{FakeGlStageJob, FakeGlWebhook};
+
 use crate::fake_github::{
     Budget, Fault, RecordedRequest, Server, answer, lock, paging, query_pairs, random_token,
     rfc3339,
@@ -138,6 +141,8 @@ struct GlState {
     faults: VecDeque<Fault>,
     budget: Budget,
     requests: Vec<RecordedRequest>,
+    /// Pipelines run as GitLab runs them, and the hooks they sent.
+    flow: flow::Flow,
 }
 
 /// The fake GitLab server. Dropping it stops the server.
@@ -165,6 +170,7 @@ impl FakeGitLab {
             faults: VecDeque::new(),
             budget: Budget::new(2000, Duration::from_secs(60)),
             requests: Vec::new(),
+            flow: flow::Flow::default(),
         }));
         let router = Router::new().fallback(handle).with_state(state.clone());
         Self {

@@ -28,6 +28,19 @@ fn envelope(id: String, occurred: OffsetDateTime, delivery: &str, body: Body) ->
     }
 }
 
+/// [`job_event`] as the forge said it (`word`: `waiting`, GitLab `created`,
+/// ...), received `secs` after [`base_time`]: for ordering tests, where
+/// when an observation was made is what counts.
+pub fn observation(job_id: u64, status: JobStatus, word: &str, secs: i64) -> Event {
+    let mut e = job_event(job_id, status, base_time());
+    e.id = format!("synth-{job_id}-{word}-{secs}");
+    e.received_at = Some(timestamp(base_time() + Duration::seconds(secs)));
+    if let Some(Body::JobObserved(j)) = e.body.as_mut() {
+        j.forge_status = word.into();
+    }
+    e
+}
+
 /// One `JobObserved` of job `job_id` in `status`, as GitHub would report it
 /// for a job created at `created`.
 pub fn job_event(job_id: u64, status: JobStatus, created: OffsetDateTime) -> Event {
