@@ -199,6 +199,68 @@ pub fn status_token(status: JobStatus) -> &'static str {
     }
 }
 
+/// A job observation's place in the forge's lifecycle, for ordering two
+/// observations of one job (REFERENCE: "Job lifecycles"). A job does not walk
+/// a ladder: `queued` and `waiting` alternate (a GitHub job waits for an
+/// environment's approval, then queues; a GitLab job waits for a resource
+/// group, its schedule or a runner's preparation, then turns `pending`), so
+/// both share one stage, inside which the later observation wins. GitLab
+/// `created` (a later stage, `needs:` not met) comes before every other
+/// state; `in_progress` and the terminal states only move forward.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Stage {
+    /// Nothing known.
+    Unknown = 0,
+    /// GitLab `created`: not runnable yet, and never after anything else.
+    Created = 1,
+    /// `queued`/`pending` (runnable) or `waiting` and GitLab's held states.
+    Pending = 2,
+    /// A runner took it.
+    Running = 3,
+    /// Done.
+    Done = 4,
+}
+
+impl Stage {
+    /// The stage of an observation: its status and the forge's own word.
+    pub fn of(status: JobStatus, forge_status: &str) -> Self {
+        match status {
+            JobStatus::Unspecified => Self::Unknown,
+            JobStatus::Waiting if forge_status == "created" => Self::Created,
+            JobStatus::Queued | JobStatus::Waiting => Self::Pending,
+            JobStatus::InProgress => Self::Running,
+            JobStatus::Completed => Self::Done,
+        }
+    }
+
+    /// The stage of a `JobObserved`.
+    pub fn of_job(j: &JobObserved) -> Self {
+        Self::of(j.status(), &j.forge_status)
+    }
+
+    /// The stored number (`jobs.rank_status`).
+    pub fn number(self) -> i16 {
+        self as i16
+    }
+}
+
+/// When an observation of a job was made, for ordering it against another
+/// of the same [`Stage`]. Runnable and held states carry no time of their own
+/// in either forge's payload (a GitHub `queued` after an approval keeps the
+/// job's `created_at`), so for them it is the time runyard received the
+/// delivery (or polled the state); for the others the event's own time.
+pub fn observed_at(event: &Event) -> Option<&prost_types::Timestamp> {
+    let pending = matches!(
+        &event.body,
+        Some(Body::JobObserved(j)) if Stage::of_job(j) <= Stage::Pending
+    );
+    if pending {
+        event.received_at.as_ref().or(event.occurred_at.as_ref())
+    } else {
+        event.occurred_at.as_ref().or(event.received_at.as_ref())
+    }
+}
+
 /// Lower-cases and keeps `[a-z0-9_-]`, so a forge's word can sit in a subject.
 fn subject_token(s: &str) -> String {
     let t: String = s

@@ -162,18 +162,22 @@ fn map_status(word: &str) -> Mapped {
     use Conclusion as C;
     use JobStatus as S;
     match word {
-        "created" | "pending" => Mapped::Observed(S::Queued, C::Unspecified),
+        // `created`: a later stage's job, or one whose `needs:` are not met;
+        // it turns `pending` (or `skipped`) when they are. Only `pending`
+        // asks for a runner.
+        "pending" => Mapped::Observed(S::Queued, C::Unspecified),
         "running" => Mapped::Observed(S::InProgress, C::Unspecified),
         "success" => Mapped::Observed(S::Completed, C::Success),
         "failed" => Mapped::Observed(S::Completed, C::Failure),
         "canceled" => Mapped::Observed(S::Completed, C::Cancelled),
         "skipped" => Mapped::Observed(S::Completed, C::Skipped),
         "manual" => Mapped::Manual,
-        // `waiting_for_resource`, `preparing`, `scheduled`, `canceling` and
-        // whatever GitLab adds next: the job exists but is held back for a
-        // reason other than lack of a runner. `Waiting` is the closest
-        // fact, and the projection never moves a status backwards, so a
-        // late `canceling` after `running` does no harm.
+        // `created`, `waiting_for_resource`, `preparing`, `scheduled`,
+        // `canceling` and whatever GitLab adds next: the job exists but is
+        // held back for a reason other than lack of a runner. `Waiting` is
+        // the closest fact; it alternates with `pending` (ordered by when it
+        // was seen), and nothing moves a job back from `running` or a
+        // terminal state, so a late `canceling` after `running` does no harm.
         _ => Mapped::Observed(S::Waiting, C::Unspecified),
     }
 }
@@ -705,7 +709,7 @@ mod tests {
         use Conclusion as C;
         use JobStatus as S;
         for (word, status, conclusion) in [
-            ("created", S::Queued, C::Unspecified),
+            ("created", S::Waiting, C::Unspecified),
             ("pending", S::Queued, C::Unspecified),
             ("running", S::InProgress, C::Unspecified),
             ("success", S::Completed, C::Success),

@@ -11,7 +11,12 @@ pub struct Migrator;
 #[sea_orm_migration::async_trait::async_trait]
 impl MigratorTrait for Migrator {
     fn migrations() -> Vec<Box<dyn MigrationTrait>> {
-        vec![Box::new(Projection), Box::new(Runners), Box::new(Retries)]
+        vec![
+            Box::new(Projection),
+            Box::new(RUNNERS),
+            Box::new(RETRIES),
+            Box::new(STAGES),
+        ]
     }
 }
 
@@ -37,57 +42,54 @@ impl MigrationTrait for Projection {
     }
 }
 
-/// The `runners` table (runner lifecycle events) and the `runner_state`
-/// function its derived columns use.
+/// A migration that is plain SQL, named by hand: `DeriveMigrationName` names
+/// a migration after its source file, which would give every one of them the
+/// name `Projection` is recorded under in `seaql_migrations` (so none would
+/// ever run).
 #[derive(Debug)]
-struct Runners;
+struct Sql {
+    name: &'static str,
+    up: &'static str,
+    down: &'static str,
+}
 
-// Named by hand: `DeriveMigrationName` names a migration after its source
-// file, which would give this one the name `Projection` is recorded under in
-// `seaql_migrations` (so it would never run).
-impl MigrationName for Runners {
+impl MigrationName for Sql {
     fn name(&self) -> &str {
-        "m0002_runners"
+        self.name
     }
 }
 
-const RUNNERS_UP: &str = include_str!("migration/0002_runners.sql");
-const RUNNERS_DOWN: &str = "DROP TABLE IF EXISTS runners;
-DROP FUNCTION IF EXISTS runner_state(timestamptz, integer, integer, timestamptz, timestamptz, timestamptz);";
-
 #[sea_orm_migration::async_trait::async_trait]
-impl MigrationTrait for Runners {
+impl MigrationTrait for Sql {
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        manager
-            .get_connection()
-            .execute_unprepared(RUNNERS_UP)
-            .await?;
+        manager.get_connection().execute_unprepared(self.up).await?;
         Ok(())
     }
 
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
         manager
             .get_connection()
-            .execute_unprepared(RUNNERS_DOWN)
+            .execute_unprepared(self.down)
             .await?;
         Ok(())
     }
 }
 
+/// The `runners` table (runner lifecycle events) and the `runner_state`
+/// function its derived columns use.
+const RUNNERS: Sql = Sql {
+    name: "m0002_runners",
+    up: include_str!("migration/0002_runners.sql"),
+    down: "DROP TABLE IF EXISTS runners;
+DROP FUNCTION IF EXISTS runner_state(timestamptz, integer, integer, timestamptz, timestamptz, timestamptz);",
+};
+
 /// The `retries` table (retry events) with its `retry_jobs` view, and the
 /// `cgroup` column of `usage_samples`.
-#[derive(Debug)]
-struct Retries;
-
-// Named by hand, as `Runners` is.
-impl MigrationName for Retries {
-    fn name(&self) -> &str {
-        "m0003_retries"
-    }
-}
-
-const RETRIES_UP: &str = include_str!("migration/0003_retries.sql");
-const RETRIES_DOWN: &str = "DROP VIEW IF EXISTS retry_jobs;
+const RETRIES: Sql = Sql {
+    name: "m0003_retries",
+    up: include_str!("migration/0003_retries.sql"),
+    down: "DROP VIEW IF EXISTS retry_jobs;
 DROP TABLE IF EXISTS retries;
 DROP VIEW IF EXISTS job_usage;
 ALTER TABLE usage_samples DROP COLUMN IF EXISTS cgroup;
@@ -95,23 +97,15 @@ CREATE VIEW job_usage AS
 SELECT u.*, j.status AS job_status, j.conclusion, j.failure_reason, j.name AS job_name,
        j.labels, j.pipeline_id, j.started_at, j.completed_at
 FROM usage_samples u
-LEFT JOIN jobs j USING (forge, instance, job_id);";
+LEFT JOIN jobs j USING (forge, instance, job_id);",
+};
 
-#[sea_orm_migration::async_trait::async_trait]
-impl MigrationTrait for Retries {
-    async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        manager
-            .get_connection()
-            .execute_unprepared(RETRIES_UP)
-            .await?;
-        Ok(())
-    }
-
-    async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        manager
-            .get_connection()
-            .execute_unprepared(RETRIES_DOWN)
-            .await?;
-        Ok(())
-    }
-}
+/// Job rows ranked by lifecycle stage: `queued` and `waiting` share one
+/// stage (ordered by when they were seen), GitLab `created` comes before it
+/// and is not runnable.
+const STAGES: Sql = Sql {
+    name: "m0004_job_stages",
+    up: include_str!("migration/0004_job_stages.sql"),
+    down: "UPDATE jobs SET status = 1 WHERE forge = 'gitlab' AND forge_status = 'created' AND status = 2;
+UPDATE jobs SET rank_status = status WHERE rank_status IN (1, 2);",
+};

@@ -135,8 +135,9 @@ fn pick(table: &str, cols: &[&str]) -> String {
 }
 
 /// The job columns that come from the highest-ranked observation (the rest
-/// are keys, the forward-only status, earliest/latest times and the rank).
+/// are keys, earliest/latest times and the rank).
 pub const JOB_PICKED: &[&str] = &[
+    "status",
     "project",
     "project_id",
     "pipeline_id",
@@ -191,7 +192,6 @@ static UPSERT_JOBS: LazyLock<String> = LazyLock::new(|| {
             queued_duration_seconds, created_at, queued_at, started_at, completed_at,
             first_seen_at, last_event_at, rank_status, rank_at, rank_event)
          ON CONFLICT (forge, instance, job_id) DO UPDATE SET
-            status = GREATEST(jobs.status, EXCLUDED.status),
             created_at = LEAST(jobs.created_at, EXCLUDED.created_at),
             queued_at = LEAST(jobs.queued_at, EXCLUDED.queued_at),
             started_at = LEAST(jobs.started_at, EXCLUDED.started_at),

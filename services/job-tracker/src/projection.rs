@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use runyard_events::{
     Body, Conclusion, Event, Forge, JobKey, JobObserved, JobStatus, PipelineObserved, RetryJob,
-    UsageReported, forge_token, from_timestamp, retry_target, runner_ref, valid_pool_name,
+    Stage, UsageReported, forge_token, from_timestamp, retry_target, runner_ref, valid_pool_name,
 };
 use runyard_store::entities::{job_source, retry_kind, runner_state as state};
 use runyard_store::workload;
@@ -76,7 +76,10 @@ impl Delta {
             .unwrap_or(received);
         match &event.body {
             Some(Body::JobObserved(j)) => {
-                let row = job_row(&event.id, j, occurred, received)?;
+                let ranked = runyard_events::observed_at(event)
+                    .and_then(from_timestamp)
+                    .map_or(occurred, micros);
+                let row = job_row(&event.id, j, occurred, received, ranked)?;
                 let key = (row.forge.clone(), row.instance.clone(), row.job_id);
                 merge_into(&mut self.jobs, key, row, merge_jobs);
             }
@@ -193,11 +196,14 @@ fn conclusion_word(c: Conclusion) -> Option<String> {
     Some(w.to_owned())
 }
 
+/// `ranked` is when the observation was made ([`runyard_events::observed_at`]):
+/// it orders observations of one [`Stage`].
 fn job_row(
     id: &str,
     j: &JobObserved,
     occurred: OffsetDateTime,
     received: OffsetDateTime,
+    ranked: OffsetDateTime,
 ) -> Result<JobRow, Unprojectable> {
     let key = j
         .job
@@ -251,8 +257,8 @@ fn job_row(
         completed_at: ts(j.completed_at.as_ref()),
         first_seen_at: received,
         last_event_at: occurred,
-        rank_status: status,
-        rank_at: occurred,
+        rank_status: Stage::of_job(j).number(),
+        rank_at: ranked,
         rank_event: id.to_owned(),
     })
 }
@@ -358,9 +364,11 @@ fn min_opt(a: Option<OffsetDateTime>, b: Option<OffsetDateTime>) -> Option<Offse
     }
 }
 
-/// Merges two observations of one job: status and `last_event_at` take the
-/// maximum, timestamps the earliest value, descriptive fields come from the
-/// higher-ranked observation, falling back to the other where it has none.
+/// Merges two observations of one job: the status and the descriptive fields
+/// come from the higher-ranked observation (its [`Stage`], then when it was
+/// made: `queued` and `waiting` alternate, the rest only move forward),
+/// descriptive fields falling back to the other where it has none;
+/// `last_event_at` takes the maximum, timestamps the earliest value.
 pub fn merge_jobs(a: &JobRow, b: &JobRow) -> JobRow {
     let (hi, lo) = if job_rank(a) >= job_rank(b) {
         (a, b)
@@ -377,7 +385,7 @@ pub fn merge_jobs(a: &JobRow, b: &JobRow) -> JobRow {
         forge: hi.forge.clone(),
         instance: hi.instance.clone(),
         job_id: hi.job_id,
-        status: a.status.max(b.status),
+        status: hi.status,
         project: pick!(project),
         project_id: pick!(project_id),
         pipeline_id: pick!(pipeline_id),
@@ -957,6 +965,38 @@ mod tests {
         assert_eq!(row.conclusion.as_deref(), Some("failure"));
         assert_eq!(row.runner_name.as_deref(), Some("runner-7"));
         assert!(row.completed_at.is_some());
+    }
+
+    fn status_of(events: &[Event]) -> i16 {
+        let d = fold(events);
+        d.jobs.values().next().map(|r| r.status).unwrap_or_default()
+    }
+
+    #[test]
+    fn queued_and_waiting_alternate_by_when_they_were_seen_in_any_arrival_order() {
+        let waiting = synth::observation(3, JobStatus::Waiting, "waiting", 1);
+        let queued = synth::observation(3, JobStatus::Queued, "queued", 60);
+        // An approval: waiting, then queued.
+        assert_eq!(status_of(&[waiting.clone(), queued.clone()]), 1);
+        assert_eq!(status_of(&[queued.clone(), waiting.clone()]), 1);
+        // Queued, then held again.
+        let again = synth::observation(3, JobStatus::Waiting, "waiting", 90);
+        assert_eq!(status_of(&[again.clone(), queued.clone(), waiting]), 2);
+        // Running and done only move forward.
+        let running = synth::observation(3, JobStatus::InProgress, "in_progress", 30);
+        assert_eq!(status_of(&[running.clone(), again.clone()]), 3);
+        let done = synth::observation(3, JobStatus::Completed, "completed", 40);
+        assert_eq!(status_of(&[done, again, running]), 4);
+    }
+
+    #[test]
+    fn a_gitlab_created_job_is_not_runnable_and_never_follows_pending() {
+        let created = synth::observation(5, JobStatus::Waiting, "created", 100);
+        let pending = synth::observation(5, JobStatus::Queued, "pending", 50);
+        assert_eq!(status_of(std::slice::from_ref(&created)), 2);
+        // A late `created` (hooks are not delivered in order) changes nothing.
+        assert_eq!(status_of(&[pending.clone(), created.clone()]), 1);
+        assert_eq!(status_of(&[created, pending]), 1);
     }
 
     #[test]

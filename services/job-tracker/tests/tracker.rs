@@ -266,6 +266,77 @@ async fn shuffled_and_duplicated_events_give_the_right_rows() {
 }
 
 #[tokio::test]
+async fn queued_and_waiting_alternate_and_a_gitlab_created_job_waits_in_the_database() {
+    let nats = TestNats::get().await;
+    let ns = unique_namespace();
+    let db = TestDb::new();
+    let bus = bus(&nats, &ns).await;
+    let t = start(config(&nats.url(), &ns, &db.url)).await;
+    // Job 1: waited for an approval, then queued; the deliveries arrive
+    // one by one (each its own transaction against the stored row).
+    publish(
+        &bus,
+        &[synth::observation(1, JobStatus::Waiting, "waiting", 1)],
+    )
+    .await;
+    let p = wait_applied(&db.url, 1).await;
+    assert_eq!(status_and_queued_at(&p, 1).await.0, 2);
+    publish(
+        &bus,
+        &[synth::observation(1, JobStatus::Queued, "queued", 60)],
+    )
+    .await;
+    let p = wait_applied(&db.url, 2).await;
+    assert_eq!(status_and_queued_at(&p, 1).await.0, 1, "approved: queued");
+    // An older `waiting` redelivered late does not take it back.
+    publish(
+        &bus,
+        &[synth::observation(1, JobStatus::Waiting, "waiting", 0)],
+    )
+    .await;
+    let p = wait_applied(&db.url, 3).await;
+    assert_eq!(status_and_queued_at(&p, 1).await.0, 1);
+    // Job 2: GitLab's `created` hook arrives after `pending`.
+    publish(
+        &bus,
+        &[synth::observation(2, JobStatus::Queued, "pending", 5)],
+    )
+    .await;
+    let p = wait_applied(&db.url, 4).await;
+    publish(
+        &bus,
+        &[synth::observation(2, JobStatus::Waiting, "created", 9)],
+    )
+    .await;
+    let p2 = wait_applied(&db.url, 5).await;
+    assert_eq!(status_and_queued_at(&p2, 2).await.0, 1, "still pending");
+    // Job 3: running, then a late `waiting`: running stays.
+    publish(
+        &bus,
+        &[synth::observation(
+            3,
+            JobStatus::InProgress,
+            "in_progress",
+            5,
+        )],
+    )
+    .await;
+    wait_applied(&db.url, 6).await;
+    publish(
+        &bus,
+        &[synth::observation(3, JobStatus::Waiting, "waiting", 99)],
+    )
+    .await;
+    let p3 = wait_applied(&db.url, 7).await;
+    assert_eq!(status_and_queued_at(&p3, 3).await.0, 3);
+    t.stop().await;
+    for p in [p, p2, p3] {
+        p.close().await;
+    }
+    db.drop_db().await;
+}
+
+#[tokio::test]
 async fn batch_and_one_by_one_in_any_order_agree() {
     // The SQL merge and the in-memory merge are the same function.
     let nats = TestNats::get().await;
@@ -1762,7 +1833,7 @@ async fn two_trackers_started_at_the_same_instant_on_a_fresh_database_both_come_
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         let p = pool(&db.url).await;
-        assert_eq!(count(&p, "seaql_migrations").await, 3, "round {round}");
+        assert_eq!(count(&p, "seaql_migrations").await, 4, "round {round}");
         p.close().await;
         drop(children);
         db.drop_db().await;

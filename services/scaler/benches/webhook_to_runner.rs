@@ -1597,6 +1597,7 @@ fn bench_job(job_id: u64) -> Job {
         run_attempt: 1,
         labels: Some(LABELS.map(String::from).to_vec()),
         status: JobStatus::Queued,
+        seen: (runyard_events::Stage::Pending, Duration::ZERO),
         cancelled: false,
         queued_at: runyard_scaler::engine::now(),
         project: "octo-org/example-workflow".into(),

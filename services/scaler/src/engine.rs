@@ -807,6 +807,7 @@ impl Engine {
                     && j.status == JobStatus::Queued
                 {
                     j.status = JobStatus::InProgress;
+                    j.seen.0 = runyard_events::Stage::Running;
                 }
             }
             Outcome::Labels { job, labels } => {

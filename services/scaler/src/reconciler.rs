@@ -32,8 +32,8 @@ use std::time::{Duration, Instant};
 use runyard_bus::TraceParent;
 use runyard_bus::consumer::{Delivery, Handler, HandlerError};
 use runyard_events::{
-    Body, Conclusion, Event, Forge, JobKey, JobObserved, JobStatus, Source, ids, status_token,
-    timestamp,
+    Body, Conclusion, Event, Forge, JobKey, JobObserved, JobStatus, Source, Stage, ids,
+    status_token, timestamp,
 };
 use runyard_forge::api::ApiError;
 use runyard_forge::api::github::{GitHubClient, HookDelivery, HookRef, WorkflowJob};
@@ -346,15 +346,18 @@ impl Budget {
 /// A job as the log has shown it.
 #[derive(Debug, Clone)]
 struct SeenJob {
-    /// Furthest status.
+    /// The status of the log's latest observation in the furthest stage
+    /// (`queued` and `waiting` alternate).
     status: JobStatus,
+    /// That observation's stage.
+    stage: Stage,
     /// GitHub: the repository (lower-cased) and run.
     project: String,
     run_id: u64,
     at: Instant,
 }
 
-/// What the log holds about jobs: the furthest status of each, so only
+/// What the log holds about jobs: the current status of each, so only
 /// what is missing gets published.
 #[derive(Debug, Default)]
 struct Seen {
@@ -378,12 +381,16 @@ impl Seen {
         let status = j.status();
         let entry = self.jobs.entry(id).or_insert_with(|| SeenJob {
             status: JobStatus::Unspecified,
+            stage: Stage::Unknown,
             project: j.project.to_ascii_lowercase(),
             run_id: j.pipeline_id,
             at: now,
         });
-        if (status as i32) > (entry.status as i32) {
+        // The log is read in order: within a stage the later one wins.
+        let stage = Stage::of_job(j);
+        if stage >= entry.stage {
             entry.status = status;
+            entry.stage = stage;
         }
         if entry.project.is_empty() {
             entry.project = j.project.to_ascii_lowercase();
@@ -394,11 +401,14 @@ impl Seen {
         entry.at = now;
     }
 
-    /// Whether the log lacks `status` (or anything further) for the job.
+    /// Whether the log lacks `status` (or anything further) for the job: a
+    /// job the log has `waiting` lacks `queued` (it was approved, and that
+    /// delivery went missing), one it has `in_progress` lacks neither.
     fn lacks(&self, id: &JobId, status: JobStatus) -> bool {
-        self.jobs
-            .get(id)
-            .is_none_or(|s| (s.status as i32) < (status as i32))
+        let stage = Stage::of(status, "");
+        self.jobs.get(id).is_none_or(|s| {
+            s.stage < stage || (s.stage == stage && stage == Stage::Pending && s.status != status)
+        })
     }
 
     /// Runs of `repo` on `instance` with jobs the log has queued or
@@ -1174,9 +1184,17 @@ mod tests {
         assert!(!seen.lacks(&id(1), JobStatus::InProgress));
         assert!(seen.lacks(&id(1), JobStatus::Completed));
         assert!(seen.lacks(&id(9), JobStatus::Queued));
+        // Waiting for an approval: the `queued` that follows it is lacking
+        // until the log has it.
+        seen.observe(&seen_job(5, JobStatus::Waiting, 13), now);
+        assert!(seen.lacks(&id(5), JobStatus::Queued));
+        assert!(!seen.lacks(&id(5), JobStatus::Waiting));
+        seen.observe(&seen_job(5, JobStatus::Queued, 13), now);
+        assert!(!seen.lacks(&id(5), JobStatus::Queued));
+        assert!(seen.lacks(&id(5), JobStatus::InProgress));
         assert_eq!(
             seen.unfinished_runs("github.com", "acme/app"),
-            BTreeSet::from([10, 11])
+            BTreeSet::from([10, 11, 13])
         );
         assert!(seen.unfinished_runs("ghe.corp", "acme/app").is_empty());
         seen.prune(now + Duration::from_secs(10), Duration::from_secs(5));

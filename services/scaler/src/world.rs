@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use runyard_events::{Body, Event, Forge, JobStatus};
+use runyard_events::{Body, Event, Forge, JobStatus, Stage};
 
 /// Wall-clock time as a duration since the Unix epoch (injected everywhere,
 /// so the policy runs the same on a real clock and in a simulation).
@@ -32,8 +32,11 @@ pub struct Job {
     pub run_attempt: u32,
     /// Labels (GitHub) or tags (GitLab), lower-cased; `None` while unknown.
     pub labels: Option<Vec<String>>,
-    /// Furthest status seen.
+    /// The status of the latest observation in the furthest [`Stage`]:
+    /// `queued` and `waiting` alternate, the rest only move forward.
     pub status: JobStatus,
+    /// That observation's stage and when it was made (the order key).
+    pub seen: (Stage, Clock),
     /// True when it ended cancelled.
     pub cancelled: bool,
     /// When it was queued.
@@ -215,7 +218,10 @@ impl World {
         }
         let at = clock_of(event.occurred_at.as_ref()).unwrap_or(now);
         match event.body.as_ref() {
-            Some(Body::JobObserved(j)) => self.apply_job(j, at),
+            Some(Body::JobObserved(j)) => {
+                let seen = clock_of(runyard_events::observed_at(event)).unwrap_or(now);
+                self.apply_job(j, at, seen);
+            }
             Some(Body::RunnerRequested(req)) => {
                 let r = req;
                 let Some(rref) = r.runner.as_ref() else {
@@ -320,7 +326,7 @@ impl World {
         self.runners.get_mut(&rref?.name)
     }
 
-    fn apply_job(&mut self, j: &runyard_events::JobObserved, at: Clock) {
+    fn apply_job(&mut self, j: &runyard_events::JobObserved, at: Clock, seen: Clock) {
         let Some(key) = j.job.as_ref() else {
             return;
         };
@@ -338,6 +344,7 @@ impl World {
             // looked up before the job can be matched.
             labels: (id.forge == Forge::Github).then(Vec::new),
             status: JobStatus::Unspecified,
+            seen: (Stage::Unknown, Duration::ZERO),
             cancelled: false,
             queued_at: clock_of(j.created_at.as_ref()).unwrap_or(at),
             project: j.project.clone(),
@@ -351,8 +358,10 @@ impl World {
         if id.forge == Forge::Github && !labels.is_empty() {
             job.labels = Some(labels);
         }
-        if status as i32 > job.status as i32 {
+        let stage = (Stage::of_job(j), seen);
+        if stage > job.seen {
             job.status = status;
+            job.seen = stage;
         }
         if j.conclusion() == runyard_events::Conclusion::Cancelled {
             job.cancelled = true;

@@ -28,6 +28,7 @@ fn job() -> Job {
         run_attempt: 1,
         labels: Some(vec!["self-hosted".into()]),
         status: JobStatus::Queued,
+        seen: (runyard_events::Stage::Pending, Duration::ZERO),
         cancelled: false,
         queued_at: Duration::ZERO,
         project: "acme/widgets".into(),

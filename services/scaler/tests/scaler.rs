@@ -5,6 +5,7 @@
 
 #[path = "provider/fake.rs"]
 mod fake;
+mod lifecycle;
 mod reconcile;
 mod support;
 

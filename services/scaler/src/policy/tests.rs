@@ -42,6 +42,7 @@ fn job(world: &mut World, n: u64, labels: &[&str], queued_at: Clock) {
             run_attempt: 1,
             labels: Some(labels.iter().map(|l| l.to_ascii_lowercase()).collect()),
             status: JobStatus::Queued,
+            seen: (runyard_events::Stage::Pending, queued_at),
             cancelled: false,
             queued_at,
             project: "acme/app".into(),

@@ -331,3 +331,35 @@ async fn the_reconciler_stops_spending_when_its_budget_is_spent() {
     assert_eq!(metric(&scaler, &cycles("complete")).await, 0.0);
     scaler.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approved_deployment_whose_queued_webhook_was_lost_gets_a_runner() {
+    let mut stack = Stack::new(&pool_toml(10, 0, "")).await;
+    stack
+        .file
+        .push_str(&reconciler("github_repos = [\"acme/app\"]"));
+    let scaler = stack.start().await;
+    let gh = &stack.github;
+    let deploy = gh.add_waiting_job(
+        "acme",
+        "app",
+        FakeJob::queued(900, "deploy", &["self-hosted", "linux"]),
+    );
+    stack.deliver_github(gh.take_webhooks()).await;
+    gh.approve(deploy);
+    // The `queued` delivery never arrives.
+    assert_eq!(gh.take_webhooks().len(), 1);
+    until("a runner for the approved job", || stack.jit_calls() == 1).await;
+    let found: Vec<Event> = stack
+        .events()
+        .await
+        .into_iter()
+        .filter(|e| {
+            e.source
+                .as_ref()
+                .is_some_and(|s| s.producer == "reconciler")
+        })
+        .collect();
+    assert_eq!(found.len(), 1, "the reconciler published the lost queued");
+    scaler.stop().await;
+}

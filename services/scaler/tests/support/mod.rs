@@ -3,6 +3,8 @@
 //! and helpers to play the forge's part (jobs queued, started, finished).
 #![allow(dead_code)] // not every test binary uses every helper
 
+pub mod hooks;
+
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
