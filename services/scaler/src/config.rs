@@ -491,6 +491,10 @@ pub struct Timers {
     pub forge_timeout: Duration,
     /// Where the `process` provider keeps its pid files and logs.
     pub state_dir: Option<PathBuf>,
+    /// How a job matched by several pools of one priority picks one:
+    /// `spread` (round-robin, the default) or `pack` (fill in name order).
+    /// Either way it goes to the highest priority with room.
+    pub balance: crate::policy::Balance,
 }
 
 impl Default for Timers {
@@ -508,6 +512,7 @@ impl Default for Timers {
             allocator_timeout: Duration::from_millis(500),
             forge_timeout: Duration::from_secs(10),
             state_dir: None,
+            balance: crate::policy::Balance::Spread,
         }
     }
 }
@@ -947,6 +952,12 @@ lease_ttl = "2s"
         assert_eq!(f.pools[0].flavors[1].memory, ByteSize::gib(16));
         assert_eq!(f.scaler.lease_ttl, Duration::from_secs(2));
         assert_eq!(f.scaler.idle_backoff, Duration::from_secs(10));
+        assert_eq!(f.scaler.balance, crate::policy::Balance::Spread);
+        let pack = ScalerFile::parse(&GOOD.replace("lease_ttl = \"2s\"", "balance = \"pack\""));
+        assert_eq!(
+            pack.expect("valid").scaler.balance,
+            crate::policy::Balance::Pack
+        );
         assert!(matches!(
             f.providers["lxd"],
             ProviderConfig::External { ref interface_version, .. } if interface_version == "v0.1.1"
@@ -961,6 +972,11 @@ lease_ttl = "2s"
     fn bad_files_are_refused_naming_the_field() {
         let e = refused(&GOOD.replace("priority = 10", "priority = 10\ncolour = 1"));
         assert!(e.message.contains("colour"), "{e}");
+        let e = refused(&GOOD.replace("lease_ttl = \"2s\"", "balance = \"roundrobin\""));
+        assert!(
+            e.message.contains("roundrobin") && e.message.contains("spread"),
+            "{e}"
+        );
         let e = refused(&GOOD.replace("provider = \"lxd\"", "provider = \"nope\""));
         assert_eq!(e.field, "pools[0].provider");
         let e = refused(&GOOD.replace("min_idle = 1", "min_idle = 21"));

@@ -504,6 +504,7 @@ impl Engine {
         let knobs = Knobs {
             idle_backoff: self.shared.timers.idle_backoff,
             create_attempts: self.shared.timers.create_attempts,
+            balance: self.shared.timers.balance,
         };
         let owned: HashSet<String> = self
             .shared
@@ -528,7 +529,7 @@ impl Engine {
         for d in decisions {
             self.execute(d, now);
         }
-        let status = policy::status(&self.shared.specs, &self.world);
+        let status = policy::status(&self.shared.specs, &self.world, self.shared.timers.balance);
         self.shared.metrics.record_pools(&status);
         if let Ok(mut s) = self.shared.status.write() {
             *s = status;

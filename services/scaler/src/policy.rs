@@ -33,6 +33,21 @@ pub struct PoolSpec {
     pub priority: i32,
 }
 
+/// How a job that several pools of the same priority match picks one
+/// (garm's pool balancer: `pack` and `round-robin`). Either way a job goes
+/// to the highest priority that has room, and spills over to the next.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Balance {
+    /// Round-robin among the tied pools (by job id, so every replica picks
+    /// the same): load spread over them.
+    #[default]
+    Spread,
+    /// Fill the tied pools in name order: the first until it is full, then
+    /// the next.
+    Pack,
+}
+
 /// Policy knobs shared by every pool.
 #[derive(Debug, Clone)]
 pub struct Knobs {
@@ -40,6 +55,8 @@ pub struct Knobs {
     pub idle_backoff: Duration,
     /// Create attempts per runner before its job is given up.
     pub create_attempts: u32,
+    /// Among pools of one priority.
+    pub balance: Balance,
 }
 
 /// What to do.
@@ -125,12 +142,19 @@ pub fn labels_match(job: &[String], pool: &[String]) -> bool {
     !job.is_empty() && job.iter().all(|l| pool.contains(l))
 }
 
-/// The pool a job goes to: among the pools of its forge and instance whose
-/// labels cover the job's, the highest priority; ties are spread by job id
-/// (round-robin over the job stream, the same answer on every replica).
-pub fn choose_pool<'a>(pools: &'a [PoolSpec], job: &Job) -> Option<&'a PoolSpec> {
-    let labels = job.labels.as_deref()?;
-    let matching: Vec<&PoolSpec> = pools
+/// The pools a job may go to, in the order it tries them: those of its
+/// forge and instance whose labels cover the job's, highest priority first;
+/// within one priority in name order (`pack`) or rotated by job id
+/// (`spread`), so every replica orders them the same.
+pub fn candidate_pools<'a>(
+    pools: &'a [PoolSpec],
+    job: &Job,
+    balance: Balance,
+) -> Vec<&'a PoolSpec> {
+    let Some(labels) = job.labels.as_deref() else {
+        return Vec::new();
+    };
+    let mut matching: Vec<&PoolSpec> = pools
         .iter()
         .filter(|p| {
             p.forge == job.id.forge
@@ -138,24 +162,82 @@ pub fn choose_pool<'a>(pools: &'a [PoolSpec], job: &Job) -> Option<&'a PoolSpec>
                 && labels_match(labels, &p.labels)
         })
         .collect();
-    let top = matching.iter().map(|p| p.priority).max()?;
-    let mut tied: Vec<&PoolSpec> = matching.into_iter().filter(|p| p.priority == top).collect();
-    tied.sort_by(|a, b| a.name.cmp(&b.name));
-    let i = usize::try_from(job.id.job_id % tied.len() as u64).unwrap_or(0);
-    tied.get(i).copied()
+    matching.sort_by(|a, b| b.priority.cmp(&a.priority).then(a.name.cmp(&b.name)));
+    if balance == Balance::Spread {
+        for tied in matching.chunk_by_mut(|a, b| a.priority == b.priority) {
+            let n = tied.len() as u64;
+            tied.rotate_left(usize::try_from(job.id.job_id % n).unwrap_or(0));
+        }
+    }
+    matching
+}
+
+/// The pool a job goes to when every pool has room: the first of
+/// [`candidate_pools`].
+pub fn choose_pool<'a>(pools: &'a [PoolSpec], job: &Job, balance: Balance) -> Option<&'a PoolSpec> {
+    candidate_pools(pools, job, balance).first().copied()
 }
 
 /// The queued jobs of every pool, oldest first: each job's pool is chosen
-/// once per round, not once per pool.
-fn queues<'a>(world: &'a World, pools: &[PoolSpec]) -> HashMap<String, Vec<&'a Job>> {
-    let mut q: HashMap<String, Vec<&Job>> = HashMap::new();
-    for job in world.jobs.values().filter(|j| j.is_queued()) {
-        if let Some(pool) = choose_pool(pools, job) {
-            q.entry(pool.name.clone()).or_default().push(job);
+/// once per round, not once per pool. A job stays with the pool that made a
+/// runner for it; any other goes to the first candidate pool with room
+/// (`max_runners` less its live runners, plus its free ones, less the jobs
+/// given to it before this one), or waits in the first candidate when none
+/// has room.
+fn queues<'a>(
+    world: &'a World,
+    pools: &[PoolSpec],
+    balance: Balance,
+) -> HashMap<String, Vec<&'a Job>> {
+    let mut room: HashMap<&str, i64> = HashMap::new();
+    let mut made_for: HashMap<&JobId, (&str, bool)> = HashMap::new();
+    for p in pools {
+        room.insert(&p.name, i64::from(p.max_runners));
+    }
+    for r in world.runners.values() {
+        let queued_for = r
+            .job
+            .as_ref()
+            .and_then(|id| world.jobs.get(id))
+            .is_some_and(Job::is_queued);
+        if let Some(left) = room.get_mut(r.pool.as_str()) {
+            // A live runner takes a place; a free one gives it back (it
+            // takes a queued job without a new runner).
+            *left -= i64::from(r.is_alive()) - i64::from(r.is_unassigned() && !queued_for);
+        }
+        if let Some(job) = &r.job {
+            let serving = r.is_unassigned() || r.phase == Phase::Failed;
+            let e = made_for.entry(job).or_insert((r.pool.as_str(), false));
+            e.1 |= serving;
         }
     }
-    for jobs in q.values_mut() {
-        jobs.sort_by(|a, b| a.queued_at.cmp(&b.queued_at).then(a.id.cmp(&b.id)));
+    let mut jobs: Vec<&Job> = world.jobs.values().filter(|j| j.is_queued()).collect();
+    jobs.sort_by(|a, b| a.queued_at.cmp(&b.queued_at).then(a.id.cmp(&b.id)));
+    let mut q: HashMap<String, Vec<&Job>> = HashMap::new();
+    for job in jobs {
+        let pool = match made_for.get(&job.id) {
+            Some(&(pool, serving)) => {
+                if !serving && let Some(left) = room.get_mut(pool) {
+                    *left -= 1;
+                }
+                pool.to_owned()
+            }
+            None => {
+                let candidates = candidate_pools(pools, job, balance);
+                let Some(chosen) = candidates
+                    .iter()
+                    .find(|p| room.get(p.name.as_str()).is_some_and(|left| *left > 0))
+                    .or(candidates.first())
+                else {
+                    continue;
+                };
+                if let Some(left) = room.get_mut(chosen.name.as_str()) {
+                    *left -= 1;
+                }
+                chosen.name.clone()
+            }
+        };
+        q.entry(pool).or_default().push(job);
     }
     q
 }
@@ -171,7 +253,7 @@ pub fn decide(
     knobs: &Knobs,
 ) -> Vec<Decision> {
     let mut out = Vec::new();
-    let queues = queues(world, pools);
+    let queues = queues(world, pools, knobs.balance);
     for pool in pools.iter().filter(|p| owned(&p.name)) {
         let queue = queues.get(&pool.name).map_or(&[][..], Vec::as_slice);
         decide_pool(pool, queue, world, in_flight, now, knobs, &mut out);
@@ -361,8 +443,8 @@ fn decide_pool(
 }
 
 /// Every pool's numbers.
-pub fn status(pools: &[PoolSpec], world: &World) -> Vec<PoolStatus> {
-    let queues = queues(world, pools);
+pub fn status(pools: &[PoolSpec], world: &World, balance: Balance) -> Vec<PoolStatus> {
+    let queues = queues(world, pools, balance);
     pools
         .iter()
         .map(|pool| {

@@ -754,3 +754,70 @@ async fn a_scaler_starting_on_a_log_ending_in_other_events_catches_up_and_acts()
     assert_eq!(ready.status(), 200);
     scaler.stop().await;
 }
+
+/// Two pools for the same labels: `big` (priority 10, room for 2) and
+/// `spare` (priority 0), both with the `local` provider.
+fn two_pools(big_max: u32) -> String {
+    format!(
+        r#"
+[[pools]]
+name = "big"
+forge = "github"
+scope = {{ org = "acme" }}
+labels = ["self-hosted", "linux"]
+provider = "local"
+flavors = [{{ name = "small", memory = "4GiB", cpus = 2 }}]
+max_runners = {big_max}
+priority = 10
+
+[[pools]]
+name = "spare"
+forge = "github"
+scope = {{ org = "acme" }}
+labels = ["self-hosted", "linux"]
+provider = "local"
+flavors = [{{ name = "small", memory = "4GiB", cpus = 2 }}]
+max_runners = 10
+"#
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_spill_over_to_a_lower_priority_pool_when_the_top_one_is_full() {
+    let stack = Stack::new(&two_pools(2)).await;
+    let scaler = stack.start().await;
+    for job in 1..=5 {
+        stack.queued(job).await;
+    }
+    until("a runner for every job", || {
+        stack.live_processes().len() == 5
+    })
+    .await;
+    let mut per_pool: BTreeMap<String, usize> = BTreeMap::new();
+    for e in stack.runner_events("RunnerRequested").await {
+        if let Some(Body::RunnerRequested(r)) = &e.body {
+            *per_pool
+                .entry(
+                    r.runner
+                        .as_ref()
+                        .map(|r| r.pool.clone())
+                        .unwrap_or_default(),
+                )
+                .or_default() += 1;
+        }
+    }
+    assert_eq!(
+        per_pool,
+        BTreeMap::from([("big".into(), 2), ("spare".into(), 3)]),
+        "two in the full top pool, the rest spilled over"
+    );
+    let pools = scaler.pools().await;
+    let queued: Vec<u64> = pools["pools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["queued"].as_u64().unwrap())
+        .collect();
+    assert_eq!(queued.iter().sum::<u64>(), 5);
+    scaler.stop().await;
+}

@@ -1,5 +1,7 @@
 //! Given a world, when the policy runs at some time, then these decisions.
 
+use std::collections::BTreeMap;
+
 use super::*;
 
 const S: Duration = Duration::from_secs(1);
@@ -23,6 +25,7 @@ fn knobs() -> Knobs {
     Knobs {
         idle_backoff: 10 * S,
         create_attempts: 5,
+        balance: Balance::Spread,
     }
 }
 
@@ -105,7 +108,7 @@ fn priority_wins_then_ties_are_spread_by_job() {
     }
     let chosen: Vec<String> = (1..=4)
         .map(|n| {
-            choose_pool(&pools, &w.jobs[&jid(n)])
+            choose_pool(&pools, &w.jobs[&jid(n)], Balance::Spread)
                 .map(|p| p.name.clone())
                 .unwrap_or_default()
         })
@@ -113,9 +116,100 @@ fn priority_wins_then_ties_are_spread_by_job() {
     assert_eq!(chosen, ["b", "a", "b", "a"]);
     let with_hi = [pools[0].clone(), hi, pools[1].clone()];
     assert_eq!(
-        choose_pool(&with_hi, &w.jobs[&jid(1)]).map(|p| p.name.as_str()),
+        choose_pool(&with_hi, &w.jobs[&jid(1)], Balance::Spread).map(|p| p.name.as_str()),
         Some("hi")
     );
+}
+
+/// Creates per pool.
+fn creates_by_pool(d: &[Decision]) -> BTreeMap<String, Vec<u64>> {
+    let mut out: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    for d in d {
+        if let Decision::Create { pool, job, .. } = d {
+            out.entry(pool.clone()).or_default().push(job.job_id);
+        }
+    }
+    out
+}
+
+#[test]
+fn a_job_spills_over_to_the_next_priority_when_the_top_pool_is_full() {
+    let mut hi = pool("hi", &["linux"], 2, 0);
+    hi.priority = 5;
+    let pools = [hi, pool("lo", &["linux"], 10, 0)];
+    let mut w = World::default();
+    for n in 1..=5 {
+        job(&mut w, n, &["linux"], T0 + n as u32 * S);
+    }
+    let by_pool = creates_by_pool(&run(&pools, &w, T0 + 10 * S));
+    assert_eq!(by_pool["hi"], [1, 2], "the oldest fill the top pool");
+    assert_eq!(by_pool["lo"], [3, 4, 5], "the rest spill over");
+
+    // Once the top pool has runners for its two, they count: a new job
+    // spills over too, and the jobs made for `lo` stay there.
+    runner(&mut w, "h1", "hi", Some(1), Phase::Created, T0);
+    runner(&mut w, "h2", "hi", Some(2), Phase::Created, T0);
+    for (name, n) in [("l3", 3), ("l4", 4), ("l5", 5)] {
+        runner(&mut w, name, "lo", Some(n), Phase::Created, T0);
+    }
+    job(&mut w, 6, &["linux"], T0 + 20 * S);
+    let by_pool = creates_by_pool(&run(&pools, &w, T0 + 21 * S));
+    assert_eq!(by_pool.get("hi"), None);
+    assert_eq!(by_pool["lo"], [6]);
+    // `hi` frees a place: the next job takes it; `lo`'s claimed jobs stay.
+    runner(&mut w, "l6", "lo", Some(6), Phase::Created, T0);
+    w.runners.remove("h1");
+    w.jobs.remove(&jid(1));
+    job(&mut w, 7, &["linux"], T0 + 30 * S);
+    let by_pool = creates_by_pool(&run(&pools, &w, T0 + 31 * S));
+    assert_eq!(by_pool["hi"], [7]);
+    let status = status(&pools, &w, Balance::Spread);
+    assert_eq!((status[0].queued, status[1].queued), (2, 4));
+}
+
+#[test]
+fn pack_fills_tied_pools_in_name_order_and_spread_takes_turns() {
+    let pools = [pool("b", &["linux"], 3, 0), pool("a", &["linux"], 3, 0)];
+    let mut w = World::default();
+    for n in 1..=4 {
+        job(&mut w, n, &["linux"], T0 + n as u32 * S);
+    }
+    let with = |balance| {
+        let k = Knobs { balance, ..knobs() };
+        creates_by_pool(&decide(&pools, &w, &|_| true, &|_| false, T0 + 9 * S, &k))
+    };
+    let pack = with(Balance::Pack);
+    assert_eq!((pack["a"].len(), pack["b"].len()), (3, 1));
+    let spread = with(Balance::Spread);
+    assert_eq!((spread["a"].len(), spread["b"].len()), (2, 2));
+    // Every replica decides the same: the order the pools are listed in
+    // changes nothing.
+    let reversed = [pools[1].clone(), pools[0].clone()];
+    let k = Knobs {
+        balance: Balance::Pack,
+        ..knobs()
+    };
+    assert_eq!(
+        creates_by_pool(&decide(
+            &reversed,
+            &w,
+            &|_| true,
+            &|_| false,
+            T0 + 9 * S,
+            &k
+        )),
+        pack
+    );
+}
+
+#[test]
+fn a_full_pool_with_no_other_match_keeps_its_jobs_waiting() {
+    let pools = [pool("only", &["linux"], 1, 0), pool("gpu", &["gpu"], 10, 0)];
+    let mut w = World::default();
+    job(&mut w, 1, &["linux"], T0);
+    job(&mut w, 2, &["linux"], T0 + S);
+    assert_eq!(creates_by_pool(&run(&pools, &w, T0 + 2 * S))["only"], [1]);
+    assert_eq!(status(&pools, &w, Balance::Spread)[0].queued, 2);
 }
 
 #[test]
@@ -425,7 +519,7 @@ fn status_counts_runners_and_queue() {
     runner(&mut w, "b", "linux", None, Phase::Online, T0);
     runner(&mut w, "c", "linux", None, Phase::Assigned, T0);
     runner(&mut w, "d", "linux", None, Phase::Deleted, T0);
-    let s = &status(&pools, &w)[0];
+    let s = &status(&pools, &w, Balance::Spread)[0];
     assert_eq!(
         (s.actual, s.creating, s.idle, s.busy, s.queued),
         (3, 1, 1, 1, 2)

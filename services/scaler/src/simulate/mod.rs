@@ -244,6 +244,7 @@ pub(crate) fn scalers(args: &SimulateArgs) -> Vec<Box<dyn Scaler>> {
             Knobs {
                 idle_backoff: secs(args.idle_backoff),
                 create_attempts: CREATE_ATTEMPTS,
+                balance: crate::policy::Balance::Spread,
             },
             Timers {
                 tick: TICK,
