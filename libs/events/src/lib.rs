@@ -10,10 +10,10 @@ pub mod v1 {
 }
 
 pub use v1::{
-    AllocationIssued, Conclusion, Event, Forge, JobKey, JobObserved, JobStatus, PipelineObserved,
-    RetryIssued, RetryJob, RetryRefused, RetryRequested, RetryTarget, RunnerAssigned,
-    RunnerCreated, RunnerDeleted, RunnerFailed, RunnerOnline, RunnerRef, RunnerRequested, Source,
-    UsageIdentity, UsageReported, event::Body,
+    AllocationIssued, Conclusion, Event, Forge, JobKey, JobObserved, JobStatus, JobUnserved,
+    PipelineObserved, RetryIssued, RetryJob, RetryRefused, RetryRequested, RetryTarget,
+    RunnerAssigned, RunnerCreated, RunnerDeleted, RunnerFailed, RunnerOnline, RunnerRef,
+    RunnerRequested, Source, UsageIdentity, UsageReported, event::Body,
 };
 
 use std::fmt;
@@ -132,6 +132,11 @@ impl Namespace {
         format!("{}.v1.runner.{pool}.{state}", self.0)
     }
 
+    /// `<ns>.v1.scaler.<forge>.unserved`.
+    pub fn unserved_subject(&self, forge: Forge) -> String {
+        format!("{}.v1.scaler.{}.unserved", self.0, forge_token(forge))
+    }
+
     /// `<ns>.v1.retry.<forge>`.
     pub fn retry_subject(&self, forge: Forge) -> String {
         format!("{}.v1.retry.{}", self.0, forge_token(forge))
@@ -160,6 +165,7 @@ impl Namespace {
             retry @ (Body::RetryRequested(_) | Body::RetryIssued(_) | Body::RetryRefused(_)) => {
                 self.retry_subject(retry_target(retry)?.forge())
             }
+            Body::JobUnserved(u) => self.unserved_subject(u.job.as_ref()?.forge()),
         })
     }
 }
@@ -287,6 +293,7 @@ pub fn event_type(event: &Event) -> &'static str {
         Some(Body::RetryRequested(_)) => "RetryRequested",
         Some(Body::RetryIssued(_)) => "RetryIssued",
         Some(Body::RetryRefused(_)) => "RetryRefused",
+        Some(Body::JobUnserved(_)) => "JobUnserved",
         None => "Unknown",
     }
 }
@@ -504,6 +511,21 @@ pub mod ids {
     /// [`retry_unit_job`].
     pub fn retry(forge: Forge, instance: &str, unit: &str, what: &str) -> String {
         format!("retry:{}:{instance}:{unit}:{what}", forge_token(forge))
+    }
+
+    /// `unserved:<forge>:<instance>:<job_id>:<run_attempt>:<reason>`: the
+    /// scaler's word that it cannot serve a job, once per attempt and reason.
+    pub fn unserved(
+        forge: Forge,
+        instance: &str,
+        job_id: u64,
+        attempt: u32,
+        reason: &str,
+    ) -> String {
+        format!(
+            "unserved:{}:{instance}:{job_id}:{attempt}:{reason}",
+            forge_token(forge)
+        )
     }
 
     /// `raw:<event id>`: the dedup id of a raw delivery in `<NS>_RAW`.

@@ -173,6 +173,8 @@ pub struct Engine {
     /// The trace each queued job's event carried: its runner's creation is
     /// a hop of that trace.
     traces: HashMap<JobId, TraceParent>,
+    /// Job attempts already said to be unserved (said once).
+    unserved: HashSet<(JobId, u32)>,
 }
 
 /// An event read from the log, with the trace context it carried.
@@ -206,6 +208,7 @@ impl Engine {
             unreachable_pools: HashSet::new(),
             restarted: HashSet::new(),
             traces: HashMap::new(),
+            unserved: HashSet::new(),
         }
     }
 
@@ -533,6 +536,116 @@ impl Engine {
         self.shared.metrics.record_pools(&status);
         if let Ok(mut s) = self.shared.status.write() {
             *s = status;
+        }
+        self.report_unserved();
+    }
+
+    /// Says once, for each queued job of a served instance whose labels no
+    /// pool covers, that it gets no runner: a `JobUnserved` event (its id is
+    /// the same on every replica, so the log holds it once), and, from the
+    /// replica whose event was the first, a log line and the metric. The job
+    /// holds nothing meanwhile: no runner waits for it until the forge's
+    /// queue limit.
+    fn report_unserved(&mut self) {
+        let specs = &self.shared.specs;
+        let mut found = Vec::new();
+        for job in self.world.jobs.values().filter(|j| j.is_queued()) {
+            let Some(labels) = job.labels.as_deref() else {
+                continue;
+            };
+            let instance_served = specs
+                .iter()
+                .any(|p| p.forge == job.id.forge && p.instance == job.id.instance);
+            if !instance_served
+                || self.unserved.contains(&(job.id.clone(), job.run_attempt))
+                || !policy::candidate_pools(specs, job, self.shared.timers.balance).is_empty()
+            {
+                continue;
+            }
+            let pools: Vec<String> = specs
+                .iter()
+                .filter(|p| p.forge == job.id.forge && p.instance == job.id.instance)
+                .map(|p| format!("{} {:?}", p.name, p.labels))
+                .collect();
+            let detail = format!(
+                "no pool's labels cover the job's {labels:?} (pools: {})",
+                pools.join(", ")
+            );
+            found.push((job.clone(), detail));
+        }
+        let world = &self.world;
+        self.unserved.retain(|(id, _)| world.jobs.contains_key(id));
+        for (job, detail) in found {
+            self.unserved.insert((job.id.clone(), job.run_attempt));
+            let reason = "no_matching_pool";
+            let event = Event {
+                id: runyard_events::ids::unserved(
+                    job.id.forge,
+                    &job.id.instance,
+                    job.id.job_id,
+                    job.run_attempt,
+                    reason,
+                ),
+                occurred_at: Some(timestamp(time::OffsetDateTime::now_utc())),
+                received_at: Some(timestamp(time::OffsetDateTime::now_utc())),
+                source: Some(Source {
+                    forge: job.id.forge as i32,
+                    instance: job.id.instance.clone(),
+                    producer: "scaler".into(),
+                    ..Default::default()
+                }),
+                body: Some(Body::JobUnserved(runyard_events::JobUnserved {
+                    job: Some(JobKey {
+                        forge: job.id.forge as i32,
+                        instance: job.id.instance.clone(),
+                        job_id: job.id.job_id,
+                    }),
+                    run_attempt: job.run_attempt,
+                    project: job.project.clone(),
+                    name: job.name.clone(),
+                    labels: job.labels.clone().unwrap_or_default(),
+                    reason: reason.into(),
+                    detail: detail.clone(),
+                })),
+            };
+            let shared = self.shared.clone();
+            let name = format!("unserved:{}", event.id);
+            let tp = self
+                .traces
+                .get(&job.id)
+                .cloned()
+                .unwrap_or_else(TraceParent::new_root);
+            self.spawn(name.clone(), async move {
+                match shared.bus.publish_event(&event, &tp).await {
+                    Ok(stored) if !stored.duplicate => {
+                        tracing::warn!(
+                            job_id = job.id.job_id,
+                            project = %job.project,
+                            job = %job.name,
+                            reason,
+                            %detail,
+                            "queued job gets no runner"
+                        );
+                        shared
+                            .metrics
+                            .jobs_unserved
+                            .get_or_create(&crate::metrics::UnservedLabel {
+                                forge: forge_token(job.id.forge),
+                                reason,
+                            })
+                            .inc();
+                    }
+                    Ok(_) => {}
+                    Err(error) => {
+                        tracing::warn!(%error, job_id = job.id.job_id, "publishing an unserved job failed");
+                    }
+                }
+                Outcome::Done {
+                    name,
+                    events: Vec::new(),
+                    local: None,
+                }
+            });
         }
     }
 

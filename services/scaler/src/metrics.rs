@@ -18,6 +18,15 @@ pub struct PoolLabel {
     pub pool: String,
 }
 
+/// Why a queued job gets no runner.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct UnservedLabel {
+    /// `github` / `gitlab`.
+    pub forge: &'static str,
+    /// `no_matching_pool` / `runner_group`.
+    pub reason: &'static str,
+}
+
 /// A decision kind.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DecisionLabel {
@@ -114,6 +123,9 @@ pub struct ScalerMetrics {
     pub reconciler_cycles: Family<CycleLabel, Counter>,
     /// OOM retry decisions by forge and outcome.
     pub retries: Family<RetryLabel, Counter>,
+    /// Queued jobs no pool can serve, by forge and reason (each job
+    /// attempt counted once).
+    pub jobs_unserved: Family<UnservedLabel, Counter>,
 }
 
 impl ScalerMetrics {
@@ -139,6 +151,7 @@ impl ScalerMetrics {
             reconciler_api_calls: Family::default(),
             reconciler_cycles: Family::default(),
             retries: Family::default(),
+            jobs_unserved: Family::default(),
         };
         registry.register(|r| {
             let r = r.sub_registry_with_prefix("scaler");
@@ -212,6 +225,11 @@ impl ScalerMetrics {
                 "oom_retries",
                 "OOM retry decisions, by forge, outcome and refusal reason",
                 m.retries.clone(),
+            );
+            r.register(
+                "jobs_unserved",
+                "Queued jobs no pool can serve, by forge and reason (once per job attempt)",
+                m.jobs_unserved.clone(),
             );
             r.register(
                 "reconciler_api_calls",

@@ -821,3 +821,68 @@ async fn jobs_spill_over_to_a_lower_priority_pool_when_the_top_one_is_full() {
     assert_eq!(queued.iter().sum::<u64>(), 5);
     scaler.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_no_pool_matches_is_said_once_and_gets_no_runner() {
+    let stack = Stack::new(&pool_toml(10, 0, "")).await;
+    let scaler = stack.start().await;
+    stack
+        .observe(5, JobStatus::Queued, "", &["self-hosted", "gpu"])
+        .await;
+    let unserved = async || {
+        stack
+            .events()
+            .await
+            .into_iter()
+            .filter_map(|e| match e.body {
+                Some(Body::JobUnserved(u)) => Some(u),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+    };
+    support::until_async("the job said unserved", async || {
+        !unserved().await.is_empty()
+    })
+    .await;
+    // The same job again (a redelivery), and a second replica that reads
+    // the log from the start: still said once.
+    stack
+        .observe(5, JobStatus::Queued, "", &["self-hosted", "gpu"])
+        .await;
+    let second = stack.start().await;
+    stack.queued(6).await;
+    until("a runner for the matching job", || stack.jit_calls() == 1).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let said = unserved().await;
+    assert_eq!(said.len(), 1, "{said:?}");
+    let u = &said[0];
+    assert_eq!(u.job.as_ref().map(|k| k.job_id), Some(5));
+    assert_eq!(u.reason, "no_matching_pool");
+    assert!(
+        u.detail.contains("gpu") && u.detail.contains("linux"),
+        "{}",
+        u.detail
+    );
+    assert_eq!(stack.jit_calls(), 1, "no runner for the unmatched job");
+    let page = |addr| async move {
+        reqwest::get(format!("http://{addr}/metrics"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    };
+    let series =
+        "runyard_scaler_jobs_unserved_total{forge=\"github\",reason=\"no_matching_pool\"} 1";
+    let (a, b) = (page(scaler.addr).await, page(second.addr).await);
+    assert_eq!(
+        [a.contains(series), b.contains(series)]
+            .iter()
+            .filter(|x| **x)
+            .count(),
+        1,
+        "counted by one replica"
+    );
+    second.stop().await;
+    scaler.stop().await;
+}

@@ -359,6 +359,15 @@ pub fn event_json(event: &Event) -> Value {
             "detail": r.detail,
             "jobs": r.jobs.iter().map(|j| job_id(j.job.as_ref())).collect::<Vec<_>>(),
         }),
+        Some(Body::JobUnserved(u)) => json!({
+            "job": job_id(u.job.as_ref()),
+            "run_attempt": u.run_attempt,
+            "project": u.project,
+            "name": u.name,
+            "labels": u.labels,
+            "reason": u.reason,
+            "detail": u.detail,
+        }),
         None => Value::Null,
     };
     json!({
@@ -452,6 +461,13 @@ pub fn describe(event: &Event) -> String {
             r.target.as_ref().map_or("?", |t| t.unit.as_str()),
             r.reason,
             r.detail
+        ),
+        Some(Body::JobUnserved(u)) => format!(
+            "job {} unserved reason={} labels={:?} detail={:?}",
+            job_id(u.job.as_ref()),
+            u.reason,
+            u.labels,
+            u.detail
         ),
         None => "empty".into(),
     };
