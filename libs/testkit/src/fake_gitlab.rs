@@ -711,7 +711,7 @@ fn create_pipeline(st: &mut GlState, project_id: u64, body: &[u8]) -> Response {
     else {
         return answer(400, &json!({"error": "ref is missing"}));
     };
-    let variables = v
+    let variables: Vec<(String, String)> = v
         .get("variables")
         .and_then(Value::as_array)
         .map(|a| {
@@ -725,6 +725,12 @@ fn create_pipeline(st: &mut GlState, project_id: u64, body: &[u8]) -> Response {
                 .collect()
         })
         .unwrap_or_default();
+    if !variables.is_empty() && st.flow.no_variables.contains(&project_id) {
+        return answer(
+            400,
+            &json!({"message": {"base": ["Insufficient permissions to set pipeline variables"]}}),
+        );
+    }
     let id = st.next_pipeline_id;
     st.next_pipeline_id += 1;
     let p = FakePipeline {

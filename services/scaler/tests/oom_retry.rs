@@ -688,3 +688,101 @@ async fn a_retry_left_half_done_by_a_stopped_replica_is_finished_exactly_once() 
     assert_eq!(of, ["401", "402"], "one pipeline each");
     stack.stop().await;
 }
+
+#[tokio::test]
+async fn a_project_that_refuses_pipeline_variables_gets_its_retry_without_them() {
+    let stack = Stack::start(GITLAB_ONLY).await;
+    stack.gitlab.refuse_pipeline_variables(34);
+    // A first build on `develop`, so the kill is under a known limit.
+    stack
+        .gitlab_pipeline(8000, "success", &[(9000, "success", None)])
+        .await;
+    stack
+        .usage(&report(9000, 1_000_000_000, 4_000_000_000, false))
+        .await;
+    kill(&stack, 1234, 4701, 2_000_000_000, false).await;
+    let issued = eventually(WAIT, || async {
+        stack
+            .retry_events()
+            .await
+            .iter()
+            .find_map(|e| match &e.body {
+                Some(Body::RetryIssued(r)) => Some(r.clone()),
+                _ => None,
+            })
+    })
+    .await
+    .unwrap_or_else(|| panic!("no retry issued\n{}", stack.log("scaler")));
+    let made: Vec<_> = stack
+        .gitlab
+        .pipelines()
+        .into_iter()
+        .filter(|p| p.created_by_api)
+        .collect();
+    assert_eq!(made.len(), 1, "one pipeline, made without variables");
+    assert!(made[0].variables.is_empty());
+    assert_eq!(
+        issued.new_pipeline_id, made[0].id,
+        "the log links the retry"
+    );
+    assert_eq!(
+        issued.target.as_ref().map(|t| t.pipeline_id),
+        Some(1234),
+        "to the failed pipeline"
+    );
+    assert!(
+        issued.note.contains("refused pipeline variables"),
+        "{}",
+        issued.note
+    );
+    // Deliveries of the same kill again change nothing.
+    kill(&stack, 1234, 4701, 2_000_000_000, true).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let posts = stack.gitlab.count("POST", "/api/v4/projects/34/pipeline");
+    assert_eq!(posts, 2, "one refused with variables, one made without");
+    stack.stop().await;
+}
+
+#[tokio::test]
+async fn a_job_strategy_retry_says_it_cannot_raise_the_job_s_own_memory_limit() {
+    let stack =
+        Stack::start(&GITLAB_ONLY.replace("[retry]\n", "[retry]\ngitlab_strategy = \"job\"\n"))
+            .await;
+    stack.gitlab.add_job(
+        34,
+        runyard_testkit::fake_gitlab::FakeGlJob {
+            id: 4701,
+            ..runyard_testkit::fake_gitlab::FakeGlJob::pending(1234, "build py-torch", &["docker"])
+        },
+    );
+    stack
+        .gitlab
+        .set_job_status(4701, "failed", Some("script_failure"));
+    stack
+        .gitlab_pipeline(8000, "success", &[(9000, "success", None)])
+        .await;
+    stack
+        .usage(&report(9000, 1_000_000_000, 4_000_000_000, false))
+        .await;
+    kill(&stack, 1234, 4701, 2_000_000_000, false).await;
+    let issued = eventually(WAIT, || async {
+        stack
+            .retry_events()
+            .await
+            .iter()
+            .find_map(|e| match &e.body {
+                Some(Body::RetryIssued(r)) => Some(r.clone()),
+                _ => None,
+            })
+    })
+    .await
+    .unwrap_or_else(|| panic!("no retry issued\n{}", stack.log("scaler")));
+    assert_eq!(issued.strategy, "job");
+    assert_eq!(issued.new_job_ids.len(), 1);
+    assert!(
+        issued.note.contains("keeps its variables"),
+        "{}",
+        issued.note
+    );
+    stack.stop().await;
+}

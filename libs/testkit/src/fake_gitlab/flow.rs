@@ -10,7 +10,7 @@
 //! payload shape, to an outbox that a test drains with
 //! [`FakeGitLab::take_webhooks`].
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::SystemTime;
 
 use serde_json::{Value, json};
@@ -92,6 +92,9 @@ pub(super) struct Flow {
     jobs: BTreeMap<u64, Staged>,
     /// Job → the runner that took it.
     taken_by: BTreeMap<u64, u64>,
+    /// Projects that refuse pipeline variables
+    /// (`ci_pipeline_variables_minimum_override_role = no_one_allowed`).
+    pub(super) no_variables: BTreeSet<u64>,
     hooks: Vec<FakeGlWebhook>,
 }
 
@@ -516,6 +519,14 @@ impl FakeGitLab {
         st.advance(job_id);
     }
 
+    /// Project `project_id` lets no one set pipeline variables, GitLab.com's
+    /// default for new projects: `POST /projects/:id/pipeline` with
+    /// `variables` answers 400 "Insufficient permissions to set pipeline
+    /// variables"; without them it succeeds.
+    pub fn refuse_pipeline_variables(&self, project_id: u64) {
+        self.st().flow.no_variables.insert(project_id);
+    }
+
     /// The webhooks sent since the last call, in the order GitLab sent them.
     pub fn take_webhooks(&self) -> Vec<FakeGlWebhook> {
         std::mem::take(&mut self.st().flow.hooks)
@@ -689,6 +700,43 @@ mod tests {
             ],
         );
         gl.start_pipeline_job(ids[1], runner(&gl).await);
+    }
+
+    #[tokio::test]
+    async fn a_project_that_refuses_pipeline_variables_takes_a_pipeline_without_them() {
+        runyard_telemetry::install_crypto_provider();
+        let gl = FakeGitLab::start().await;
+        gl.refuse_pipeline_variables(42);
+        let post = async |body: Value| {
+            let r = reqwest::Client::new()
+                .post(format!("{}/api/v4/projects/42/pipeline", gl.url()))
+                .header("PRIVATE-TOKEN", "glpat-test")
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            (
+                r.status().as_u16(),
+                r.json::<Value>().await.unwrap_or_default(),
+            )
+        };
+        let with = json!({"ref": "develop", "variables": [{"key": "A", "value": "1"}]});
+        let (status, body) = post(with).await;
+        assert_eq!(status, 400);
+        assert!(
+            body.to_string()
+                .contains("Insufficient permissions to set pipeline variables")
+        );
+        assert!(
+            gl.pipelines().iter().all(|p| !p.created_by_api),
+            "nothing made"
+        );
+        let (status, _) = post(json!({"ref": "develop"})).await;
+        assert_eq!(status, 201);
+        assert_eq!(
+            gl.pipelines().iter().filter(|p| p.created_by_api).count(),
+            1
+        );
     }
 
     #[test]

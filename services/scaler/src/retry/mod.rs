@@ -106,6 +106,8 @@ struct Made {
     new_sha: String,
     new_run_attempt: u32,
     web_url: String,
+    /// What could not be done as asked (see `RetryIssued.note`).
+    note: String,
 }
 
 /// The retrier task (see the module documentation).
@@ -520,6 +522,7 @@ impl Retrier {
             forge_calls: spent.calls,
             errors: spent.errors,
             adopted,
+            note: made.note,
         };
         if self
             .publish(id, forge, &target.instance, Body::RetryIssued(issued))
@@ -607,9 +610,26 @@ impl Retrier {
             let (gl, git_ref) = (gl.clone(), git_ref.clone());
             let variables = vec![(RETRY_OF_VARIABLE.to_owned(), failed.to_string())];
             async move {
-                gl.create_pipeline(project, &git_ref, &variables)
-                    .await
-                    .map(pipeline_made)
+                match gl.create_pipeline(project, &git_ref, &variables).await {
+                    // GitLab.com's default for new projects
+                    // (`ci_pipeline_variables_minimum_override_role =
+                    // no_one_allowed`): no variable may be set. The retry
+                    // goes without; the link lives in the event log.
+                    Err(ApiError::Status {
+                        status: 400 | 403,
+                        message,
+                        ..
+                    }) => {
+                        tracing::warn!(project, failed, %message, "pipeline variables refused; retrying without RUNYARD_RETRY_OF");
+                        let mut made =
+                            pipeline_made(gl.create_pipeline(project, &git_ref, &[]).await?);
+                        made.note = format!(
+                            "GitLab refused pipeline variables ({message}); the new pipeline runs without {RETRY_OF_VARIABLE}, linked to pipeline {failed} by this event"
+                        );
+                        Ok(made)
+                    }
+                    other => other.map(pipeline_made),
+                }
             }
         };
         attempt(look_first, look, post, ApiError::is_transient, stop).await
@@ -642,6 +662,10 @@ impl Retrier {
                 gl.retry_job(project, job_id).await.map(|j| Made {
                     new_pipeline_id: j.pipeline_id.unwrap_or_default(),
                     new_job_ids: vec![j.id],
+                    note: "a retried GitLab job keeps its variables: a memory limit the job \
+                           sets itself is not raised; only the runner runyard makes for it is \
+                           sized for the bumped limit"
+                        .into(),
                     ..Made::default()
                 })
             }
