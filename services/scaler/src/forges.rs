@@ -32,12 +32,12 @@ pub struct ForgeRunner {
 }
 
 /// What a delete on the forge did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Unregistered {
     /// Gone (or was never there).
     Gone,
-    /// The runner is running a job: it stays.
-    Busy,
+    /// The runner is running a job: it stays. GitLab names the jobs.
+    Busy(Vec<u64>),
 }
 
 /// The forge clients.
@@ -171,6 +171,12 @@ impl Forges {
     }
 
     /// Removes a runner from the forge; `Busy` when it runs a job.
+    ///
+    /// GitHub refuses to delete a busy runner (422). GitLab deletes any
+    /// runner, killing the job it runs, so a GitLab runner is paused first
+    /// (GitLab hands a paused runner no new job), then asked for its
+    /// running jobs, and deleted only when it runs none; otherwise it stays
+    /// (paused) and is `Busy`, to go once its job is done.
     pub async fn unregister(
         &self,
         pool: &PoolConfig,
@@ -178,6 +184,22 @@ impl Forges {
     ) -> Result<Unregistered, ForgeError> {
         if pool.forge == "gitlab" {
             let gl = self.gitlab()?;
+            if !patiently(|| gl.pause_runner(runner_id)).await? {
+                return Ok(Unregistered::Gone);
+            }
+            match patiently(|| gl.running_jobs(runner_id)).await? {
+                None => return Ok(Unregistered::Gone),
+                Some(jobs) if !jobs.is_empty() => {
+                    tracing::info!(
+                        runner_id,
+                        job_id = jobs[0].id,
+                        running = jobs.len(),
+                        "gitlab runner busy; paused, not deleted"
+                    );
+                    return Ok(Unregistered::Busy(jobs.iter().map(|j| j.id).collect()));
+                }
+                Some(_) => {}
+            }
             patiently(|| gl.delete_runner(runner_id)).await?;
             return Ok(Unregistered::Gone);
         }
@@ -185,7 +207,7 @@ impl Forges {
         let gh = self.github()?;
         Ok(
             match patiently(|| gh.delete_runner(&scope, runner_id)).await? {
-                DeleteRunner::Busy => Unregistered::Busy,
+                DeleteRunner::Busy => Unregistered::Busy(Vec::new()),
                 DeleteRunner::Deleted | DeleteRunner::NotFound => Unregistered::Gone,
             },
         )

@@ -5,6 +5,7 @@
 
 #[path = "provider/fake.rs"]
 mod fake;
+mod gitlab;
 mod reconcile;
 mod support;
 
