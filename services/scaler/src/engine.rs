@@ -1141,12 +1141,21 @@ impl Engine {
                 });
             }
         }
+        // Registrations under a live runner's name that are not its own: a
+        // register whose answer was lost, retried (GitLab names runners by
+        // description, which need not be unique).
+        let mut stale: Vec<(String, u64)> = Vec::new();
         if let Some(forge) = forge {
             for f in forge {
                 match self.world.runners.get_mut(&f.name) {
                     Some(r) if r.phase != Phase::Deleted => {
                         if r.forge_runner_id.is_none() {
                             r.forge_runner_id = Some(f.id);
+                        } else if r.forge_runner_id != Some(f.id) {
+                            if !self.ops.contains(&f.name) {
+                                stale.push((f.name.clone(), f.id));
+                            }
+                            continue;
                         }
                         if f.busy && r.phase < Phase::Assigned && r.phase != Phase::Failed {
                             r.phase = Phase::Assigned;
@@ -1217,6 +1226,33 @@ impl Engine {
                 }
                 forget_secrets(&shared, &name).await;
                 tracing::info!(runner = %name, pool = %p.config.name, "orphan removed");
+                Outcome::Done {
+                    name: op,
+                    events: Vec::new(),
+                    local: None,
+                }
+            });
+        }
+        for (name, id) in stale {
+            let key = format!("{name}#{id}");
+            let op = format!("stale:{key}");
+            if self.ops.contains(&op) || !self.sighted(&scope, "stale", &key, &mut seen_now) {
+                continue;
+            }
+            let shared = self.shared.clone();
+            let p = p.clone();
+            self.spawn(op.clone(), async move {
+                match shared.forges.unregister(&p.config, id).await {
+                    Ok(Unregistered::Gone) => {
+                        tracing::info!(runner = %name, forge_runner_id = id, "stale registration removed");
+                    }
+                    Ok(Unregistered::Busy(_)) => {
+                        tracing::info!(runner = %name, forge_runner_id = id, "stale registration busy; kept");
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, runner = %name, forge_runner_id = id, "removing a stale registration failed");
+                    }
+                }
                 Outcome::Done {
                     name: op,
                     events: Vec::new(),
@@ -1855,9 +1891,10 @@ async fn remove(shared: &Shared, p: &Pool, r: &Runner) -> Result<Unregistered, (
     }
 }
 
-/// One step of the idle confirmation: read the forge; after a full window
-/// of idle readings, delete (GitHub refuses with 422 if it turned busy; a
-/// GitLab runner is paused and asked for its running jobs first).
+/// One step of the idle confirmation: read the forge (GitLab: the runner
+/// and its running jobs); after a full window of idle readings, delete
+/// (GitHub refuses with 422 if it turned busy; a GitLab runner is paused
+/// and its jobs asked once more first). A paused idle runner goes at once.
 async fn confirm_idle(
     shared: Arc<Shared>,
     p: Arc<Pool>,
@@ -1874,7 +1911,10 @@ async fn confirm_idle(
         return done(None);
     };
     match shared.forges.runner(&p.config, id).await {
-        Ok(Some(f)) if f.busy => return done(Some(Local::Busy(Vec::new()))),
+        Ok(Some(f)) if f.busy => return done(Some(Local::Busy(f.running_jobs))),
+        // Paused (GitLab, by an earlier removal that found it busy): it
+        // gets no job, so nothing is to be waited for.
+        Ok(Some(f)) if f.paused => {}
         Ok(_) if !window_passed => return done(Some(Local::Idle)),
         Ok(_) => {}
         Err(error) => {

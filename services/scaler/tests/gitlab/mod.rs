@@ -1,6 +1,8 @@
 //! GitLab runners against a real nats-server and the fake GitLab, whose
 //! runners take jobs the way GitLab's do: a runner is never deleted while it
-//! runs a job (GitLab's delete never says busy).
+//! runs a job (GitLab's delete never says busy), idle confirmation asks
+//! GitLab for the runner's jobs, and registrations the scaler does not know
+//! are found and removed (paused, jobs asked, deleted).
 
 use runyard_events::{Body, Event, Forge, JobStatus, claim_key, instance_name};
 use runyard_testkit::fake_github::RecordedRequest;
@@ -111,6 +113,16 @@ async fn cycles(scaler: &Scaler, n: u64) {
     }
 }
 
+/// Waits until the scaler counts one runner online and idle (GitLab's
+/// listing showed it online).
+async fn online(scaler: &Scaler) {
+    let deadline = tokio::time::Instant::now() + support::WAIT;
+    while scaler.pools().await["pools"][0]["idle"] != 1 {
+        assert!(tokio::time::Instant::now() < deadline, "never online");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
 /// The one runner registered so far, once there is one.
 async fn registered(gitlab: &FakeGitLab) -> u64 {
     until("a runner registered", || gitlab.runners().len() == 1).await;
@@ -164,5 +176,161 @@ async fn a_runner_that_took_a_second_job_is_deleted_only_once_that_job_is_done()
         format!("GET /api/v4/runners/{id}/jobs?status=running")
     );
     assert_eq!(order[last - 2], format!("PUT /api/v4/runners/{id}"));
+    scaler.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_confirmation_reads_the_runners_jobs_and_keeps_a_busy_one() {
+    let stack = Stack::new(POOL).await;
+    let gitlab = FakeGitLab::start().await;
+    let a = gitlab.add_job(34, FakeGlJob::pending(77, "compile", &["docker"]));
+    let scaler = start(&stack, &gitlab).await;
+    deliver(&stack, a, JobStatus::Queued, "").await;
+    let id = registered(&gitlab).await;
+    let name = runner_for(a);
+    gitlab.start_runner(id, RunMode::SingleBuild).unwrap();
+    online(&scaler).await;
+    // Its job goes to another runner: ours is idle and surplus.
+    gitlab.set_job_status(a, "success", None);
+    deliver(&stack, a, JobStatus::InProgress, "k8s-runner-1").await;
+    deliver(&stack, a, JobStatus::Completed, "k8s-runner-1").await;
+    // GitLab hands it a job whose hook is not there yet.
+    let c = gitlab.add_job(34, FakeGlJob::pending(78, "late", &["docker"]));
+    assert_eq!(gitlab.pick_up(id), Some(c));
+    let jobs_reads = || gitlab.count("GET", &format!("/api/v4/runners/{id}/jobs"));
+    until("the idle confirmation asks for its jobs", || {
+        jobs_reads() >= 1
+    })
+    .await;
+    let runner_read = format!("GET /api/v4/runners/{id}");
+    assert!(calls(&about(&gitlab, id)).contains(&runner_read));
+    // Past the idle timeout and the busy-confirmation window (3 s).
+    cycles(&scaler, 5).await;
+    assert_eq!(gitlab.count("DELETE", "/api/v4/runners/"), 0, "busy: kept");
+    assert_eq!(gitlab.deleted_while_running(), 0);
+    assert_eq!(gitlab.job(c).unwrap().status, "running");
+    gitlab.finish_job(c, "success");
+    deliver(&stack, c, JobStatus::InProgress, &name).await;
+    deliver(&stack, c, JobStatus::Completed, &name).await;
+    until("deleted in GitLab", || gitlab.runners().is_empty()).await;
+    assert_eq!(gitlab.deleted_while_running(), 0);
+    assert_eq!(gitlab.count("DELETE", "/api/v4/runners/"), 1);
+    assert_eq!(gitlab.count("POST", "/api/v4/user/runners"), 1);
+    scaler.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_runner_is_confirmed_idle_with_gitlab_then_removed() {
+    let stack = Stack::new(POOL).await;
+    let gitlab = FakeGitLab::start().await;
+    let a = gitlab.add_job(34, FakeGlJob::pending(77, "compile", &["docker"]));
+    let scaler = start(&stack, &gitlab).await;
+    deliver(&stack, a, JobStatus::Queued, "").await;
+    let id = registered(&gitlab).await;
+    gitlab.start_runner(id, RunMode::SingleBuild).unwrap();
+    online(&scaler).await;
+    gitlab.set_job_status(a, "success", None);
+    deliver(&stack, a, JobStatus::InProgress, "k8s-runner-1").await;
+    deliver(&stack, a, JobStatus::Completed, "k8s-runner-1").await;
+    until("deleted in GitLab", || gitlab.runners().is_empty()).await;
+    until("its instance gone", || stack.live_processes().is_empty()).await;
+    // Read (runner and jobs) before the removal, which paused it first.
+    let order = calls(&about(&gitlab, id));
+    let first_delete = order.iter().position(|c| c.starts_with("DELETE")).unwrap();
+    let reads = order[..first_delete]
+        .iter()
+        .filter(|c| *c == &format!("GET /api/v4/runners/{id}/jobs?status=running"))
+        .count();
+    assert!(reads >= 3, "idle readings and the final check: {order:?}");
+    assert!(order[..first_delete].contains(&format!("GET /api/v4/runners/{id}")));
+    assert_eq!(order[first_delete - 2], format!("PUT /api/v4/runners/{id}"));
+    assert_eq!(gitlab.deleted_while_running(), 0);
+    scaler.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orphan_registrations_are_paused_checked_and_removed_and_others_untouched() {
+    let stack = Stack::new(POOL).await;
+    let gitlab = FakeGitLab::start().await;
+    let tags = ["docker", "linux"];
+    // Left by an earlier life of the scaler: one idle, one running a job.
+    let idle = gitlab.add_runner("project_type", Some(34), "ry-gl-docker-0123456789", &tags);
+    let busy = gitlab.add_runner("project_type", Some(34), "ry-gl-docker-abcdef0123", &tags);
+    gitlab.start_runner(busy, RunMode::SingleBuild).unwrap();
+    let job = gitlab.add_job(34, FakeGlJob::pending(90, "long", &["docker"]));
+    assert_eq!(gitlab.pick_up(busy), Some(job));
+    // Not runyard's, or another pool's: never touched.
+    let theirs = gitlab.add_runner("project_type", Some(34), "k8s-runner-large-a", &tags);
+    let other_pool = gitlab.add_runner("project_type", Some(34), "ry-gl-0123456789", &tags);
+    let scaler = start(&stack, &gitlab).await;
+    until("the idle orphan removed", || {
+        gitlab.runners().iter().all(|r| r.id != idle)
+    })
+    .await;
+    assert_eq!(
+        calls(&about(&gitlab, idle)),
+        [
+            format!("PUT /api/v4/runners/{idle}"),
+            format!("GET /api/v4/runners/{idle}/jobs?status=running"),
+            format!("DELETE /api/v4/runners/{idle}"),
+        ]
+    );
+    until("the busy orphan paused", || gitlab.paused(busy)).await;
+    cycles(&scaler, 3).await;
+    assert!(gitlab.runners().iter().any(|r| r.id == busy), "busy: kept");
+    assert_eq!(gitlab.deleted_while_running(), 0);
+    gitlab.finish_job(job, "success");
+    until("the busy orphan removed once its job is done", || {
+        gitlab.runners().iter().all(|r| r.id != busy)
+    })
+    .await;
+    assert_eq!(gitlab.deleted_while_running(), 0);
+    cycles(&scaler, 2).await;
+    for id in [theirs, other_pool] {
+        assert_eq!(about(&gitlab, id).len(), 0, "runner {id} touched");
+    }
+    assert_eq!(gitlab.runners().len(), 2);
+    assert_eq!(gitlab.count("POST", "/api/v4/user/runners"), 0);
+    // Listed by the pool's scope, type and tags.
+    let listing = gitlab
+        .requests()
+        .into_iter()
+        .find(|r| r.path == "/api/v4/projects/34/runners")
+        .unwrap();
+    assert!(
+        listing
+            .query
+            .starts_with("type=project_type&tag_list=docker,linux"),
+        "{}",
+        listing.query
+    );
+    scaler.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registration_whose_answer_was_lost_is_removed() {
+    let stack = Stack::new(POOL).await;
+    let gitlab = FakeGitLab::start().await;
+    let a = gitlab.add_job(34, FakeGlJob::pending(77, "compile", &["docker"]));
+    // GitLab makes the runner, the answer is lost: the create fails and
+    // is tried again, which registers the same description anew.
+    gitlab.lose_next_answers(1, 502);
+    let scaler = start(&stack, &gitlab).await;
+    deliver(&stack, a, JobStatus::Queued, "").await;
+    until("registered twice", || {
+        gitlab.count("POST", "/api/v4/user/runners") == 2
+    })
+    .await;
+    until("the lost one removed", || gitlab.runners().len() == 1).await;
+    let first = gitlab.deleted_runners();
+    assert_eq!(first.len(), 1);
+    assert!(
+        first[0] < gitlab.runners()[0].id,
+        "the first registration went"
+    );
+    assert_eq!(gitlab.runners()[0].description, runner_for(a));
+    assert_eq!(stack.live_processes().len(), 1, "the runner made stays");
+    cycles(&scaler, 2).await;
+    assert_eq!(gitlab.runners().len(), 1);
     scaler.stop().await;
 }
