@@ -11,7 +11,7 @@ use runyard_forge::api::{ApiError, ClientOptions};
 use runyard_testkit::fake_github::{
     AppKey, FakeDelivery, FakeGitHub, FakeHook, FakeJob, FakeRerun, decode_jit_config,
 };
-use runyard_testkit::fake_gitlab::{FakeGitLab, FakeGlJob, FakeGlRetry};
+use runyard_testkit::fake_gitlab::{FakeGitLab, FakeGlJob, FakeGlRetry, RunMode};
 use secrecy::{ExposeSecret, SecretString};
 
 const PAT: &str = "ghp_patsecretvalue0123456789";
@@ -827,6 +827,126 @@ async fn gitlab_runners_are_created_and_deleted() {
             .iter()
             .all(|r| r.credential.as_deref() == Some(GL_TOKEN))
     );
+}
+
+#[tokio::test]
+async fn gitlab_runners_are_read_paused_and_their_running_jobs_seen() {
+    let (gl, client) = gitlab().await;
+    let r = client
+        .create_runner(
+            RunnerType::Project(34),
+            &labels(&["docker"]),
+            false,
+            "ry-p-0123456789",
+        )
+        .await
+        .expect("runner");
+    let info = client.get_runner(r.id).await.expect("get").expect("there");
+    assert_eq!(info.description, "ry-p-0123456789");
+    assert_eq!(
+        (info.status.as_str(), info.online),
+        ("never_contacted", false)
+    );
+    assert!(!info.is_paused());
+    gl.start_runner(r.id, RunMode::Service).expect("start");
+    let job = gl.add_job(34, FakeGlJob::pending(7, "build", &["docker"]));
+    assert_eq!(gl.pick_up(r.id), Some(job));
+    let running = client
+        .running_jobs(r.id)
+        .await
+        .expect("jobs")
+        .expect("there");
+    assert_eq!(running.iter().map(|j| j.id).collect::<Vec<_>>(), [job]);
+    assert!(client.pause_runner(r.id).await.expect("pause"));
+    assert!(gl.paused(r.id));
+    let info = client.get_runner(r.id).await.expect("get").expect("there");
+    assert!(info.is_paused() && info.online);
+    gl.finish_job(job, "success");
+    assert_eq!(
+        client.running_jobs(r.id).await.expect("jobs"),
+        Some(Vec::new())
+    );
+    let put = gl
+        .requests()
+        .into_iter()
+        .find(|q| q.method == "PUT")
+        .expect("a PUT");
+    assert_eq!(put.path, format!("/api/v4/runners/{}", r.id));
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&put.body).expect("json"),
+        serde_json::json!({"paused": true})
+    );
+    // A runner GitLab no longer has.
+    client.delete_runner(r.id).await.expect("delete");
+    assert_eq!(client.get_runner(r.id).await.expect("get"), None);
+    assert!(
+        !client
+            .pause_runner(r.id)
+            .await
+            .expect("pause a missing runner")
+    );
+    assert_eq!(client.running_jobs(r.id).await.expect("jobs"), None);
+    let calls = client.calls();
+    assert_eq!(calls.get(gitlab::endpoint::PAUSE_RUNNER), 2);
+    assert_eq!(calls.get(gitlab::endpoint::RUNNER_JOBS), 3);
+}
+
+#[tokio::test]
+async fn gitlab_runner_listings_follow_the_scope_tags_and_every_page() {
+    let (gl, client) = gitlab().await;
+    let tags = labels(&["docker", "linux"]);
+    for n in 0..130 {
+        client
+            .create_runner(
+                RunnerType::Project(34),
+                &tags,
+                false,
+                &format!("ry-p-{n:010}"),
+            )
+            .await
+            .expect("runner");
+    }
+    gl.add_runner("project_type", Some(34), "other-tags", &["gpu"]);
+    let group = gl.add_runner("group_type", Some(5), "grp", &["docker", "linux"]);
+    let shared = gl.add_runner("instance_type", None, "shared", &["docker", "linux"]);
+    gl.set_project_group(34, 5);
+    let listed = client
+        .list_runners(RunnerType::Project(34), &tags)
+        .await
+        .expect("list");
+    assert_eq!(
+        listed.len(),
+        130,
+        "two pages, project runners with both tags only"
+    );
+    assert!(listed.iter().all(|r| r.description.starts_with("ry-p-")));
+    let lists: Vec<_> = gl
+        .requests()
+        .into_iter()
+        .filter(|q| q.path == "/api/v4/projects/34/runners")
+        .collect();
+    assert_eq!(lists.len(), 2);
+    assert!(
+        lists[0].query.contains("type=project_type"),
+        "{}",
+        lists[0].query
+    );
+    assert!(
+        lists[0].query.contains("tag_list=docker,linux"),
+        "{}",
+        lists[0].query
+    );
+    let g = client
+        .list_runners(RunnerType::Group(5), &tags)
+        .await
+        .expect("group");
+    assert_eq!(g.iter().map(|r| r.id).collect::<Vec<_>>(), [group]);
+    let i = client
+        .list_runners(RunnerType::Instance, &[])
+        .await
+        .expect("instance");
+    assert_eq!(i.iter().map(|r| r.id).collect::<Vec<_>>(), [shared]);
+    assert_eq!(client.calls().get(gitlab::endpoint::LIST_RUNNERS), 4);
 }
 
 #[tokio::test]

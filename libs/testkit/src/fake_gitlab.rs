@@ -6,6 +6,12 @@
 //! every request.
 //!
 //! [`FakeGitLab::url`] is the instance's base URL, without `/api/v4`.
+//!
+//! Runners' processes, their jobs, pausing, listing and deleting them are
+//! in [`runners`].
+
+mod runners;
+pub use runners::{RunMode, StartError};
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -143,6 +149,8 @@ struct GlState {
     requests: Vec<RecordedRequest>,
     /// Pipelines run as GitLab runs them, and the hooks they sent.
     flow: flow::Flow,
+    /// Runners' processes and the jobs they took.
+    fleet: runners::Fleet,
 }
 
 /// The fake GitLab server. Dropping it stops the server.
@@ -171,6 +179,7 @@ impl FakeGitLab {
             budget: Budget::new(2000, Duration::from_secs(60)),
             requests: Vec::new(),
             flow: flow::Flow::default(),
+            fleet: runners::Fleet::default(),
         }));
         let router = Router::new().fallback(handle).with_state(state.clone());
         Self {
@@ -407,14 +416,11 @@ fn route(
     let segs: Vec<&str> = rest.split('/').filter(|s| !s.is_empty()).collect();
     let num = |s: &str| s.parse::<u64>().ok();
     let m = method;
+    if let Some(r) = runners::route(st, m, &segs, path, query, body, host) {
+        return r;
+    }
     match segs.as_slice() {
         ["user", "runners"] if m == Method::POST => create_runner(st, body),
-        ["runners", id] if m == Method::DELETE => {
-            match num(id).and_then(|id| st.runners.remove(&id)) {
-                Some(_) => StatusCode::NO_CONTENT.into_response(),
-                None => message(404, "404 Runner Not Found"),
-            }
-        }
         ["projects", p, "jobs"] if m == Method::GET => match num(p) {
             Some(p) => list_jobs(st, p, path, query, host),
             None => message(404, "404 Project Not Found"),

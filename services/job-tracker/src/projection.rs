@@ -1122,6 +1122,7 @@ mod tests {
                 forge_calls: 2,
                 errors: vec!["502 Bad Gateway".into()],
                 adopted: false,
+                note: String::new(),
             }
         }
 

@@ -1264,6 +1264,7 @@ mod retry_events {
                     forge_calls: 2,
                     errors: vec!["502 Bad Gateway".into()],
                     adopted: false,
+                    note: String::new(),
                 }),
             ),
         ]
@@ -1318,6 +1319,7 @@ mod retry_events {
                     new_run_attempt: 2,
                     forge_calls: 1,
                     adopted: true,
+                    note: String::new(),
                     ..RetryIssued::default()
                 }),
             ),

@@ -780,6 +780,16 @@ impl ScalerFile {
                     format!("no provider named {:?}", pool.provider),
                 ));
             }
+            if pool.forge == "gitlab"
+                && let Some(ProviderConfig::Process { command }) =
+                    self.providers.get(&pool.provider)
+                && let Err(why) = single_build(command)
+            {
+                return Err(err(
+                    format!("providers.{}.command", pool.provider),
+                    format!("GitLab pool {:?}: {why}", pool.name),
+                ));
+            }
             let s = &pool.scope;
             let github = [&s.org, &s.repo, &s.enterprise]
                 .iter()
@@ -910,6 +920,37 @@ impl ReconcilerSection {
     }
 }
 
+/// Whether a process provider's command runs a GitLab runner for one job
+/// only: `gitlab-runner run-single ... --max-builds 1`. A service
+/// (`gitlab-runner run`) goes on taking jobs after the one its runner was
+/// made for, and GitLab deletes a runner without asking whether it is busy.
+/// A command that starts no `gitlab-runner` itself (a wrapper) is taken as
+/// it is: the scaler still pauses a runner and asks for its running jobs
+/// before it deletes one.
+fn single_build(command: &[String]) -> Result<(), String> {
+    let Some(at) = command
+        .iter()
+        .position(|a| a.rsplit('/').next() == Some("gitlab-runner"))
+    else {
+        return Ok(());
+    };
+    let sub = command.get(at + 1).map_or("", String::as_str);
+    if sub != "run-single" {
+        return Err(format!(
+            "`gitlab-runner {sub}` takes job after job; start `gitlab-runner run-single ... --max-builds 1`"
+        ));
+    }
+    let args = &command[at + 2..];
+    let one = args.iter().any(|a| a == "--max-builds=1")
+        || args
+            .windows(2)
+            .any(|w| w[0] == "--max-builds" && w[1] == "1");
+    if !one {
+        return Err("`gitlab-runner run-single` needs `--max-builds 1` (else it takes jobs until it is stopped)".into());
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1000,6 +1041,48 @@ lease_ttl = "2s"
         assert_eq!(e.field, "providers.lxd.interface_version");
         let e = refused(&GOOD.replace("kind = \"process\"", "kind = \"teleport\""));
         assert!(e.message.contains("teleport"), "{e}");
+    }
+
+    #[test]
+    fn gitlab_runners_of_the_process_provider_take_one_job() {
+        let gitlab = |command: &str| {
+            GOOD.replace(
+                "command = [\"/bin/sleep\", \"600\"]",
+                &format!("command = {command}"),
+            )
+            .replace("scope = { org = \"acme\" }", "scope = { project_id = 34 }")
+            .replace("forge = \"github\"", "forge = \"gitlab\"")
+            .replace("provider = \"lxd\"", "provider = \"local\"")
+        };
+        for bad in [
+            r#"["/usr/bin/gitlab-runner", "run", "--config", "c.toml"]"#,
+            r#"["gitlab-runner", "run-single", "-u", "https://gl", "-t", "{jit_config}"]"#,
+            r#"["gitlab-runner", "run-single", "--max-builds", "2"]"#,
+        ] {
+            let e = refused(&gitlab(bad));
+            assert_eq!(e.field, "providers.local.command", "{bad}");
+            assert!(
+                e.message.contains("max-builds 1") || e.message.contains("run-single"),
+                "{e}"
+            );
+        }
+        for good in [
+            r#"["/usr/bin/gitlab-runner", "run-single", "-t", "{jit_config}", "--max-builds", "1"]"#,
+            r#"["gitlab-runner", "run-single", "--max-builds=1", "--wait-timeout", "600"]"#,
+            r#"["/usr/local/bin/start-runner", "{jit_config}"]"#,
+        ] {
+            ScalerFile::parse(&gitlab(good)).expect(good);
+        }
+        // GitHub pools' commands are theirs.
+        ScalerFile::parse(
+            &GOOD
+                .replace(
+                    "command = [\"/bin/sleep\", \"600\"]",
+                    r#"command = ["gitlab-runner", "run"]"#,
+                )
+                .replace("provider = \"lxd\"", "provider = \"local\""),
+        )
+        .expect("not a GitLab pool");
     }
 
     #[test]

@@ -129,8 +129,9 @@ struct SeenPool {
 /// Facts that are not events (they come from the forge's lagging view).
 #[derive(Debug)]
 enum Local {
-    /// The forge says the runner is running a job.
-    Busy,
+    /// The forge says the runner is running a job (these, when it names
+    /// them: GitLab).
+    Busy(Vec<u64>),
     /// The forge says it is idle.
     Idle,
 }
@@ -764,10 +765,10 @@ impl Engine {
                 let shared = self.shared.clone();
                 self.spawn(name.clone(), async move {
                     match remove(&shared, &p, &runner).await {
-                        Ok(Unregistered::Busy) => Outcome::Done {
+                        Ok(Unregistered::Busy(jobs)) => Outcome::Done {
                             name,
                             events: Vec::new(),
-                            local: Some(Local::Busy),
+                            local: Some(Local::Busy(jobs)),
                         },
                         Ok(Unregistered::Gone) => {
                             let body = Body::RunnerFailed(RunnerFailed {
@@ -810,10 +811,10 @@ impl Engine {
                             });
                             record(&shared, &p, name, body).await
                         }
-                        Ok(Unregistered::Busy) => Outcome::Done {
+                        Ok(Unregistered::Busy(jobs)) => Outcome::Done {
                             name,
                             events: Vec::new(),
-                            local: Some(Local::Busy),
+                            local: Some(Local::Busy(jobs)),
                         },
                         Err(()) => Outcome::Done {
                             name,
@@ -890,13 +891,38 @@ impl Engine {
                     self.apply(ev);
                 }
                 let now = now();
+                let instance = self
+                    .world
+                    .runners
+                    .get(&name)
+                    .and_then(|r| self.shared.pools.get(&r.pool))
+                    .map(|p| (p.spec.forge, p.spec.instance.clone()));
+                let jobs = &self.world.jobs;
                 if let Some(r) = self.world.runners.get_mut(&name) {
                     match local {
-                        Some(Local::Busy) => {
+                        Some(Local::Busy(running)) => {
                             if r.phase < Phase::Assigned {
                                 r.phase = Phase::Assigned;
                             }
                             r.idle_confirmed_from = None;
+                            // The jobs the forge names keep it until they
+                            // complete (one whose completion was seen is
+                            // the forge lagging).
+                            if let Some((forge, instance)) = instance {
+                                for job_id in running {
+                                    let id = JobId {
+                                        forge,
+                                        instance: instance.clone(),
+                                        job_id,
+                                    };
+                                    if jobs
+                                        .get(&id)
+                                        .is_none_or(|j| j.status != JobStatus::Completed)
+                                    {
+                                        r.busy_with.insert(id);
+                                    }
+                                }
+                            }
                         }
                         Some(Local::Idle) => {
                             r.idle_confirmed_from.get_or_insert(now);
@@ -1230,12 +1256,21 @@ impl Engine {
                 });
             }
         }
+        // Registrations under a live runner's name that are not its own: a
+        // register whose answer was lost, retried (GitLab names runners by
+        // description, which need not be unique).
+        let mut stale: Vec<(String, u64)> = Vec::new();
         if let Some(forge) = forge {
             for f in forge {
                 match self.world.runners.get_mut(&f.name) {
                     Some(r) if r.phase != Phase::Deleted => {
                         if r.forge_runner_id.is_none() {
                             r.forge_runner_id = Some(f.id);
+                        } else if r.forge_runner_id != Some(f.id) {
+                            if !self.ops.contains(&f.name) {
+                                stale.push((f.name.clone(), f.id));
+                            }
+                            continue;
                         }
                         if f.busy && r.phase < Phase::Assigned && r.phase != Phase::Failed {
                             r.phase = Phase::Assigned;
@@ -1270,8 +1305,29 @@ impl Engine {
             let shared = self.shared.clone();
             let p = p.clone();
             self.spawn(op.clone(), async move {
+                // A forge runner that is busy (or could not be asked) keeps
+                // its instance: deleting that would kill the job all the
+                // same. The next listings try again.
                 if let Some(id) = forge_id {
-                    let _ = shared.forges.unregister(&p.config, id).await;
+                    match shared.forges.unregister(&p.config, id).await {
+                        Ok(Unregistered::Gone) => {}
+                        Ok(Unregistered::Busy(_)) => {
+                            tracing::info!(runner = %name, pool = %p.config.name, "orphan busy; kept until its job is done");
+                            return Outcome::Done {
+                                name: op,
+                                events: Vec::new(),
+                                local: None,
+                            };
+                        }
+                        Err(error) => {
+                            tracing::warn!(%error, runner = %name, "removing an orphan forge runner failed");
+                            return Outcome::Done {
+                                name: op,
+                                events: Vec::new(),
+                                local: None,
+                            };
+                        }
+                    }
                 }
                 if let Some(id) = provider_id {
                     let started = Instant::now();
@@ -1285,6 +1341,33 @@ impl Engine {
                 }
                 forget_secrets(&shared, &name).await;
                 tracing::info!(runner = %name, pool = %p.config.name, "orphan removed");
+                Outcome::Done {
+                    name: op,
+                    events: Vec::new(),
+                    local: None,
+                }
+            });
+        }
+        for (name, id) in stale {
+            let key = format!("{name}#{id}");
+            let op = format!("stale:{key}");
+            if self.ops.contains(&op) || !self.sighted(&scope, "stale", &key, &mut seen_now) {
+                continue;
+            }
+            let shared = self.shared.clone();
+            let p = p.clone();
+            self.spawn(op.clone(), async move {
+                match shared.forges.unregister(&p.config, id).await {
+                    Ok(Unregistered::Gone) => {
+                        tracing::info!(runner = %name, forge_runner_id = id, "stale registration removed");
+                    }
+                    Ok(Unregistered::Busy(_)) => {
+                        tracing::info!(runner = %name, forge_runner_id = id, "stale registration busy; kept");
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, runner = %name, forge_runner_id = id, "removing a stale registration failed");
+                    }
+                }
                 Outcome::Done {
                     name: op,
                     events: Vec::new(),
@@ -1550,10 +1633,10 @@ async fn stopped_instance(
             };
             record(&shared, &p, name, body).await
         }
-        Ok(Unregistered::Busy) => Outcome::Done {
+        Ok(Unregistered::Busy(jobs)) => Outcome::Done {
             name,
             events: Vec::new(),
-            local: Some(Local::Busy),
+            local: Some(Local::Busy(jobs)),
         },
         Err(()) => Outcome::Done {
             name,
@@ -1897,7 +1980,7 @@ fn repo_url(p: &Pool) -> String {
 async fn remove(shared: &Shared, p: &Pool, r: &Runner) -> Result<Unregistered, ()> {
     if let Some(id) = r.forge_runner_id {
         match shared.forges.unregister(&p.config, id).await {
-            Ok(Unregistered::Busy) => return Ok(Unregistered::Busy),
+            Ok(Unregistered::Busy(jobs)) => return Ok(Unregistered::Busy(jobs)),
             Ok(Unregistered::Gone) => {}
             Err(error) => {
                 tracing::warn!(%error, runner = %r.name, "removing the forge runner failed");
@@ -1923,8 +2006,10 @@ async fn remove(shared: &Shared, p: &Pool, r: &Runner) -> Result<Unregistered, (
     }
 }
 
-/// One step of the idle confirmation: read the forge; after a full window
-/// of idle readings, delete (the forge refuses with 422 if it turned busy).
+/// One step of the idle confirmation: read the forge (GitLab: the runner
+/// and its running jobs); after a full window of idle readings, delete
+/// (GitHub refuses with 422 if it turned busy; a GitLab runner is paused
+/// and its jobs asked once more first). A paused idle runner goes at once.
 async fn confirm_idle(
     shared: Arc<Shared>,
     p: Arc<Pool>,
@@ -1941,7 +2026,10 @@ async fn confirm_idle(
         return done(None);
     };
     match shared.forges.runner(&p.config, id).await {
-        Ok(Some(f)) if f.busy => return done(Some(Local::Busy)),
+        Ok(Some(f)) if f.busy => return done(Some(Local::Busy(f.running_jobs))),
+        // Paused (GitLab, by an earlier removal that found it busy): it
+        // gets no job, so nothing is to be waited for.
+        Ok(Some(f)) if f.paused => {}
         Ok(_) if !window_passed => return done(Some(Local::Idle)),
         Ok(_) => {}
         Err(error) => {
@@ -1957,7 +2045,7 @@ async fn confirm_idle(
             });
             record(&shared, &p, name, body).await
         }
-        Ok(Unregistered::Busy) => done(Some(Local::Busy)),
+        Ok(Unregistered::Busy(jobs)) => done(Some(Local::Busy(jobs))),
         Err(()) => done(None),
     }
 }

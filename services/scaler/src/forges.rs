@@ -27,17 +27,22 @@ pub struct ForgeRunner {
     pub name: String,
     /// Connected.
     pub online: bool,
-    /// Running a job (lags on GitHub).
+    /// Running a job (lags on GitHub; GitLab listings do not say, so
+    /// `false` there).
     pub busy: bool,
+    /// Paused: the forge hands it no new job (GitLab).
+    pub paused: bool,
+    /// The jobs it runs, when the forge names them (GitLab's runner read).
+    pub running_jobs: Vec<u64>,
 }
 
 /// What a delete on the forge did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Unregistered {
     /// Gone (or was never there).
     Gone,
-    /// The runner is running a job: it stays.
-    Busy,
+    /// The runner is running a job: it stays. GitLab names the jobs.
+    Busy(Vec<u64>),
 }
 
 /// The forge clients.
@@ -85,6 +90,16 @@ fn gitlab_type(scope: &Scope) -> RunnerType {
 /// The label every runyard runner carries on GitHub.
 pub fn pool_label(pool: &str) -> String {
     format!("runyard-pool={pool}")
+}
+
+/// Whether `name` is an instance name of `pool`: `ry-<pool>-` and the 10
+/// hex digits of [`runyard_events::instance_name`] (so pool `a` does not
+/// claim pool `a-b`'s runners).
+pub fn is_instance_of(name: &str, pool: &str) -> bool {
+    name.strip_prefix("ry-")
+        .and_then(|n| n.strip_prefix(pool))
+        .and_then(|n| n.strip_prefix('-'))
+        .is_some_and(|h| h.len() == 10 && h.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
 }
 
 /// Rate-limited calls wait and go again this many times before the error
@@ -171,6 +186,12 @@ impl Forges {
     }
 
     /// Removes a runner from the forge; `Busy` when it runs a job.
+    ///
+    /// GitHub refuses to delete a busy runner (422). GitLab deletes any
+    /// runner, killing the job it runs, so a GitLab runner is paused first
+    /// (GitLab hands a paused runner no new job), then asked for its
+    /// running jobs, and deleted only when it runs none; otherwise it stays
+    /// (paused) and is `Busy`, to go once its job is done.
     pub async fn unregister(
         &self,
         pool: &PoolConfig,
@@ -178,6 +199,22 @@ impl Forges {
     ) -> Result<Unregistered, ForgeError> {
         if pool.forge == "gitlab" {
             let gl = self.gitlab()?;
+            if !patiently(|| gl.pause_runner(runner_id)).await? {
+                return Ok(Unregistered::Gone);
+            }
+            match patiently(|| gl.running_jobs(runner_id)).await? {
+                None => return Ok(Unregistered::Gone),
+                Some(jobs) if !jobs.is_empty() => {
+                    tracing::info!(
+                        runner_id,
+                        job_id = jobs[0].id,
+                        running = jobs.len(),
+                        "gitlab runner busy; paused, not deleted"
+                    );
+                    return Ok(Unregistered::Busy(jobs.iter().map(|j| j.id).collect()));
+                }
+                Some(_) => {}
+            }
             patiently(|| gl.delete_runner(runner_id)).await?;
             return Ok(Unregistered::Gone);
         }
@@ -185,7 +222,7 @@ impl Forges {
         let gh = self.github()?;
         Ok(
             match patiently(|| gh.delete_runner(&scope, runner_id)).await? {
-                DeleteRunner::Busy => Unregistered::Busy,
+                DeleteRunner::Busy => Unregistered::Busy(Vec::new()),
                 DeleteRunner::Deleted | DeleteRunner::NotFound => Unregistered::Gone,
             },
         )
@@ -198,13 +235,22 @@ impl Forges {
         runner_id: u64,
     ) -> Result<Option<ForgeRunner>, ForgeError> {
         if pool.forge == "gitlab" {
-            // GitLab's ephemeral runners take one job and go: never "idle but
-            // busy"; the delete itself is the confirmation.
+            // GitLab's runner says whether it exists, is online and paused;
+            // its running jobs whether it is busy.
+            let gl = self.gitlab()?;
+            let Some(info) = patiently(|| gl.get_runner(runner_id)).await? else {
+                return Ok(None);
+            };
+            let Some(running) = patiently(|| gl.running_jobs(runner_id)).await? else {
+                return Ok(None);
+            };
             return Ok(Some(ForgeRunner {
-                id: runner_id,
-                name: String::new(),
-                online: true,
-                busy: false,
+                id: info.id,
+                paused: info.is_paused(),
+                name: info.description,
+                online: info.online,
+                busy: !running.is_empty(),
+                running_jobs: running.iter().map(|j| j.id).collect(),
             }));
         }
         let scope = github_scope(&pool.scope);
@@ -217,14 +263,33 @@ impl Forges {
                 name: r.name,
                 online: r.status == "online",
                 busy: r.busy,
+                paused: false,
+                running_jobs: Vec::new(),
             }))
     }
 
-    /// The pool's runners on the forge (GitHub: those carrying the pool's
-    /// label; GitLab is not listed).
+    /// The pool's runners on the forge. GitHub: those carrying the pool's
+    /// label. GitLab: those of the pool's scope carrying its tags whose
+    /// description is one of the pool's instance names
+    /// (`ry-<pool>-<10 hex>`); a listing does not say whether a runner is
+    /// busy (`busy` is false: a removal asks for its jobs).
     pub async fn list(&self, pool: &PoolConfig) -> Result<Vec<ForgeRunner>, ForgeError> {
         if pool.forge == "gitlab" {
-            return Ok(Vec::new());
+            let gl = self.gitlab()?;
+            let kind = gitlab_type(&pool.scope);
+            return Ok(patiently(|| gl.list_runners(kind, &pool.labels))
+                .await?
+                .into_iter()
+                .filter(|r| is_instance_of(&r.description, &pool.name))
+                .map(|r| ForgeRunner {
+                    id: r.id,
+                    paused: r.is_paused(),
+                    name: r.description,
+                    online: r.online,
+                    busy: false,
+                    running_jobs: Vec::new(),
+                })
+                .collect());
         }
         let label = pool_label(&pool.name);
         let scope = github_scope(&pool.scope);
@@ -239,7 +304,26 @@ impl Forges {
                 name: r.name,
                 online: r.status == "online",
                 busy: r.busy,
+                paused: false,
+                running_jobs: Vec::new(),
             })
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn instance_names_are_told_from_other_runners() {
+        let name = runyard_events::instance_name("gl-docker", "gitlab.gl_example_com.7.1");
+        assert!(is_instance_of(&name, "gl-docker"));
+        assert!(!is_instance_of(&name, "gl"), "another pool's prefix");
+        assert!(!is_instance_of("ry-gl-docker-0123", "gl-docker"));
+        assert!(!is_instance_of("ry-gl-docker-0123456789x", "gl-docker"));
+        assert!(!is_instance_of("ry-gl-docker-ABCDEF0123", "gl-docker"));
+        assert!(!is_instance_of("k8s-runner-large-a", "gl-docker"));
+        assert!(!is_instance_of("gl-docker-0123456789", "gl-docker"));
     }
 }

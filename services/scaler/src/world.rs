@@ -3,7 +3,7 @@
 //! a reducer that is idempotent and order-tolerant, so replaying the log at
 //! start, redelivery and the scaler's own echo all converge on one state.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
 
 use runyard_events::{Body, Event, Forge, JobStatus, Stage};
@@ -122,8 +122,12 @@ pub struct Runner {
     pub idle_since: Option<Clock>,
     /// When the next create attempt may start (phase `Failed`).
     pub retry_at: Option<Clock>,
-    /// The job it is running.
+    /// The job it is running (the last one it took).
     pub running: Option<JobId>,
+    /// Every job seen started on it and not yet completed: a runner that
+    /// takes more than one job (a GitLab `run` service, a forge handing it
+    /// another) is done only when all of them are.
+    pub busy_with: BTreeSet<JobId>,
     /// Flavor.
     pub flavor: String,
     /// Provider's id for the instance.
@@ -159,6 +163,7 @@ impl Runner {
             idle_since: None,
             retry_at: None,
             running: None,
+            busy_with: BTreeSet::new(),
             flavor: String::new(),
             provider_id: None,
             forge_runner_id: None,
@@ -372,17 +377,25 @@ impl World {
             job.runner_name = Some(j.runner_name.clone());
         }
         let runner_name = job.runner_name.clone();
+        let completed = job.status == JobStatus::Completed;
         // The runner that took it is busy, and done when the job is.
         if let Some(name) = runner_name
             && let Some(runner) = self.runners.get_mut(&name)
             && runner.phase != Phase::Deleted
         {
             match status {
-                JobStatus::InProgress if runner.phase < Phase::Assigned => {
-                    runner.phase = Phase::Assigned;
-                    runner.running = Some(id);
+                JobStatus::InProgress => {
+                    // A completion seen first (out of order) is kept.
+                    if !completed {
+                        runner.busy_with.insert(id.clone());
+                    }
+                    if runner.phase < Phase::Assigned {
+                        runner.phase = Phase::Assigned;
+                        runner.running = Some(id);
+                    }
                 }
                 JobStatus::Completed => {
+                    runner.busy_with.remove(&id);
                     runner.phase = Phase::Assigned;
                     runner.running = Some(id);
                     runner.reason = "job_completed".into();
@@ -399,10 +412,11 @@ impl World {
         }
     }
 
-    /// True when the runner's job (the one it runs) has completed: it is to
-    /// be deleted.
+    /// True when the runner's job (the one it runs) has completed and no
+    /// other job seen started on it still runs: it is to be deleted.
     pub fn runner_done(&self, runner: &Runner) -> bool {
         runner.phase == Phase::Assigned
+            && runner.busy_with.is_empty()
             && runner
                 .running
                 .as_ref()

@@ -604,6 +604,61 @@ async fn a_gitlab_instance_gets_its_runner_token_and_no_jit_files() {
 }
 
 #[tokio::test]
+async fn a_gitlab_instance_is_set_up_to_run_one_job_and_stop() {
+    let h = Harness::start().await;
+    let name = "ry-linux-eeeeeeeeee";
+    h.store
+        .put(&InstanceSecrets {
+            name: name.into(),
+            pool: "linux".into(),
+            forge: "gitlab".into(),
+            jit_config: "glrt-runner-token".into(),
+            repo_url: "https://gitlab.example.com".into(),
+            labels: vec!["docker".into()],
+            runner_group: String::new(),
+        })
+        .await
+        .unwrap();
+    let token = h.token(name);
+    let (status, unit) = h
+        .get_text("/api/v1/metadata/systemd/unit-file?runAsUser=ci", &token)
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let exec: Vec<&str> = unit
+        .lines()
+        .find_map(|l| l.strip_prefix("ExecStart="))
+        .expect("ExecStart")
+        .split_whitespace()
+        .collect();
+    // `gitlab-runner run` would take job after job; run-single with one
+    // build exits after its job, so deleting the runner then kills nothing.
+    assert_eq!(exec[1], "run-single", "{unit}");
+    let pos = |flag: &str| exec.iter().position(|a| *a == flag).expect(flag);
+    assert_eq!(exec[pos("--max-builds") + 1], "1");
+    let wait: u64 = exec[pos("--wait-timeout") + 1].parse().unwrap();
+    assert!(wait > 0, "{unit}");
+    assert!(!exec.contains(&"run"), "{unit}");
+    assert!(!unit.contains("glrt-runner-token"), "no token in the unit");
+    let (_, script) = h.get_text("/api/v1/metadata/install-script/", &token).await;
+    assert!(
+        script.contains("CI_SERVER_TOKEN="),
+        "run-single reads its token from runner.env"
+    );
+    assert!(!script.contains(" register "), "{script}");
+    assert!(!script.contains("glrt-runner-token"));
+    let out = std::process::Command::new("bash")
+        .args(["-n", "-c", &script])
+        .output()
+        .expect("bash");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    h.stop().await;
+}
+
+#[tokio::test]
 async fn the_api_speaks_tls_without_asking_instances_for_a_certificate() {
     runyard_telemetry::install_crypto_provider();
     let stack = Stack::new(&pool_toml(2, 0, "")).await;

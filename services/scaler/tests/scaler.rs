@@ -5,6 +5,7 @@
 
 #[path = "provider/fake.rs"]
 mod fake;
+mod gitlab;
 mod lifecycle;
 mod reconcile;
 mod support;

@@ -1,6 +1,7 @@
 //! GitLab REST client (`/api/v4`): runners created through the API for
-//! ephemeral `run-single` runners, jobs for the reconciler, pipelines and
-//! retries for OOM retries. Authenticates with `PRIVATE-TOKEN`.
+//! ephemeral `run-single` runners (and read, paused, listed and deleted),
+//! jobs for the reconciler, pipelines and retries for OOM retries.
+//! Authenticates with `PRIVATE-TOKEN`.
 
 use std::fmt;
 use std::sync::Arc;
@@ -28,6 +29,14 @@ pub mod endpoint {
     pub const CREATE_RUNNER: &str = "gitlab_create_runner";
     /// `DELETE /runners/:id`.
     pub const DELETE_RUNNER: &str = "gitlab_delete_runner";
+    /// `GET /runners/:id`.
+    pub const GET_RUNNER: &str = "gitlab_get_runner";
+    /// `PUT /runners/:id` (`paused`).
+    pub const PAUSE_RUNNER: &str = "gitlab_pause_runner";
+    /// `GET /runners/:id/jobs?status=running`.
+    pub const RUNNER_JOBS: &str = "gitlab_runner_jobs";
+    /// `GET /runners/all`, `/groups/:id/runners`, `/projects/:id/runners`.
+    pub const LIST_RUNNERS: &str = "gitlab_list_runners";
     /// `GET /projects/:id/jobs/:job_id`.
     pub const GET_JOB: &str = "gitlab_get_job";
     /// `GET /projects/:id/jobs?scope[]=pending`.
@@ -49,6 +58,10 @@ pub mod endpoint {
     pub const ALL: &[&str] = &[
         CREATE_RUNNER,
         DELETE_RUNNER,
+        GET_RUNNER,
+        PAUSE_RUNNER,
+        RUNNER_JOBS,
+        LIST_RUNNERS,
         GET_JOB,
         LIST_PENDING_JOBS,
         CREATE_PIPELINE,
@@ -80,6 +93,38 @@ pub struct GitLabRunner {
     pub token: SecretString,
     /// When the token expires, if it does.
     pub token_expires_at: Option<OffsetDateTime>,
+}
+
+/// A runner as GitLab shows it (`GET /runners/:id` and the listings).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct RunnerInfo {
+    /// Runner id.
+    pub id: u64,
+    /// Description (runyard's: the instance name).
+    #[serde(default, deserialize_with = "null_default")]
+    pub description: String,
+    /// Paused (GitLab 14.8 and later).
+    #[serde(default)]
+    pub paused: Option<bool>,
+    /// Not paused (what older GitLab says instead of `paused`).
+    #[serde(default)]
+    pub active: Option<bool>,
+    /// Contacted GitLab lately.
+    #[serde(default, deserialize_with = "null_default")]
+    pub online: bool,
+    /// `online`, `offline`, `stale`, `never_contacted`.
+    #[serde(default, deserialize_with = "null_default")]
+    pub status: String,
+    /// `instance_type`, `group_type`, `project_type`.
+    #[serde(default, deserialize_with = "null_default")]
+    pub runner_type: String,
+}
+
+impl RunnerInfo {
+    /// Whether GitLab hands it no new job.
+    pub fn is_paused(&self) -> bool {
+        self.paused.unwrap_or(false) || self.active == Some(false)
+    }
 }
 
 /// A CI job.
@@ -293,15 +338,91 @@ impl GitLabClient {
 
     /// The project's pending jobs, all pages (`x-next-page`).
     pub async fn list_pending_jobs(&self, project_id: u64) -> Result<Vec<GitLabJob>, ApiError> {
-        let ep = endpoint::LIST_PENDING_JOBS;
+        self.all_pages(
+            endpoint::LIST_PENDING_JOBS,
+            &format!("/projects/{project_id}/jobs?scope%5B%5D=pending"),
+        )
+        .await
+    }
+
+    /// One runner; `None` when GitLab has none of that id.
+    pub async fn get_runner(&self, runner_id: u64) -> Result<Option<RunnerInfo>, ApiError> {
+        let ep = endpoint::GET_RUNNER;
+        let raw = self
+            .send(ep, Method::GET, &format!("/runners/{runner_id}"), None)
+            .await?;
+        if raw.status == StatusCode::NOT_FOUND {
+            return Ok(None);
+        }
+        raw.success(ep)?.json(ep, false).map(Some)
+    }
+
+    /// Pauses a runner (`PUT /runners/:id` with `paused: true`): GitLab
+    /// hands it no new job from then on. False when the runner is gone.
+    pub async fn pause_runner(&self, runner_id: u64) -> Result<bool, ApiError> {
+        let ep = endpoint::PAUSE_RUNNER;
+        let raw = self
+            .send(
+                ep,
+                Method::PUT,
+                &format!("/runners/{runner_id}"),
+                Some(serde_json::json!({"paused": true})),
+            )
+            .await?;
+        if raw.status == StatusCode::NOT_FOUND {
+            return Ok(false);
+        }
+        raw.success(ep).map(|_| true)
+    }
+
+    /// The jobs a runner is running (the first page, up to 100: enough to
+    /// tell busy from idle); `None` when the runner is gone.
+    pub async fn running_jobs(&self, runner_id: u64) -> Result<Option<Vec<GitLabJob>>, ApiError> {
+        let ep = endpoint::RUNNER_JOBS;
+        let path = format!("/runners/{runner_id}/jobs?status=running&per_page={PER_PAGE}");
+        let raw = self.send(ep, Method::GET, &path, None).await?;
+        if raw.status == StatusCode::NOT_FOUND {
+            return Ok(None);
+        }
+        raw.success(ep)?.json(ep, false).map(Some)
+    }
+
+    /// The runners of a scope carrying every tag of `tag_list`, all pages:
+    /// `GET /runners/all` (instance runners, an administrator's token),
+    /// `/groups/:id/runners` or `/projects/:id/runners`, each narrowed to
+    /// the scope's own `type`.
+    pub async fn list_runners(
+        &self,
+        scope: RunnerType,
+        tag_list: &[String],
+    ) -> Result<Vec<RunnerInfo>, ApiError> {
+        let base = match scope {
+            RunnerType::Instance => "/runners/all?type=instance_type".to_owned(),
+            RunnerType::Group(id) => format!("/groups/{id}/runners?type=group_type"),
+            RunnerType::Project(id) => format!("/projects/{id}/runners?type=project_type"),
+        };
+        let tags: Vec<String> = tag_list.iter().map(|t| seg(t)).collect();
+        let path = if tags.is_empty() {
+            base
+        } else {
+            format!("{base}&tag_list={}", tags.join(","))
+        };
+        self.all_pages(endpoint::LIST_RUNNERS, &path).await
+    }
+
+    /// Every page of a listing (`path` has a query already), following
+    /// `x-next-page` up to [`MAX_PAGES`].
+    async fn all_pages<T: DeserializeOwned>(
+        &self,
+        ep: &'static str,
+        path: &str,
+    ) -> Result<Vec<T>, ApiError> {
         let mut out = Vec::new();
         let mut page = 1u32;
         for _ in 0..MAX_PAGES {
-            let path = format!(
-                "/projects/{project_id}/jobs?scope%5B%5D=pending&per_page={PER_PAGE}&page={page}"
-            );
+            let path = format!("{path}&per_page={PER_PAGE}&page={page}");
             let raw = self.send(ep, Method::GET, &path, None).await?.success(ep)?;
-            let batch: Vec<GitLabJob> = raw.json(ep, false)?;
+            let batch: Vec<T> = raw.json(ep, false)?;
             let next = raw
                 .headers
                 .get("x-next-page")

@@ -78,9 +78,21 @@ pub fn valid_user(user: &str) -> bool {
 /// The user runners run as when the instance does not say (garm's).
 pub const DEFAULT_USER: &str = "runner";
 
+/// How long (seconds) a GitLab runner waits for its job before its process
+/// ends: a day, far past any idle timeout, so that only a runner the
+/// scaler lost track of ever reaches it (it then stops asking GitLab for
+/// work instead of holding a live token forever).
+pub const GITLAB_WAIT_TIMEOUT_SECS: u64 = 86_400;
+
 /// The runner's systemd unit, running as `user` (checked with
 /// [`valid_user`]) from `/home/<user>/actions-runner` (GitHub, where
 /// garm's install templates put the runner) or `/home/<user>/gitlab-runner`.
+///
+/// A GitLab runner runs `gitlab-runner run-single --max-builds 1`: one job,
+/// then the process ends (a `gitlab-runner run` service would go on taking
+/// jobs, and its registration would be deleted under a running one). Its
+/// URL, token and name come from `runner.env` (the token is never on a
+/// command line), and the unit does not restart it.
 pub fn unit_file(secrets: &InstanceSecrets, user: &str) -> String {
     let service = service_name(secrets);
     if secrets.forge == "gitlab" {
@@ -92,7 +104,10 @@ pub fn unit_file(secrets: &InstanceSecrets, user: &str) -> String {
              Wants=network-online.target\n\
              \n\
              [Service]\n\
-             ExecStart={home}/gitlab-runner run --config {home}/config.toml --working-directory {home}\n\
+             Type=simple\n\
+             EnvironmentFile={home}/runner.env\n\
+             ExecStart={home}/gitlab-runner run-single --executor shell --builds-dir {home}/builds --max-builds 1 --wait-timeout {GITLAB_WAIT_TIMEOUT_SECS}\n\
+             Restart=no\n\
              User={user}\n\
              WorkingDirectory={home}\n\
              KillMode=process\n\
@@ -218,8 +233,9 @@ system_info
 report idle "runner installed"
 "#;
 
-/// GitLab: `gitlab-runner` (unless the image has it), registered with the
-/// runner authentication token from `runner-registration-token/`.
+/// GitLab: `gitlab-runner` (unless the image has it), its URL, token and
+/// name (the token from `runner-registration-token/`) in `runner.env`, and
+/// the unit that runs it once (`run-single --max-builds 1`).
 const GITLAB: &str = r#"
 RUN_HOME="/home/${RUN_USER}/gitlab-runner"
 
@@ -246,21 +262,24 @@ if [ ! -x "${RUN_HOME}/gitlab-runner" ]; then
 	$SUDO chmod 755 "${RUN_HOME}/gitlab-runner" || fail "making gitlab-runner executable failed"
 fi
 
-installing "registering the runner"
+installing "writing the runner's settings"
 RUNNER_TOKEN="$(curl --retry 5 --retry-delay 5 --retry-connrefused --fail -s \
 	-H "Authorization: Bearer ${BEARER_TOKEN}" "${METADATA_URL}/runner-registration-token/")" \
 	|| fail "fetching the runner token failed"
-$SUDO "${RUN_HOME}/gitlab-runner" register --non-interactive \
-	--config "${RUN_HOME}/config.toml" \
-	--url "${FORGE_URL}" \
-	--token "${RUNNER_TOKEN}" \
-	--name "${RUNNER_NAME}" \
-	--executor shell \
-	--builds-dir "${RUN_HOME}/builds" \
-	>/dev/null || fail "registering the runner failed"
+case "${RUNNER_TOKEN}" in
+	*[!A-Za-z0-9._-]*|"") fail "the runner token has unexpected characters" ;;
+esac
+# What gitlab-runner run-single reads (CI_SERVER_URL, CI_SERVER_TOKEN,
+# RUNNER_NAME): in a file only the runner's user reads, not on its
+# command line.
+ENV_FILE="$(mktemp)"
+chmod 600 "${ENV_FILE}"
+printf 'CI_SERVER_URL=%s\nCI_SERVER_TOKEN=%s\nRUNNER_NAME=%s\n' "${FORGE_URL}" "${RUNNER_TOKEN}" "${RUNNER_NAME}" >"${ENV_FILE}"
 unset RUNNER_TOKEN
+$SUDO mv "${ENV_FILE}" "${RUN_HOME}/runner.env" || fail "writing the runner's settings failed"
+$SUDO mkdir -p "${RUN_HOME}/builds" || fail "creating the builds directory failed"
 $SUDO chown -R "${RUN_USER}:" "${RUN_HOME}" || fail "changing the runner's owner failed"
-$SUDO chmod 600 "${RUN_HOME}/config.toml" || true
+$SUDO chmod 600 "${RUN_HOME}/runner.env" || fail "protecting the runner's settings failed"
 
 installing "starting the runner service"
 install_service
@@ -377,6 +396,41 @@ mod tests {
         assert!(script.contains("FORGE_URL='https://gitlab.example.com:8443'\n"));
         assert!(script.contains("runner-registration-token/"));
         assert!(!script.contains("credentials/runner"));
+        assert!(script.contains("CI_SERVER_TOKEN=%s"));
+        assert!(script.contains("install_service"));
+        assert!(
+            !script.contains("gitlab-runner\" register"),
+            "nothing registers a service-mode runner"
+        );
+    }
+
+    #[test]
+    fn gitlab_units_run_one_job_and_stop() {
+        let unit = unit_file(&secrets("gitlab", "https://gitlab.example.com"), "ci");
+        let exec = unit
+            .lines()
+            .find_map(|l| l.strip_prefix("ExecStart="))
+            .expect("ExecStart");
+        let argv: Vec<&str> = exec.split_whitespace().collect();
+        assert_eq!(
+            argv[..2],
+            ["/home/ci/gitlab-runner/gitlab-runner", "run-single"]
+        );
+        let flag = |name: &str| {
+            argv.iter()
+                .position(|a| *a == name)
+                .and_then(|i| argv.get(i + 1))
+                .copied()
+        };
+        assert_eq!(flag("--max-builds"), Some("1"));
+        assert_eq!(flag("--wait-timeout"), Some("86400"));
+        assert_eq!(flag("--executor"), Some("shell"));
+        assert!(unit.contains("EnvironmentFile=/home/ci/gitlab-runner/runner.env\n"));
+        assert!(unit.contains("Restart=no\n"));
+        assert!(
+            !unit.contains("glrt") && !unit.contains("secret"),
+            "no token in the unit"
+        );
     }
 
     #[test]

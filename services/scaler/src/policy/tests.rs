@@ -375,6 +375,54 @@ fn a_runner_goes_when_the_job_it_ran_completes() {
     );
 }
 
+/// A job event as the log carries it (id `e<n>`), folded into `w`.
+fn observe(w: &mut World, n: u32, job_id: u64, status: JobStatus, runner_name: &str) {
+    let event = runyard_events::Event {
+        id: format!("e{n}"),
+        body: Some(runyard_events::Body::JobObserved(
+            runyard_events::JobObserved {
+                job: Some(runyard_events::JobKey {
+                    forge: Forge::Github as i32,
+                    instance: "github.com".into(),
+                    job_id,
+                }),
+                status: status as i32,
+                runner_name: runner_name.into(),
+                ..Default::default()
+            },
+        )),
+        ..Default::default()
+    };
+    w.apply(&event, T0, |_| S);
+}
+
+#[test]
+fn a_runner_that_took_a_second_job_goes_only_when_both_completed() {
+    let pools = [pool("linux", &["linux"], 5, 0)];
+    let mut w = World::default();
+    job(&mut w, 1, &["linux"], T0);
+    runner(&mut w, "r1", "linux", Some(1), Phase::Online, T0);
+    observe(&mut w, 1, 1, JobStatus::InProgress, "r1");
+    observe(&mut w, 2, 2, JobStatus::InProgress, "r1");
+    observe(&mut w, 3, 1, JobStatus::Completed, "r1");
+    assert!(run(&pools, &w, T0).is_empty(), "job 2 still runs on it");
+    observe(&mut w, 4, 2, JobStatus::Completed, "r1");
+    assert_eq!(
+        run(&pools, &w, T0),
+        vec![Decision::Delete {
+            name: "r1".into(),
+            reason: "job_completed"
+        }]
+    );
+    // A completion delivered before the start leaves nothing running.
+    let mut w = World::default();
+    runner(&mut w, "r2", "linux", None, Phase::Online, T0);
+    observe(&mut w, 1, 3, JobStatus::Completed, "r2");
+    observe(&mut w, 2, 3, JobStatus::InProgress, "r2");
+    assert!(w.runners["r2"].busy_with.is_empty());
+    assert!(w.runner_done(&w.runners["r2"]));
+}
+
 #[test]
 fn a_job_cancelled_before_its_runner_came_online_takes_the_runner_with_it() {
     let pools = [pool("linux", &["linux"], 5, 0)];
