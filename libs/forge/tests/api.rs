@@ -378,12 +378,7 @@ async fn app_installations_per_scope_or_fixed() {
     gh.add_installation("orgs/acme", 1);
     gh.add_installation("orgs/beta", 2);
     gh.add_installation("enterprises/bigco", 3);
-    for scope in [
-        org("acme"),
-        org("beta"),
-        GitHubScope::repo("acme", "app"),
-        GitHubScope::Enterprise("bigco".into()),
-    ] {
+    for scope in [org("acme"), org("beta"), GitHubScope::repo("acme", "app")] {
         client
             .generate_jitconfig(&scope, "ry-x", 1, &labels(&["linux"]), None)
             .await
@@ -391,9 +386,24 @@ async fn app_installations_per_scope_or_fixed() {
     }
     assert_eq!(
         gh.tokens_issued(),
-        3,
+        2,
         "acme/app uses the acme installation's token"
     );
+    // Enterprise runner endpoints refuse installation tokens: not tried.
+    let before = gh.requests().len();
+    let err = client
+        .generate_jitconfig(
+            &GitHubScope::Enterprise("bigco".into()),
+            "ry-x",
+            1,
+            &labels(&["linux"]),
+            None,
+        )
+        .await
+        .expect_err("an App cannot manage enterprise runners");
+    assert!(matches!(err, ApiError::Auth(_)), "{err:?}");
+    assert!(err.to_string().contains("personal access token"), "{err}");
+    assert_eq!(gh.requests().len(), before, "nothing sent");
     assert_eq!(gh.count("GET", "/repos/acme/app/installation"), 1);
     let err = client
         .list_runners(&org("nobody"))

@@ -6,6 +6,8 @@
 //! that scope's installation token — found with the App's JWT when no
 //! installation id is configured, fetched once and cached until a minute
 //! before it expires — and the App's own webhook deliveries use the JWT.
+//! Enterprise scopes need a personal access token: GitHub's enterprise
+//! runner endpoints refuse installation tokens.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -43,6 +45,11 @@ const TOKEN_MARGIN: Duration = Duration::from_secs(60);
 /// they expire.
 const JWT_BACKDATE: u64 = 60;
 const JWT_LIFETIME: u64 = 9 * 60;
+
+/// Why an App client refuses an enterprise scope: GitHub has no
+/// `GET /enterprises/{e}/installation`, and enterprise runner endpoints
+/// refuse installation tokens.
+pub const ENTERPRISE_NEEDS_PAT: &str = "a GitHub App cannot manage enterprise runners (enterprise runner endpoints refuse installation tokens): use a classic personal access token with manage_runners:enterprise";
 
 /// Endpoint kinds, as counted in [`CallCounts`] and named in
 /// [`ApiError::Status`].
@@ -956,6 +963,9 @@ impl GitHubClient {
                 "a GitHub App's own webhook needs GitHub App credentials, not a token".into(),
             )),
             (Creds::App(app), Target::AppJwt) => Ok((app.jwt()?, Bucket::AppJwt)),
+            (Creds::App(_), Target::Scope(GitHubScope::Enterprise(_))) => {
+                Err(ApiError::Auth(ENTERPRISE_NEEDS_PAT.into()))
+            }
             (Creds::App(app), Target::Scope(scope)) => {
                 let id = self.installation_for(app, scope).await?;
                 Ok((
