@@ -1,9 +1,18 @@
 //! The forge side of a runner: registering it just in time (GitHub JIT
 //! config, GitLab runner token), asking whether it is busy, listing and
 //! deleting it. One place that knows the pool's forge and scope.
+//!
+//! A create never fails for GitHub's rate limit: each GitHub call it makes
+//! waits for its budget however long that takes ([`Forges::wait_out`]), in
+//! the order the creates came, and is sent when the budget returns.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use runyard_forge::api::ApiError;
-use runyard_forge::api::github::{DeleteRunner, GitHubClient, GitHubScope};
+use runyard_forge::api::github::{DeleteRunner, GitHubClient, GitHubScope, endpoint};
 use runyard_forge::api::gitlab::{GitLabClient, RunnerType};
 use secrecy::SecretString;
 
@@ -47,6 +56,69 @@ pub struct Forges {
     pub github: Option<GitHubClient>,
     /// GitLab, when configured.
     pub gitlab: Option<GitLabClient>,
+    /// How often a create waiting for a spent GitHub budget reads
+    /// `GET /rate_limit` (free) to learn whether it returned.
+    pub rate_limit_probe: Duration,
+    /// Creates waiting for a spent budget, per endpoint kind.
+    pub waiting: Arc<Waiting>,
+}
+
+/// Creates waiting for GitHub's rate limit, one queue per endpoint kind
+/// (so a spent `core` budget does not hold back JIT configs, which spend
+/// `actions_runner_registration`). The first in a queue waits on the clock;
+/// the others wait for their turn, so they are served in the order they
+/// came when the budget returns.
+#[derive(Debug, Default)]
+pub struct Waiting {
+    queues: Mutex<HashMap<&'static str, Arc<Queue>>>,
+}
+
+#[derive(Debug, Default)]
+struct Queue {
+    turn: tokio::sync::Mutex<()>,
+    waiting: AtomicUsize,
+}
+
+/// Counts a caller in a queue for as long as it lives.
+struct InQueue<'a>(&'a Queue);
+
+impl<'a> InQueue<'a> {
+    fn enter(q: &'a Queue) -> Self {
+        q.waiting.fetch_add(1, Ordering::SeqCst);
+        Self(q)
+    }
+}
+
+impl Drop for InQueue<'_> {
+    fn drop(&mut self) {
+        self.0.waiting.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl Waiting {
+    fn queue(&self, kind: &'static str) -> Arc<Queue> {
+        self.queues
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .entry(kind)
+            .or_default()
+            .clone()
+    }
+
+    /// Creates waiting now, over every queue.
+    pub fn len(&self) -> usize {
+        self.queues
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .values()
+            .map(|q| q.waiting.load(Ordering::SeqCst))
+            .sum()
+    }
+
+    /// No create is waiting.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 /// A forge call that failed.
@@ -116,10 +188,66 @@ where
 }
 
 impl Forges {
-    fn github(&self) -> Result<&GitHubClient, ForgeError> {
+    /// The GitHub client serving `scope`.
+    pub fn github_for(&self, _scope: &Scope) -> Result<&GitHubClient, ForgeError> {
         self.github
             .as_ref()
             .ok_or(ForgeError::NotConfigured("GitHub"))
+    }
+
+    /// Runs a GitHub call a create makes, waiting out GitHub's rate limit
+    /// for as long as it takes: a spent budget is not a failed attempt.
+    /// Calls that find others already waiting on the same endpoint kind
+    /// queue behind them, so creates are served in the order they came.
+    /// The first in the queue sleeps until the budget's reset, reading
+    /// `GET /rate_limit` (which costs nothing) every
+    /// [`Forges::rate_limit_probe`] meanwhile to learn of its return.
+    pub async fn wait_out<T, F, Fut>(
+        &self,
+        github: &GitHubClient,
+        scope: &GitHubScope,
+        kind: &'static str,
+        mut call: F,
+    ) -> Result<T, ApiError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, ApiError>>,
+    {
+        let queue = self.waiting.queue(kind);
+        if queue.waiting.load(Ordering::SeqCst) == 0 {
+            match call().await {
+                Err(ApiError::RateLimited { .. }) => {}
+                other => return other,
+            }
+        }
+        let _in_queue = InQueue::enter(&queue);
+        let _turn = queue.turn.lock().await;
+        let probe = if self.rate_limit_probe.is_zero() {
+            Duration::from_secs(60)
+        } else {
+            self.rate_limit_probe
+        };
+        loop {
+            match call().await {
+                Err(ApiError::RateLimited { retry_after }) => {
+                    let nap = retry_after.min(probe);
+                    tracing::info!(
+                        endpoint = kind,
+                        %scope,
+                        retry_after_s = retry_after.as_secs(),
+                        waiting = queue.waiting.load(Ordering::SeqCst),
+                        "github budget spent; the create waits for it"
+                    );
+                    tokio::time::sleep(nap).await;
+                    if retry_after > nap
+                        && let Err(error) = github.refresh_rate_limits(scope).await
+                    {
+                        tracing::debug!(%error, "reading the rate limits failed");
+                    }
+                }
+                other => return other,
+            }
+        }
     }
 
     fn gitlab(&self) -> Result<&GitLabClient, ForgeError> {
@@ -146,21 +274,28 @@ impl Forges {
             });
         }
         labels.push(pool_label(&pool.name));
-        let gh = self.github()?;
+        let gh = self.github_for(&pool.scope)?;
         let scope = github_scope(&pool.scope);
         let jit = || gh.generate_jitconfig(&scope, name, pool.runner_group_id, &labels, None);
-        let first = patiently(jit).await;
+        let first = self
+            .wait_out(gh, &scope, endpoint::GENERATE_JITCONFIG, jit)
+            .await;
         let jit = match first {
             Err(ApiError::Status { status: 409, .. }) => {
                 // Left over from a failed attempt: it never ran a job.
-                if let Some(old) = patiently(|| gh.list_runners(&scope))
-                    .await?
-                    .into_iter()
-                    .find(|r| r.name == name)
-                {
-                    patiently(|| gh.delete_runner(&scope, old.id)).await?;
+                let listed = self
+                    .wait_out(gh, &scope, endpoint::LIST_RUNNERS, || {
+                        gh.list_runners(&scope)
+                    })
+                    .await?;
+                if let Some(old) = listed.into_iter().find(|r| r.name == name) {
+                    self.wait_out(gh, &scope, endpoint::DELETE_RUNNER, || {
+                        gh.delete_runner(&scope, old.id)
+                    })
+                    .await?;
                 }
-                patiently(jit).await?
+                self.wait_out(gh, &scope, endpoint::GENERATE_JITCONFIG, jit)
+                    .await?
             }
             other => other?,
         };
@@ -182,7 +317,7 @@ impl Forges {
             return Ok(Unregistered::Gone);
         }
         let scope = github_scope(&pool.scope);
-        let gh = self.github()?;
+        let gh = self.github_for(&pool.scope)?;
         Ok(
             match patiently(|| gh.delete_runner(&scope, runner_id)).await? {
                 DeleteRunner::Busy => Unregistered::Busy,
@@ -209,7 +344,7 @@ impl Forges {
         }
         let scope = github_scope(&pool.scope);
         Ok(self
-            .github()?
+            .github_for(&pool.scope)?
             .get_runner(&scope, runner_id)
             .await?
             .map(|r| ForgeRunner {
@@ -229,7 +364,7 @@ impl Forges {
         let label = pool_label(&pool.name);
         let scope = github_scope(&pool.scope);
         Ok(self
-            .github()?
+            .github_for(&pool.scope)?
             .list_runners(&scope)
             .await?
             .into_iter()

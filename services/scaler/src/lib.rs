@@ -140,7 +140,12 @@ fn forges(config: &Config, file: &ScalerFile) -> anyhow::Result<Forges> {
         }
         _ => None,
     };
-    Ok(Forges { github, gitlab })
+    Ok(Forges {
+        github,
+        gitlab,
+        rate_limit_probe: file.scaler.rate_limit_probe,
+        waiting: Arc::default(),
+    })
 }
 
 /// Tokens, the secret store and the URLs instances are given, when the
@@ -443,6 +448,7 @@ impl App {
                     if let Some(gh) = &shared.forges.github {
                         shared.metrics.record_forge_calls("github", &gh.calls());
                     }
+                    record_budgets(&shared);
                     if let Some(gl) = &shared.forges.gitlab {
                         shared.metrics.record_forge_calls("gitlab", &gl.calls());
                     }
@@ -687,7 +693,20 @@ async fn readyz(AxumState(s): AxumState<HttpState>) -> Response {
         .into_response()
 }
 
+/// Brings the GitHub budget gauges and the creates waiting for them up to
+/// date (also at each scrape: a budget changes with every answer).
+fn record_budgets(shared: &Shared) {
+    if let Some(gh) = &shared.forges.github {
+        shared.metrics.record_rate_budgets(&gh.rate_budgets());
+    }
+    shared
+        .metrics
+        .creates_waiting_for_rate_limit
+        .set(i64::try_from(shared.forges.waiting.len()).unwrap_or(i64::MAX));
+}
+
 async fn metrics_text(AxumState(s): AxumState<HttpState>) -> Response {
+    record_budgets(&s.shared);
     (
         [(
             header::CONTENT_TYPE,

@@ -3,6 +3,7 @@
 //! runner deleted, faults retried, replicas that fail over.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed unwrap is a failed test
 
+mod budgets;
 #[path = "provider/fake.rs"]
 mod fake;
 mod reconcile;
