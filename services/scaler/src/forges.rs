@@ -1,6 +1,8 @@
 //! The forge side of a runner: registering it just in time (GitHub JIT
 //! config, GitLab runner token), asking whether it is busy, listing and
-//! deleting it. One place that knows the pool's forge and scope.
+//! deleting it. One place that knows the pool's forge and scope, and which
+//! GitHub credential serves it (enterprise runners need a personal access
+//! token; every other scope uses the App when one is configured).
 //!
 //! A create never fails for GitHub's rate limit: each GitHub call it makes
 //! waits for its budget however long that takes ([`Forges::wait_out`]), in
@@ -52,8 +54,13 @@ pub enum Unregistered {
 /// The forge clients.
 #[derive(Debug, Clone, Default)]
 pub struct Forges {
-    /// GitHub, when credentials are configured.
+    /// GitHub, when credentials are configured: the App's client when App
+    /// credentials are given, else the personal access token's.
     pub github: Option<GitHubClient>,
+    /// The personal access token's client, when both a token and App
+    /// credentials are given: it serves enterprise pools (GitHub's
+    /// enterprise runner endpoints refuse installation tokens).
+    pub github_pat: Option<GitHubClient>,
     /// GitLab, when configured.
     pub gitlab: Option<GitLabClient>,
     /// How often a create waiting for a spent GitHub budget reads
@@ -188,10 +195,15 @@ where
 }
 
 impl Forges {
-    /// The GitHub client serving `scope`.
-    pub fn github_for(&self, _scope: &Scope) -> Result<&GitHubClient, ForgeError> {
-        self.github
+    /// The GitHub client serving `scope`: the personal access token's for
+    /// an enterprise when both kinds of credentials are given, else the one
+    /// configured.
+    pub fn github_for(&self, scope: &Scope) -> Result<&GitHubClient, ForgeError> {
+        let pat = self
+            .github_pat
             .as_ref()
+            .filter(|_| scope.enterprise.is_some());
+        pat.or(self.github.as_ref())
             .ok_or(ForgeError::NotConfigured("GitHub"))
     }
 

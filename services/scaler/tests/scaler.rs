@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed unwrap is a failed test
 
 mod budgets;
+mod credentials;
 #[path = "provider/fake.rs"]
 mod fake;
 mod reconcile;
