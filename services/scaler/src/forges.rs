@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use runyard_forge::api::ApiError;
-use runyard_forge::api::github::{DeleteRunner, GitHubClient, GitHubScope, endpoint};
+use runyard_forge::api::github::{DeleteRunner, GitHubClient, GitHubScope, RunnerGroup, endpoint};
 use runyard_forge::api::gitlab::{GitLabClient, RunnerType};
 use secrecy::SecretString;
 
@@ -388,5 +388,115 @@ impl Forges {
                 busy: r.busy,
             })
             .collect())
+    }
+}
+
+/// A pool whose runner group GitHub says cannot serve it.
+#[derive(Debug, thiserror::Error)]
+pub enum GroupError {
+    /// The group is not among the scope's runner groups.
+    #[error(
+        "pool {pool:?}: runner_group_id {group} is not a runner group of {scope} (its groups: {known}); a JIT config for it would be refused"
+    )]
+    Missing {
+        /// Pool name.
+        pool: String,
+        /// The configured group id.
+        group: u64,
+        /// Where it was looked for.
+        scope: String,
+        /// The groups there, `id name` each.
+        known: String,
+    },
+    /// The group admits selected repositories only, not the pool's.
+    #[error(
+        "pool {pool:?}: runner group {group} ({name}) admits only selected repositories and {repo} is not one of them; its runners would never get that repository's jobs (allow the repository in the group, or pick another group)"
+    )]
+    RepoNotAdmitted {
+        /// Pool name.
+        pool: String,
+        /// Group id.
+        group: u64,
+        /// Group name.
+        name: String,
+        /// The pool's repository.
+        repo: String,
+    },
+}
+
+impl Forges {
+    /// Checks each GitHub pool's `runner_group_id` against the runner
+    /// groups of its organization or enterprise (a repository pool: its
+    /// owner's organization), and for a repository pool whose group admits
+    /// selected repositories only, that its repository is one of them.
+    ///
+    /// A group GitHub does not have, or one that shuts out the pool's
+    /// repository, is an error: its runners could never take a job. An org
+    /// or enterprise pool whose group admits selected repositories only is
+    /// logged (which repositories send it jobs is not known here). When the
+    /// groups cannot be read (no permission, the forge down, a user-owned
+    /// repository, which has no groups) the check is skipped with a warning:
+    /// the start does not depend on it.
+    pub async fn check_runner_groups(&self, pools: &[PoolConfig]) -> Result<(), GroupError> {
+        let mut groups: HashMap<GitHubScope, Option<Vec<RunnerGroup>>> = HashMap::new();
+        for pool in pools.iter().filter(|p| p.forge != "gitlab") {
+            let Ok(gh) = self.github_for(&pool.scope) else {
+                continue;
+            };
+            let (owner_scope, repo) = match github_scope(&pool.scope) {
+                GitHubScope::Repo { owner, repo } => (
+                    GitHubScope::Org(owner.clone()),
+                    Some(format!("{owner}/{repo}")),
+                ),
+                other => (other, None),
+            };
+            if !groups.contains_key(&owner_scope) {
+                let listed = match gh.list_runner_groups(&owner_scope).await {
+                    Ok(list) => Some(list),
+                    Err(error) => {
+                        tracing::warn!(pool = %pool.name, scope = %owner_scope, %error, "could not read the runner groups; the pool's runner_group_id is not checked");
+                        None
+                    }
+                };
+                groups.insert(owner_scope.clone(), listed);
+            }
+            let Some(Some(list)) = groups.get(&owner_scope) else {
+                continue;
+            };
+            let Some(group) = list.iter().find(|g| g.id == pool.runner_group_id) else {
+                return Err(GroupError::Missing {
+                    pool: pool.name.clone(),
+                    group: pool.runner_group_id,
+                    scope: owner_scope.to_string(),
+                    known: list
+                        .iter()
+                        .map(|g| format!("{} {}", g.id, g.name))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                });
+            };
+            if group.visibility != "selected" {
+                continue;
+            }
+            let (Some(repo), GitHubScope::Org(org)) = (&repo, &owner_scope) else {
+                tracing::warn!(pool = %pool.name, group = group.id, group_name = %group.name, "the pool's runner group admits selected repositories only: jobs of other repositories never reach its runners");
+                continue;
+            };
+            match gh.list_runner_group_repos(org, group.id).await {
+                Ok(repos) if !repos.iter().any(|r| r.eq_ignore_ascii_case(repo)) => {
+                    return Err(GroupError::RepoNotAdmitted {
+                        pool: pool.name.clone(),
+                        group: group.id,
+                        name: group.name.clone(),
+                        repo: repo.clone(),
+                    });
+                }
+                Ok(_) => {}
+                Err(error) => {
+                    tracing::warn!(pool = %pool.name, group = group.id, %error, "could not read the runner group's repositories; not checked");
+                }
+            }
+        }
+        Ok(())
     }
 }

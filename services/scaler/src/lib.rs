@@ -339,6 +339,10 @@ impl App {
             );
         }
         let forges = forges(&config, &file)?;
+        forges
+            .check_runner_groups(&file.pools)
+            .await
+            .context("runner groups")?;
         let bus = Bus::connect(&config.nats_url, ns, "runyard-scaler", true).await?;
         let replica = format!(
             "{}-{}",

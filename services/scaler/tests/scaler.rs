@@ -7,6 +7,7 @@ mod budgets;
 mod credentials;
 #[path = "provider/fake.rs"]
 mod fake;
+mod groups;
 mod reconcile;
 mod support;
 

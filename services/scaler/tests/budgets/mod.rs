@@ -168,11 +168,19 @@ async fn a_spent_core_budget_holds_the_downloads_read_without_failing_or_reaping
         stack.github.count("GET", "/rate_limit") >= 40
     })
     .await;
+    // The runner-group check at start was refused (403, core spent), so
+    // the client knows: the downloads read waits unsent.
     assert_eq!(
-        stack.github.count("GET", downloads),
+        stack
+            .github
+            .requests()
+            .iter()
+            .filter(|r| r.status == 403)
+            .count(),
         1,
-        "refused once, then unsent"
+        "one refusal, then nothing sent against the spent budget"
     );
+    assert_eq!(stack.github.count("GET", downloads), 0);
     assert_eq!(stack.github.count("POST", jit), 0, "nothing registered yet");
     assert!(fake.calls_of("CreateInstance").is_empty());
     let events = stack.events().await;
@@ -199,7 +207,7 @@ async fn a_spent_core_budget_holds_the_downloads_read_without_failing_or_reaping
         [],
         "no forge_error, and the wait did not count against its bootstrap time"
     );
-    assert_eq!(stack.github.count("GET", downloads), 2);
+    assert_eq!(stack.github.count("GET", downloads), 1);
     assert_eq!(stack.github.count("POST", jit), 1);
     assert_eq!(fake.calls_of("CreateInstance").len(), 1);
     scaler.stop().await;
