@@ -242,7 +242,10 @@ impl Forges {
         loop {
             match call().await {
                 Err(ApiError::RateLimited { retry_after }) => {
-                    let nap = retry_after.min(probe);
+                    // Never a busy loop: a reset GitHub dates in the past
+                    // of our clock reads as "retry after 0".
+                    let floor = probe.min(Duration::from_secs(1));
+                    let nap = retry_after.clamp(floor, probe);
                     tracing::info!(
                         endpoint = kind,
                         %scope,
