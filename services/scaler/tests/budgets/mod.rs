@@ -212,3 +212,28 @@ async fn a_spent_core_budget_holds_the_downloads_read_without_failing_or_reaping
     assert_eq!(fake.calls_of("CreateInstance").len(), 1);
     scaler.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spent_core_budget_does_not_hold_back_jit_configs() {
+    let stack = Stack::new(&pool_toml(5, 0, "")).await;
+    let jit = "/orgs/acme/actions/runners/generate-jitconfig";
+    stack.github.exhaust_rate_limit("core", HOUR);
+    let scaler = stack.start().await;
+    for job in [811, 812] {
+        stack.queued(job).await;
+    }
+    until("both runners", || stack.live_processes().len() == 2).await;
+    let mut served = served_jit_names(&stack, jit);
+    served.sort();
+    let mut want = vec![runner_of(811), runner_of(812)];
+    want.sort();
+    assert_eq!(
+        served, want,
+        "JIT configs spend actions_runner_registration"
+    );
+    assert_eq!(stack.github.count("POST", jit), 2);
+    let (_, core_left, _) = stack.github.rate_limit("core");
+    assert_eq!(core_left, 0, "core stayed spent throughout");
+    assert_eq!(failures(&stack.events().await), []);
+    scaler.stop().await;
+}
