@@ -378,12 +378,7 @@ async fn app_installations_per_scope_or_fixed() {
     gh.add_installation("orgs/acme", 1);
     gh.add_installation("orgs/beta", 2);
     gh.add_installation("enterprises/bigco", 3);
-    for scope in [
-        org("acme"),
-        org("beta"),
-        GitHubScope::repo("acme", "app"),
-        GitHubScope::Enterprise("bigco".into()),
-    ] {
+    for scope in [org("acme"), org("beta"), GitHubScope::repo("acme", "app")] {
         client
             .generate_jitconfig(&scope, "ry-x", 1, &labels(&["linux"]), None)
             .await
@@ -391,9 +386,24 @@ async fn app_installations_per_scope_or_fixed() {
     }
     assert_eq!(
         gh.tokens_issued(),
-        3,
+        2,
         "acme/app uses the acme installation's token"
     );
+    // Enterprise runner endpoints refuse installation tokens: not tried.
+    let before = gh.requests().len();
+    let err = client
+        .generate_jitconfig(
+            &GitHubScope::Enterprise("bigco".into()),
+            "ry-x",
+            1,
+            &labels(&["linux"]),
+            None,
+        )
+        .await
+        .expect_err("an App cannot manage enterprise runners");
+    assert!(matches!(err, ApiError::Auth(_)), "{err:?}");
+    assert!(err.to_string().contains("personal access token"), "{err}");
+    assert_eq!(gh.requests().len(), before, "nothing sent");
     assert_eq!(gh.count("GET", "/repos/acme/app/installation"), 1);
     let err = client
         .list_runners(&org("nobody"))
@@ -1074,4 +1084,128 @@ async fn gitlab_rate_limits() {
         "only the injected refusal"
     );
     assert_eq!(client.calls().get(gitlab::endpoint::DELETE_RUNNER), 2);
+}
+
+#[tokio::test]
+async fn core_and_registration_budgets_are_held_apart() {
+    let gh = FakeGitHub::start().await;
+    let client = GitHubClient::with_options(
+        &gh.url(),
+        GitHubAuth::Token(SecretString::from(PAT)),
+        &ClientOptions::new(TIMEOUT).with_max_rate_limit_wait(Duration::from_millis(100)),
+    )
+    .expect("client");
+    let scope = org("acme");
+    gh.exhaust_rate_limit("actions_runner_registration", Duration::from_secs(3600));
+    let err = client
+        .generate_jitconfig(&scope, "r1", 1, &labels(&["self-hosted"]), None)
+        .await
+        .expect_err("registration spent");
+    assert!(
+        matches!(err, ApiError::RateLimited { retry_after } if retry_after > Duration::from_secs(3500)),
+        "{err:?}"
+    );
+    // Known spent now: the next JIT config is not sent, core calls are.
+    let err = client
+        .generate_jitconfig(&scope, "r1", 1, &labels(&["self-hosted"]), None)
+        .await
+        .expect_err("still spent");
+    assert!(matches!(err, ApiError::RateLimited { .. }));
+    client
+        .list_runners(&scope)
+        .await
+        .expect("core is not held back");
+    assert_eq!(
+        gh.count("POST", "/orgs/acme/actions/runners/generate-jitconfig"),
+        1,
+        "the second JIT config was held back unsent"
+    );
+    let budgets = client.rate_budgets();
+    let of = |res: &str| budgets.iter().find(|b| b.resource == res).cloned();
+    assert_eq!(
+        of("actions_runner_registration").and_then(|b| b.remaining),
+        Some(0)
+    );
+    assert!(of("core").and_then(|b| b.remaining).is_some_and(|r| r > 0));
+
+    // GET /rate_limit costs nothing, is sent while a budget is spent and
+    // learns when it came back.
+    gh.advance_to_reset("actions_runner_registration");
+    client
+        .refresh_rate_limits(&scope)
+        .await
+        .expect("rate_limit");
+    client
+        .generate_jitconfig(&scope, "r1", 1, &labels(&["self-hosted"]), None)
+        .await
+        .expect("served after the reset");
+
+    // The other way round.
+    gh.exhaust_rate_limit("core", Duration::from_secs(3600));
+    assert!(client.list_runners(&scope).await.is_err());
+    assert!(client.list_runners(&scope).await.is_err());
+    client
+        .generate_jitconfig(&scope, "r2", 1, &labels(&["self-hosted"]), None)
+        .await
+        .expect("registration is not held back by core");
+}
+
+#[tokio::test]
+async fn delivery_pages_follow_the_cursor() {
+    let (gh, client) = github_pat().await;
+    let hook = FakeHook::Org {
+        org: "acme".into(),
+        hook_id: 3,
+    };
+    for i in 0..150 {
+        gh.add_delivery(
+            hook.clone(),
+            FakeDelivery::workflow_job(&format!("g{i}"), "queued", 502),
+        );
+    }
+    let href = HookRef::Org {
+        org: "acme".into(),
+        hook_id: 3,
+    };
+    let first = client
+        .list_hook_deliveries_page(&href, 100, None)
+        .await
+        .expect("page 1");
+    assert_eq!(first.deliveries.len(), 100);
+    assert_eq!(first.deliveries[0].guid, "g149");
+    let cursor = first.next_cursor.expect("a next page");
+    let second = client
+        .list_hook_deliveries_page(&href, 100, Some(&cursor))
+        .await
+        .expect("page 2");
+    assert_eq!(second.deliveries.len(), 50);
+    assert_eq!(second.deliveries[0].guid, "g49");
+    assert_eq!(second.next_cursor, None);
+}
+
+#[tokio::test]
+async fn runner_groups_and_their_repositories() {
+    let (gh, client) = github_pat().await;
+    gh.add_runner_group(
+        "/orgs/acme",
+        runyard_testkit::fake_github::FakeRunnerGroup::selected(5, "sec", &["acme/a", "acme/b"]),
+    );
+    let groups = client
+        .list_runner_groups(&org("acme"))
+        .await
+        .expect("groups");
+    assert_eq!(
+        groups
+            .iter()
+            .map(|g| (g.id, g.visibility.as_str()))
+            .collect::<Vec<_>>(),
+        [(1, "all"), (5, "selected")]
+    );
+    assert_eq!(
+        client
+            .list_runner_group_repos("acme", 5)
+            .await
+            .expect("repos"),
+        ["acme/a", "acme/b"]
+    );
 }

@@ -18,7 +18,13 @@
 //! only a queued job starts; a move GitHub never makes panics) and every
 //! move sends its `workflow_job` webhook to an outbox ([`hooks`]).
 //!
-//! Simplifications: one rate-limit budget for every credential; runner names
+//! Rate limits are per resource, as GitHub counts them: JIT configs and
+//! registration tokens spend `actions_runner_registration`, other calls
+//! `core`; `GET /rate_limit` spends nothing. Enterprise endpoints refuse
+//! installation tokens. Runner groups restrict which repositories' jobs a
+//! runner may take; delivery lists page with a `cursor`.
+//!
+//! Simplifications: each resource's budget is shared by every credential; runner names
 //! are unique per scope; a re-run copies the jobs it re-runs with new ids
 //! into a new run attempt and keeps the others.
 
@@ -150,6 +156,20 @@ impl Budget {
     /// Seconds until the refill (at least 1).
     pub(crate) fn seconds_to_reset(&self) -> u64 {
         self.reset.saturating_sub(epoch_now()).max(1)
+    }
+}
+
+impl Budget {
+    /// Spent until `reset` (Unix seconds): remaining 0 until then.
+    fn exhaust_until(&mut self, reset: u64) {
+        self.remaining = 0;
+        self.reset = reset;
+    }
+
+    /// Its reset has come: full again, the next window starts now.
+    fn refill_now(&mut self) {
+        self.remaining = self.limit;
+        self.reset = epoch_now() + self.window.as_secs().max(1);
     }
 }
 
@@ -567,6 +587,12 @@ struct GhState {
     runner_downloads: Vec<Value>,
     /// `workflow_job` deliveries sent, oldest first (see [`hooks`]).
     webhooks: Vec<FakeWebhook>,
+
+    /// Budgets of the resources other than `core` (which is `budget`).
+    resource_budgets: BTreeMap<String, Budget>,
+    /// Runner groups by scope prefix (`/orgs/o`, `/enterprises/e`),
+    /// besides the default group every scope has.
+    runner_groups: BTreeMap<String, Vec<FakeRunnerGroup>>,
 }
 
 /// The fake GitHub server. Dropping it stops the server.
@@ -607,6 +633,8 @@ impl FakeGitHub {
             requests: Vec::new(),
             runner_downloads: default_runner_downloads(),
             webhooks: Vec::new(),
+            resource_budgets: BTreeMap::new(),
+            runner_groups: BTreeMap::new(),
         }));
         let router = Router::new().fallback(handle).with_state(state.clone());
         Self {
@@ -981,7 +1009,8 @@ async fn handle(
     };
     let mut st = lock(&state);
     let mut response = route(&mut st, &req);
-    let b = &st.budget;
+    let resource = resource_of(&req.segs, req.method);
+    let b = budget_of(&mut st, resource).clone();
     let h = response.headers_mut();
     for (name, value) in [
         ("x-ratelimit-limit", b.limit()),
@@ -991,7 +1020,7 @@ async fn handle(
     ] {
         h.insert(name, HeaderValue::from(value));
     }
-    h.insert("x-ratelimit-resource", HeaderValue::from_static("core"));
+    h.insert("x-ratelimit-resource", HeaderValue::from_static(resource));
     st.requests.push(RecordedRequest {
         method: method.to_string(),
         path,
@@ -1030,7 +1059,15 @@ fn route(st: &mut GhState, req: &Req<'_>) -> Response {
     if let Err((status, text)) = authorized {
         return message(status, text);
     }
-    if !st.budget.spend() {
+    if let Some(refused) = enterprise_refusal(st, req) {
+        return refused;
+    }
+    if req.segs.as_slice() == ["rate_limit"] && req.method == Method::GET {
+        // Not charged to any budget, as on GitHub.
+        return rate_limit_answer(st);
+    }
+    let resource = resource_of(&req.segs, req.method);
+    if !budget_of(st, resource).spend() {
         return message(
             403,
             "API rate limit exceeded for installation. Check out the documentation for more details.",
@@ -1083,6 +1120,11 @@ fn route(st: &mut GhState, req: &Req<'_>) -> Response {
             (Some(scope), Ok(id)) if m == Method::DELETE => delete_runner(st, &scope, id),
             _ => message(404, "Not Found"),
         },
+        [.., "actions", "runner-groups"] | [.., "actions", "runner-groups", _, "repositories"]
+            if m == Method::GET =>
+        {
+            runner_groups_route(st, req)
+        }
         ["repos", o, r, "actions", rest @ ..] => actions(st, &format!("{o}/{r}"), rest, req),
         _ => message(404, "Not Found"),
     }
@@ -1184,7 +1226,8 @@ fn check_token(st: &mut GhState, req: &Req<'_>) -> Result<(), Refusal> {
     let Some(token) = req.bearer.filter(|t| !t.is_empty()) else {
         return Err((401, "Requires authentication"));
     };
-    if st.app.is_some() {
+    let is_pat = st.pat.as_deref() == Some(token);
+    if st.app.is_some() && !is_pat {
         let now = SystemTime::now();
         let Some(issued) = st.tokens.get(token).filter(|i| i.expires > now) else {
             return Err((401, "Bad credentials"));
@@ -1626,12 +1669,10 @@ fn hook_route(st: &mut GhState, req: &Req<'_>) -> Response {
 
 fn list_deliveries(st: &GhState, hook: &FakeHook, req: &Req<'_>) -> Response {
     let (_, per_page) = paging(&req.query, 30);
-    let items: Vec<Value> = st
-        .deliveries
-        .iter()
-        .rev()
-        .filter(|(h, _)| h == hook)
-        .take(per_page)
+    let cursor = param(&req.query, "cursor").map(str::to_owned);
+    let (page, next) = delivery_page(st, hook, per_page, cursor.as_deref());
+    let items: Vec<Value> = page
+        .into_iter()
         .map(|(_, d)| {
             json!({
                 "id": d.id,
@@ -1648,7 +1689,15 @@ fn list_deliveries(st: &GhState, hook: &FakeHook, req: &Req<'_>) -> Response {
             })
         })
         .collect();
-    answer(200, &Value::Array(items))
+    let link = next.and_then(|cursor| {
+        let path = format!("/{}", req.segs.join("/"));
+        let value = format!(
+            "<http://{}{path}?per_page={per_page}&cursor={cursor}>; rel=\"next\"",
+            req.host
+        );
+        HeaderValue::from_str(&value).ok()
+    });
+    with_link(answer(200, &Value::Array(items)), link)
 }
 
 fn redeliver(st: &mut GhState, hook: FakeHook, id: &str) -> Response {
@@ -1674,6 +1723,299 @@ fn redeliver(st: &mut GhState, hook: FakeHook, id: &str) -> Response {
         },
     ));
     answer(202, &json!({}))
+}
+
+// ---------------------------------------------------------------------------
+// Per-resource rate limits, runner groups, delivery cursors and enterprise
+// credentials, as REFERENCE.md describes GitHub.
+
+/// The budget GitHub charges a request to (`x-ratelimit-resource`):
+/// registering a runner (JIT config, registration and remove tokens)
+/// spends `actions_runner_registration`, every other REST call `core`.
+fn resource_of(segs: &[&str], method: &Method) -> &'static str {
+    match segs {
+        [
+            ..,
+            "actions",
+            "runners",
+            "generate-jitconfig" | "registration-token" | "remove-token",
+        ] if method == Method::POST => "actions_runner_registration",
+        _ => "core",
+    }
+}
+
+/// The default budget of a resource other than `core`.
+fn new_resource_budget(resource: &str) -> Budget {
+    let limit = if resource == "actions_runner_registration" {
+        10_000
+    } else {
+        5000
+    };
+    Budget::new(limit, Duration::from_secs(3600))
+}
+
+fn budget_of<'a>(st: &'a mut GhState, resource: &str) -> &'a mut Budget {
+    if resource == "core" {
+        return &mut st.budget;
+    }
+    st.resource_budgets
+        .entry(resource.to_owned())
+        .or_insert_with(|| new_resource_budget(resource))
+}
+
+fn budget_json(b: &Budget) -> Value {
+    json!({
+        "limit": b.limit(),
+        "remaining": b.remaining(),
+        "used": b.limit() - b.remaining(),
+        "reset": b.reset(),
+    })
+}
+
+/// `GET /rate_limit`: every resource's budget; not charged itself.
+fn rate_limit_answer(st: &mut GhState) -> Response {
+    budget_of(st, "actions_runner_registration");
+    st.budget.spend_nothing();
+    let mut resources = serde_json::Map::new();
+    resources.insert("core".into(), budget_json(&st.budget));
+    for (name, b) in &mut st.resource_budgets {
+        b.spend_nothing();
+        resources.insert(name.clone(), budget_json(b));
+    }
+    answer(
+        200,
+        &json!({"resources": resources, "rate": budget_json(&st.budget)}),
+    )
+}
+
+impl Budget {
+    /// Rolls the window over if its reset has passed, spending nothing.
+    fn spend_nothing(&mut self) {
+        self.roll();
+    }
+}
+
+/// Enterprise endpoints take no installation token (only a classic PAT),
+/// and there is no `GET /enterprises/{e}/installation`.
+fn enterprise_refusal(st: &GhState, req: &Req<'_>) -> Option<Response> {
+    match req.segs.as_slice() {
+        ["enterprises", _, "installation"] => Some(message(404, "Not Found")),
+        ["enterprises", ..] if req.bearer.is_some_and(|t| st.tokens.contains_key(t)) => {
+            Some(message(403, "Resource not accessible by integration"))
+        }
+        _ => None,
+    }
+}
+
+/// A runner group of an organization or enterprise.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FakeRunnerGroup {
+    /// Id.
+    pub id: u64,
+    /// Name.
+    pub name: String,
+    /// `all`, `selected` or `private`.
+    pub visibility: String,
+    /// With `selected`: the repositories (`owner/name`) it admits.
+    pub repositories: Vec<String>,
+}
+
+impl FakeRunnerGroup {
+    /// The group every organization and enterprise has: id 1, `Default`,
+    /// open to all repositories.
+    pub fn default_group() -> Self {
+        Self {
+            id: 1,
+            name: "Default".into(),
+            visibility: "all".into(),
+            repositories: Vec::new(),
+        }
+    }
+
+    /// A group open to the listed repositories only.
+    pub fn selected(id: u64, name: &str, repositories: &[&str]) -> Self {
+        Self {
+            id,
+            name: name.into(),
+            visibility: "selected".into(),
+            repositories: repositories.iter().map(|r| (*r).to_owned()).collect(),
+        }
+    }
+
+    fn admits(&self, repo: &str) -> bool {
+        self.visibility == "all" || self.repositories.iter().any(|r| r == repo)
+    }
+}
+
+fn groups_of(st: &GhState, scope: &str) -> Vec<FakeRunnerGroup> {
+    st.runner_groups
+        .get(scope)
+        .cloned()
+        .unwrap_or_else(|| vec![FakeRunnerGroup::default_group()])
+}
+
+fn runner_groups_route(st: &GhState, req: &Req<'_>) -> Response {
+    let segs = req.segs.as_slice();
+    let (scope, rest) = match segs {
+        [
+            "orgs" | "enterprises",
+            _,
+            "actions",
+            "runner-groups",
+            rest @ ..,
+        ] => (format!("/{}/{}", segs[0], segs[1]), rest),
+        _ => return message(404, "Not Found"),
+    };
+    let groups = groups_of(st, &scope);
+    match rest {
+        [] => {
+            let all: Vec<Value> = groups
+                .iter()
+                .map(|g| {
+                    json!({
+                        "id": g.id,
+                        "name": g.name,
+                        "visibility": g.visibility,
+                        "default": g.id == 1,
+                        "inherited": false,
+                        "allows_public_repositories": false,
+                        "restricted_to_workflows": false,
+                    })
+                })
+                .collect();
+            let total = all.len();
+            let (page, link) = page_of(all, req, st.link_headers, 30);
+            with_link(
+                answer(200, &json!({"total_count": total, "runner_groups": page})),
+                link,
+            )
+        }
+        [id, "repositories"] if segs[0] == "orgs" => {
+            let Some(group) = id
+                .parse::<u64>()
+                .ok()
+                .and_then(|id| groups.iter().find(|g| g.id == id))
+            else {
+                return message(404, "Not Found");
+            };
+            let repos: Vec<Value> = group
+                .repositories
+                .iter()
+                .map(|r| json!({"full_name": r, "name": r.split('/').nth(1)}))
+                .collect();
+            let total = repos.len();
+            let (page, link) = page_of(repos, req, st.link_headers, 30);
+            with_link(
+                answer(200, &json!({"total_count": total, "repositories": page})),
+                link,
+            )
+        }
+        _ => message(404, "Not Found"),
+    }
+}
+
+/// One page of a hook's deliveries, newest first, after `cursor` (opaque
+/// to clients: here the id of the last delivery of the page before), and
+/// the cursor of the next page when there is one.
+fn delivery_page<'a>(
+    st: &'a GhState,
+    hook: &FakeHook,
+    per_page: usize,
+    cursor: Option<&str>,
+) -> (Vec<&'a (FakeHook, FakeDelivery)>, Option<String>) {
+    let after = cursor
+        .and_then(|c| c.strip_prefix("v1_"))
+        .and_then(|id| id.parse::<u64>().ok());
+    let mut newest_first = st.deliveries.iter().rev().filter(|(h, _)| h == hook);
+    if let Some(after) = after {
+        for (_, d) in newest_first.by_ref() {
+            if d.id == after {
+                break;
+            }
+        }
+    }
+    let mut rest = newest_first.peekable();
+    let page: Vec<_> = rest.by_ref().take(per_page).collect();
+    let next = match (rest.peek(), page.last()) {
+        (Some(_), Some((_, last))) => Some(format!("v1_{}", last.id)),
+        _ => None,
+    };
+    (page, next)
+}
+
+impl FakeGitHub {
+    // -- per-resource rate limits
+
+    /// Spends `resource`'s budget (`core`, `actions_runner_registration`,
+    /// ...) until `reset_in` from now: until then every request charged to
+    /// it answers `403` with `x-ratelimit-remaining: 0`.
+    pub fn exhaust_rate_limit(&self, resource: &str, reset_in: Duration) {
+        let reset = epoch_now() + reset_in.as_secs().max(1);
+        budget_of(&mut self.st(), resource).exhaust_until(reset);
+    }
+
+    /// Moves time to `resource`'s reset: the budget is full again and a
+    /// new window starts.
+    pub fn advance_to_reset(&self, resource: &str) {
+        budget_of(&mut self.st(), resource).refill_now();
+    }
+
+    /// `resource`'s budget: limit, remaining and reset (Unix seconds).
+    pub fn rate_limit(&self, resource: &str) -> (u64, u64, u64) {
+        let mut st = self.st();
+        let b = budget_of(&mut st, resource);
+        (b.limit(), b.remaining(), b.reset())
+    }
+
+    /// `resource`'s budget: `limit` requests per `window`.
+    pub fn set_resource_rate_limit(&self, resource: &str, limit: u64, window: Duration) {
+        *budget_of(&mut self.st(), resource) = Budget::new(limit, window);
+    }
+
+    // -- runner groups
+
+    /// Adds a runner group to an organization (`/orgs/o`) or enterprise
+    /// (`/enterprises/e`) beside its default group.
+    pub fn add_runner_group(&self, scope: &str, group: FakeRunnerGroup) {
+        let mut st = self.st();
+        let groups = st
+            .runner_groups
+            .entry(scope.to_owned())
+            .or_insert_with(|| vec![FakeRunnerGroup::default_group()]);
+        groups.retain(|g| g.id != group.id);
+        groups.push(group);
+    }
+
+    /// Whether the runner may take a job of repository `repo`
+    /// (`owner/name`): its group must admit the repository. A runner
+    /// registered at repository level takes only that repository's jobs.
+    pub fn may_take(&self, runner: impl Into<RunnerKey>, repo: &str) -> bool {
+        let st = self.st();
+        let Some(r) = find(&st, &runner.into()).and_then(|id| st.runners.get(&id)) else {
+            return false;
+        };
+        if let Some(own) = r.info.scope.strip_prefix("/repos/") {
+            return own == repo;
+        }
+        groups_of(&st, &r.info.scope)
+            .iter()
+            .find(|g| g.id == r.info.runner_group_id)
+            .is_some_and(|g| g.admits(repo))
+    }
+
+    /// GitHub hands `job_id` to `runner`, if the runner's group lets it
+    /// take jobs of the job's repository; `false` (and nothing changes)
+    /// otherwise: such a runner never gets that job.
+    pub fn assign_job(&self, job_id: u64, runner: &str) -> bool {
+        let Some(repo) = self.st().jobs.get(&job_id).map(|(r, _)| r.clone()) else {
+            return false;
+        };
+        if !self.may_take(runner, &repo) {
+            return false;
+        }
+        self.set_job_runner(job_id, runner);
+        true
+    }
 }
 
 #[cfg(test)]
@@ -1703,5 +2045,317 @@ mod tests {
             })
         );
         assert_eq!(decode_jit_config("!!"), None);
+    }
+
+    // Each test below pins the fake to a fact of REFERENCE.md ("More GitHub
+    // facts that bite", "GitHub REST endpoints runyard uses").
+
+    async fn call(
+        gh: &FakeGitHub,
+        method: reqwest::Method,
+        path: &str,
+        token: &str,
+        body: Option<Value>,
+    ) -> reqwest::Response {
+        runyard_telemetry::install_crypto_provider();
+        let mut req = reqwest::Client::new()
+            .request(method, format!("{}{path}", gh.url()))
+            .bearer_auth(token);
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        req.send().await.expect("fake answers")
+    }
+
+    fn header(r: &reqwest::Response, name: &str) -> String {
+        r.headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned()
+    }
+
+    fn jit_body(name: &str, group: u64) -> Value {
+        json!({"name": name, "runner_group_id": group, "labels": ["self-hosted"], "work_folder": "_work"})
+    }
+
+    #[tokio::test]
+    async fn rate_limits_are_per_resource_and_return_only_at_their_reset() {
+        let gh = FakeGitHub::start().await;
+        let jit = "/orgs/acme/actions/runners/generate-jitconfig";
+        gh.exhaust_rate_limit("actions_runner_registration", Duration::from_secs(3600));
+
+        let refused = call(&gh, Method::POST, jit, "t", Some(jit_body("a", 1))).await;
+        assert_eq!(refused.status(), 403);
+        assert_eq!(header(&refused, "x-ratelimit-remaining"), "0");
+        assert_eq!(
+            header(&refused, "x-ratelimit-resource"),
+            "actions_runner_registration"
+        );
+        let reset: u64 = header(&refused, "x-ratelimit-reset")
+            .parse()
+            .expect("reset");
+        assert!(reset >= epoch_now() + 3590, "reset {reset} is an hour away");
+        assert!(!header(&refused, "x-ratelimit-limit").is_empty());
+        assert!(!header(&refused, "x-ratelimit-used").is_empty());
+
+        // core is another budget: untouched.
+        let listed = call(&gh, Method::GET, "/orgs/acme/actions/runners", "t", None).await;
+        assert_eq!(listed.status(), 200);
+        assert_eq!(header(&listed, "x-ratelimit-resource"), "core");
+        assert_ne!(header(&listed, "x-ratelimit-remaining"), "0");
+
+        // GET /rate_limit reports both and is not charged.
+        let (_, core_before, _) = gh.rate_limit("core");
+        let limits: Value = call(&gh, Method::GET, "/rate_limit", "t", None)
+            .await
+            .json()
+            .await
+            .expect("json");
+        assert_eq!(
+            limits["resources"]["actions_runner_registration"]["remaining"],
+            0
+        );
+        assert_eq!(
+            limits["resources"]["actions_runner_registration"]["reset"],
+            reset
+        );
+        assert_eq!(limits["resources"]["core"]["remaining"], core_before);
+        assert_eq!(gh.rate_limit("core").1, core_before);
+
+        // Still refused before the reset; served once it comes.
+        let again = call(&gh, Method::POST, jit, "t", Some(jit_body("a", 1))).await;
+        assert_eq!(again.status(), 403);
+        gh.advance_to_reset("actions_runner_registration");
+        let (limit, remaining, next_reset) = gh.rate_limit("actions_runner_registration");
+        assert_eq!(remaining, limit);
+        assert!(next_reset > epoch_now());
+        let served = call(&gh, Method::POST, jit, "t", Some(jit_body("a", 1))).await;
+        assert_eq!(served.status(), 201);
+
+        // And the other way round: core spent, registration still served.
+        gh.exhaust_rate_limit("core", Duration::from_secs(3600));
+        let listed = call(&gh, Method::GET, "/orgs/acme/actions/runners", "t", None).await;
+        assert_eq!(listed.status(), 403);
+        assert_eq!(header(&listed, "x-ratelimit-resource"), "core");
+        let served = call(&gh, Method::POST, jit, "t", Some(jit_body("b", 1))).await;
+        assert_eq!(served.status(), 201);
+    }
+
+    #[tokio::test]
+    async fn secondary_limits_answer_with_retry_after() {
+        let gh = FakeGitHub::start().await;
+        gh.fail_next(1, 429, 7);
+        gh.fail_next(1, 403, 3);
+        let first = call(&gh, Method::GET, "/orgs/acme/actions/runners", "t", None).await;
+        assert_eq!(first.status(), 429);
+        assert_eq!(header(&first, "retry-after"), "7");
+        let second = call(&gh, Method::GET, "/orgs/acme/actions/runners", "t", None).await;
+        assert_eq!(second.status(), 403);
+        assert_eq!(header(&second, "retry-after"), "3");
+        let third = call(&gh, Method::GET, "/orgs/acme/actions/runners", "t", None).await;
+        assert_eq!(third.status(), 200);
+    }
+
+    #[tokio::test]
+    async fn runner_groups_restrict_which_repositories_jobs_a_runner_takes() {
+        let gh = FakeGitHub::start().await;
+        gh.add_runner_group(
+            "/orgs/acme",
+            FakeRunnerGroup::selected(7, "secure", &["acme/vault"]),
+        );
+        let groups: Value = call(
+            &gh,
+            Method::GET,
+            "/orgs/acme/actions/runner-groups",
+            "t",
+            None,
+        )
+        .await
+        .json()
+        .await
+        .expect("json");
+        assert_eq!(groups["total_count"], 2);
+        assert_eq!(groups["runner_groups"][0]["id"], 1);
+        assert_eq!(groups["runner_groups"][0]["visibility"], "all");
+        assert_eq!(groups["runner_groups"][1]["id"], 7);
+        assert_eq!(groups["runner_groups"][1]["name"], "secure");
+        assert_eq!(groups["runner_groups"][1]["visibility"], "selected");
+        let repos: Value = call(
+            &gh,
+            Method::GET,
+            "/orgs/acme/actions/runner-groups/7/repositories",
+            "t",
+            None,
+        )
+        .await
+        .json()
+        .await
+        .expect("json");
+        assert_eq!(repos["total_count"], 1);
+        assert_eq!(repos["repositories"][0]["full_name"], "acme/vault");
+        let missing = call(
+            &gh,
+            Method::GET,
+            "/orgs/acme/actions/runner-groups/99/repositories",
+            "t",
+            None,
+        )
+        .await;
+        assert_eq!(missing.status(), 404);
+
+        let jit = "/orgs/acme/actions/runners/generate-jitconfig";
+        for (name, group) in [("in-secure", 7), ("in-default", 1)] {
+            let r = call(&gh, Method::POST, jit, "t", Some(jit_body(name, group))).await;
+            assert_eq!(r.status(), 201);
+        }
+        let app_job = gh.add_job("acme", "app", FakeJob::queued(1, "build", &["self-hosted"]));
+        let vault_job = gh.add_job(
+            "acme",
+            "vault",
+            FakeJob::queued(2, "build", &["self-hosted"]),
+        );
+        assert!(
+            !gh.assign_job(app_job, "in-secure"),
+            "acme/app may not use group 7"
+        );
+        assert_eq!(gh.job(app_job).and_then(|j| j.runner_name), None);
+        assert!(gh.assign_job(vault_job, "in-secure"));
+        assert!(gh.assign_job(app_job, "in-default"));
+        assert_eq!(
+            gh.job(app_job).and_then(|j| j.runner_name).as_deref(),
+            Some("in-default")
+        );
+    }
+
+    #[tokio::test]
+    async fn deliveries_page_newest_first_with_a_cursor() {
+        let gh = FakeGitHub::start().await;
+        let hook = FakeHook::Org {
+            org: "acme".into(),
+            hook_id: 9,
+        };
+        let ids: Vec<u64> = (0..250)
+            .map(|i| {
+                gh.add_delivery(
+                    hook.clone(),
+                    FakeDelivery::workflow_job(&format!("g{i}"), "queued", 502),
+                )
+            })
+            .collect();
+        let mut path = "/orgs/acme/hooks/9/deliveries?per_page=100".to_owned();
+        let mut seen = Vec::new();
+        let mut pages = 0;
+        loop {
+            let r = call(&gh, Method::GET, &path, "t", None).await;
+            assert_eq!(r.status(), 200);
+            let link = header(&r, "link");
+            let page: Vec<Value> = r.json().await.expect("json");
+            pages += 1;
+            seen.extend(page.iter().map(|d| d["id"].as_u64().expect("id")));
+            if link.is_empty() {
+                break;
+            }
+            assert!(link.ends_with("; rel=\"next\""), "{link}");
+            let next = link
+                .trim_start_matches('<')
+                .split('>')
+                .next()
+                .expect("url")
+                .to_owned();
+            assert!(next.contains("cursor="), "{next}");
+            assert!(next.contains("per_page=100"), "{next}");
+            path = next.trim_start_matches(&gh.url()).to_owned();
+        }
+        assert_eq!(pages, 3);
+        let newest_first: Vec<u64> = ids.iter().rev().copied().collect();
+        assert_eq!(seen, newest_first);
+    }
+
+    fn app_jwt(app_id: u64) -> String {
+        let now = epoch_now();
+        let key = jsonwebtoken::EncodingKey::from_rsa_pem(AppKey::shared().private_pem.as_bytes())
+            .expect("key");
+        jsonwebtoken::encode(
+            &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::RS256),
+            &json!({"iat": now - 30, "exp": now + 300, "iss": app_id}),
+            &key,
+        )
+        .expect("jwt")
+    }
+
+    #[tokio::test]
+    async fn enterprise_endpoints_refuse_installation_tokens_and_take_a_pat() {
+        let gh = FakeGitHub::start().await;
+        gh.enable_app(12, &AppKey::shared().public_pem);
+        gh.add_installation("orgs/acme", 34);
+        gh.add_installation("enterprises/big", 35);
+        gh.require_token("ghp_classic");
+        let jwt = app_jwt(12);
+        let none = call(
+            &gh,
+            Method::GET,
+            "/enterprises/big/installation",
+            &jwt,
+            None,
+        )
+        .await;
+        assert_eq!(
+            none.status(),
+            404,
+            "there is no enterprise installation look-up"
+        );
+        let token: Value = call(
+            &gh,
+            Method::POST,
+            "/app/installations/35/access_tokens",
+            &jwt,
+            None,
+        )
+        .await
+        .json()
+        .await
+        .expect("json");
+        let token = token["token"].as_str().expect("token").to_owned();
+        let jit = "/enterprises/big/actions/runners/generate-jitconfig";
+        let refused = call(&gh, Method::POST, jit, &token, Some(jit_body("e", 1))).await;
+        assert_eq!(refused.status(), 403);
+        let msg: Value = refused.json().await.expect("json");
+        assert_eq!(msg["message"], "Resource not accessible by integration");
+        let listed = call(
+            &gh,
+            Method::GET,
+            "/enterprises/big/actions/runners",
+            &token,
+            None,
+        )
+        .await;
+        assert_eq!(listed.status(), 403);
+        let served = call(
+            &gh,
+            Method::POST,
+            jit,
+            "ghp_classic",
+            Some(jit_body("e", 1)),
+        )
+        .await;
+        assert_eq!(served.status(), 201);
+        // The PAT and installation tokens both still work for an org.
+        let org_token: Value = call(
+            &gh,
+            Method::POST,
+            "/app/installations/34/access_tokens",
+            &jwt,
+            None,
+        )
+        .await
+        .json()
+        .await
+        .expect("json");
+        let org_token = org_token["token"].as_str().expect("token").to_owned();
+        for t in [org_token.as_str(), "ghp_classic"] {
+            let r = call(&gh, Method::GET, "/orgs/acme/actions/runners", t, None).await;
+            assert_eq!(r.status(), 200);
+        }
     }
 }

@@ -1460,7 +1460,7 @@ impl Direct {
             allocator: Allocator::new(&stack.allocator.url(), None, Duration::from_millis(500)),
             forges: Forges {
                 github: Some(github),
-                gitlab: None,
+                ..Forges::default()
             },
             provider,
             pool_id: runyard_scaler::pool_id(&controller, POOL).to_string(),

@@ -489,6 +489,11 @@ pub struct Timers {
     /// Timeout of one forge API call.
     #[serde(with = "humantime_serde")]
     pub forge_timeout: Duration,
+    /// While a create waits for a spent GitHub rate-limit budget, how often
+    /// `GET /rate_limit` (not charged to any budget) is read to learn
+    /// whether it came back.
+    #[serde(with = "humantime_serde")]
+    pub rate_limit_probe: Duration,
     /// Where the `process` provider keeps its pid files and logs.
     pub state_dir: Option<PathBuf>,
     /// How a job matched by several pools of one priority picks one:
@@ -511,6 +516,7 @@ impl Default for Timers {
             lookback: Duration::from_secs(24 * 3600),
             allocator_timeout: Duration::from_millis(500),
             forge_timeout: Duration::from_secs(10),
+            rate_limit_probe: Duration::from_secs(60),
             state_dir: None,
             balance: crate::policy::Balance::Spread,
         }

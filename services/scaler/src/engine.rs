@@ -29,6 +29,7 @@ use crate::provider::tools::{ToolsCache, github_scope};
 use crate::provider::{Bootstrap, CreateRequest, Instance, Provider, ProviderError};
 use crate::sizing::Allocator;
 use crate::world::{Clock, JobId, Phase, Runner, World, create_backoff};
+use runyard_forge::api::github::endpoint;
 
 /// A pool with everything needed to act on it.
 #[derive(Debug)]
@@ -134,6 +135,10 @@ enum Local {
     Busy(Vec<u64>),
     /// The forge says it is idle.
     Idle,
+    /// The create waited this long before the runner was registered (for a
+    /// create slot, or for a spent GitHub budget): its bootstrap time
+    /// starts after that.
+    Waited(Duration),
 }
 
 /// A held lease.
@@ -732,11 +737,12 @@ impl Engine {
                         Some(j) => shared.allocator.size(j, &p.config.flavors).await.flavor,
                         None => 0,
                     };
-                    let events = provision(&shared, &p, &tools, &name, sizing, attempt).await;
+                    let made = provision(&shared, &p, &tools, &name, sizing, attempt).await;
+                    let local = made.local();
                     Outcome::Done {
                         name,
-                        events,
-                        local: None,
+                        events: made.events,
+                        local,
                     }
                 });
             }
@@ -926,6 +932,9 @@ impl Engine {
                         }
                         Some(Local::Idle) => {
                             r.idle_confirmed_from.get_or_insert(now);
+                        }
+                        Some(Local::Waited(waited)) => {
+                            r.attempt_started_at += waited;
                         }
                         None => {}
                     }
@@ -1695,11 +1704,13 @@ async fn create_for_job(
         image: p.config.image.clone(),
     });
     let mut events = publish(&shared, &p, &name, body).await;
-    events.extend(provision(&shared, &p, &tools, &name, sizing.flavor, 1).await);
+    let made = provision(&shared, &p, &tools, &name, sizing.flavor, 1).await;
+    let local = made.local();
+    events.extend(made.events);
     Outcome::Done {
         name,
         events,
-        local: None,
+        local,
     }
 }
 
@@ -1728,11 +1739,13 @@ async fn create_free(
         image: p.config.image.clone(),
     });
     let mut events = publish(&shared, &p, &name, body).await;
-    events.extend(provision(&shared, &p, &tools, &name, 0, 1).await);
+    let made = provision(&shared, &p, &tools, &name, 0, 1).await;
+    let local = made.local();
+    events.extend(made.events);
     Outcome::Done {
         name,
         events,
-        local: None,
+        local,
     }
 }
 
@@ -1765,10 +1778,28 @@ async fn already_started(shared: &Shared, job: &JobId) -> bool {
     }
 }
 
+/// What a create attempt published, and how long it waited before the
+/// runner was registered.
+struct Provisioned {
+    events: Vec<Event>,
+    waited: Duration,
+}
+
+impl Provisioned {
+    fn local(&self) -> Option<Local> {
+        (!self.waited.is_zero()).then_some(Local::Waited(self.waited))
+    }
+}
+
+/// A wait shorter than this is not worth moving the bootstrap clock for.
+const WAIT_WORTH_NOTING: Duration = Duration::from_secs(1);
+
 /// One create attempt: register on the forge, create the instance. On
 /// failure everything made is removed and `RunnerFailed` says why. An
 /// external provider's instance also gets GitHub's runner downloads, its
 /// secrets in the metadata API's store and a token to read them with.
+/// GitHub's rate limit is waited out, however long: a spent budget fails no
+/// attempt ([`crate::forges::Forges::wait_out`]).
 async fn provision(
     shared: &Shared,
     p: &Pool,
@@ -1776,15 +1807,46 @@ async fn provision(
     name: &str,
     flavor: usize,
     attempt: u32,
+) -> Provisioned {
+    let mut waited = Duration::ZERO;
+    let events = provision_inner(shared, p, tools, name, flavor, attempt, &mut waited).await;
+    Provisioned {
+        events,
+        waited: if waited < WAIT_WORTH_NOTING {
+            Duration::ZERO
+        } else {
+            waited
+        },
+    }
+}
+
+async fn provision_inner(
+    shared: &Shared,
+    p: &Pool,
+    tools: &ToolsCache,
+    name: &str,
+    flavor: usize,
+    attempt: u32,
+    waited: &mut Duration,
 ) -> Vec<Event> {
+    let started = Instant::now();
     let flavor = &p.config.flavors[flavor.min(p.config.flavors.len() - 1)];
     // The semaphore is never closed; a closed one would only lift the bound.
     let _slot = shared.create_slots.acquire().await.ok();
     let external = p.provider.is_external();
     // Read before anything is registered: a failure leaves nothing to undo.
     let downloads = if external && p.spec.forge == Forge::Github {
-        match (&shared.forges.github, github_scope(&p.config.scope)) {
-            (Some(github), Some(scope)) => match tools.get(github, &scope).await {
+        match (
+            shared.forges.github_for(&p.config.scope).ok(),
+            github_scope(&p.config.scope),
+        ) {
+            (Some(github), Some(scope)) => match shared
+                .forges
+                .wait_out(github, &scope, endpoint::LIST_RUNNER_DOWNLOADS, || {
+                    tools.get(github, &scope)
+                })
+                .await
+            {
                 Ok(list) => list,
                 Err(error) => {
                     tracing::warn!(%error, runner = %name, attempt, "reading the runner downloads failed");
@@ -1805,6 +1867,7 @@ async fn provision(
             return fail(shared, p, name, attempt, "forge_error", &error.to_string()).await;
         }
     };
+    *waited = started.elapsed();
     let mut labels = p.config.labels.clone();
     labels.push(crate::forges::pool_label(&p.config.name));
     let req = CreateRequest {

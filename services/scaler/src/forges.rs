@@ -1,9 +1,20 @@
 //! The forge side of a runner: registering it just in time (GitHub JIT
 //! config, GitLab runner token), asking whether it is busy, listing and
-//! deleting it. One place that knows the pool's forge and scope.
+//! deleting it. One place that knows the pool's forge and scope, and which
+//! GitHub credential serves it (enterprise runners need a personal access
+//! token; every other scope uses the App when one is configured).
+//!
+//! A create never fails for GitHub's rate limit: each GitHub call it makes
+//! waits for its budget however long that takes ([`Forges::wait_out`]), in
+//! the order the creates came, and is sent when the budget returns.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use runyard_forge::api::ApiError;
-use runyard_forge::api::github::{DeleteRunner, GitHubClient, GitHubScope};
+use runyard_forge::api::github::{DeleteRunner, GitHubClient, GitHubScope, RunnerGroup, endpoint};
 use runyard_forge::api::gitlab::{GitLabClient, RunnerType};
 use secrecy::SecretString;
 
@@ -48,10 +59,78 @@ pub enum Unregistered {
 /// The forge clients.
 #[derive(Debug, Clone, Default)]
 pub struct Forges {
-    /// GitHub, when credentials are configured.
+    /// GitHub, when credentials are configured: the App's client when App
+    /// credentials are given, else the personal access token's.
     pub github: Option<GitHubClient>,
+    /// The personal access token's client, when both a token and App
+    /// credentials are given: it serves enterprise pools (GitHub's
+    /// enterprise runner endpoints refuse installation tokens).
+    pub github_pat: Option<GitHubClient>,
     /// GitLab, when configured.
     pub gitlab: Option<GitLabClient>,
+    /// How often a create waiting for a spent GitHub budget reads
+    /// `GET /rate_limit` (free) to learn whether it returned.
+    pub rate_limit_probe: Duration,
+    /// Creates waiting for a spent budget, per endpoint kind.
+    pub waiting: Arc<Waiting>,
+}
+
+/// Creates waiting for GitHub's rate limit, one queue per endpoint kind
+/// (so a spent `core` budget does not hold back JIT configs, which spend
+/// `actions_runner_registration`). The first in a queue waits on the clock;
+/// the others wait for their turn, so they are served in the order they
+/// came when the budget returns.
+#[derive(Debug, Default)]
+pub struct Waiting {
+    queues: Mutex<HashMap<&'static str, Arc<Queue>>>,
+}
+
+#[derive(Debug, Default)]
+struct Queue {
+    turn: tokio::sync::Mutex<()>,
+    waiting: AtomicUsize,
+}
+
+/// Counts a caller in a queue for as long as it lives.
+struct InQueue<'a>(&'a Queue);
+
+impl<'a> InQueue<'a> {
+    fn enter(q: &'a Queue) -> Self {
+        q.waiting.fetch_add(1, Ordering::SeqCst);
+        Self(q)
+    }
+}
+
+impl Drop for InQueue<'_> {
+    fn drop(&mut self) {
+        self.0.waiting.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl Waiting {
+    fn queue(&self, kind: &'static str) -> Arc<Queue> {
+        self.queues
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .entry(kind)
+            .or_default()
+            .clone()
+    }
+
+    /// Creates waiting now, over every queue.
+    pub fn len(&self) -> usize {
+        self.queues
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .values()
+            .map(|q| q.waiting.load(Ordering::SeqCst))
+            .sum()
+    }
+
+    /// No create is waiting.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 /// A forge call that failed.
@@ -131,10 +210,74 @@ where
 }
 
 impl Forges {
-    fn github(&self) -> Result<&GitHubClient, ForgeError> {
-        self.github
+    /// The GitHub client serving `scope`: the personal access token's for
+    /// an enterprise when both kinds of credentials are given, else the one
+    /// configured.
+    pub fn github_for(&self, scope: &Scope) -> Result<&GitHubClient, ForgeError> {
+        let pat = self
+            .github_pat
             .as_ref()
+            .filter(|_| scope.enterprise.is_some());
+        pat.or(self.github.as_ref())
             .ok_or(ForgeError::NotConfigured("GitHub"))
+    }
+
+    /// Runs a GitHub call a create makes, waiting out GitHub's rate limit
+    /// for as long as it takes: a spent budget is not a failed attempt.
+    /// Calls that find others already waiting on the same endpoint kind
+    /// queue behind them, so creates are served in the order they came.
+    /// The first in the queue sleeps until the budget's reset, reading
+    /// `GET /rate_limit` (which costs nothing) every
+    /// [`Forges::rate_limit_probe`] meanwhile to learn of its return.
+    pub async fn wait_out<T, F, Fut>(
+        &self,
+        github: &GitHubClient,
+        scope: &GitHubScope,
+        kind: &'static str,
+        mut call: F,
+    ) -> Result<T, ApiError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, ApiError>>,
+    {
+        let queue = self.waiting.queue(kind);
+        if queue.waiting.load(Ordering::SeqCst) == 0 {
+            match call().await {
+                Err(ApiError::RateLimited { .. }) => {}
+                other => return other,
+            }
+        }
+        let _in_queue = InQueue::enter(&queue);
+        let _turn = queue.turn.lock().await;
+        let probe = if self.rate_limit_probe.is_zero() {
+            Duration::from_secs(60)
+        } else {
+            self.rate_limit_probe
+        };
+        loop {
+            match call().await {
+                Err(ApiError::RateLimited { retry_after }) => {
+                    // Never a busy loop: a reset GitHub dates in the past
+                    // of our clock reads as "retry after 0".
+                    let floor = probe.min(Duration::from_secs(1));
+                    let nap = retry_after.clamp(floor, probe);
+                    tracing::info!(
+                        endpoint = kind,
+                        %scope,
+                        retry_after_s = retry_after.as_secs(),
+                        waiting = queue.waiting.load(Ordering::SeqCst),
+                        "github budget spent; the create waits for it"
+                    );
+                    tokio::time::sleep(nap).await;
+                    if retry_after > nap
+                        && let Err(error) = github.refresh_rate_limits(scope).await
+                    {
+                        tracing::debug!(%error, "reading the rate limits failed");
+                    }
+                }
+                other => return other,
+            }
+        }
     }
 
     fn gitlab(&self) -> Result<&GitLabClient, ForgeError> {
@@ -161,21 +304,28 @@ impl Forges {
             });
         }
         labels.push(pool_label(&pool.name));
-        let gh = self.github()?;
+        let gh = self.github_for(&pool.scope)?;
         let scope = github_scope(&pool.scope);
         let jit = || gh.generate_jitconfig(&scope, name, pool.runner_group_id, &labels, None);
-        let first = patiently(jit).await;
+        let first = self
+            .wait_out(gh, &scope, endpoint::GENERATE_JITCONFIG, jit)
+            .await;
         let jit = match first {
             Err(ApiError::Status { status: 409, .. }) => {
                 // Left over from a failed attempt: it never ran a job.
-                if let Some(old) = patiently(|| gh.list_runners(&scope))
-                    .await?
-                    .into_iter()
-                    .find(|r| r.name == name)
-                {
-                    patiently(|| gh.delete_runner(&scope, old.id)).await?;
+                let listed = self
+                    .wait_out(gh, &scope, endpoint::LIST_RUNNERS, || {
+                        gh.list_runners(&scope)
+                    })
+                    .await?;
+                if let Some(old) = listed.into_iter().find(|r| r.name == name) {
+                    self.wait_out(gh, &scope, endpoint::DELETE_RUNNER, || {
+                        gh.delete_runner(&scope, old.id)
+                    })
+                    .await?;
                 }
-                patiently(jit).await?
+                self.wait_out(gh, &scope, endpoint::GENERATE_JITCONFIG, jit)
+                    .await?
             }
             other => other?,
         };
@@ -219,7 +369,7 @@ impl Forges {
             return Ok(Unregistered::Gone);
         }
         let scope = github_scope(&pool.scope);
-        let gh = self.github()?;
+        let gh = self.github_for(&pool.scope)?;
         Ok(
             match patiently(|| gh.delete_runner(&scope, runner_id)).await? {
                 DeleteRunner::Busy => Unregistered::Busy(Vec::new()),
@@ -255,7 +405,7 @@ impl Forges {
         }
         let scope = github_scope(&pool.scope);
         Ok(self
-            .github()?
+            .github_for(&pool.scope)?
             .get_runner(&scope, runner_id)
             .await?
             .map(|r| ForgeRunner {
@@ -294,7 +444,7 @@ impl Forges {
         let label = pool_label(&pool.name);
         let scope = github_scope(&pool.scope);
         Ok(self
-            .github()?
+            .github_for(&pool.scope)?
             .list_runners(&scope)
             .await?
             .into_iter()
@@ -325,5 +475,115 @@ mod tests {
         assert!(!is_instance_of("ry-gl-docker-ABCDEF0123", "gl-docker"));
         assert!(!is_instance_of("k8s-runner-large-a", "gl-docker"));
         assert!(!is_instance_of("gl-docker-0123456789", "gl-docker"));
+    }
+}
+
+/// A pool whose runner group GitHub says cannot serve it.
+#[derive(Debug, thiserror::Error)]
+pub enum GroupError {
+    /// The group is not among the scope's runner groups.
+    #[error(
+        "pool {pool:?}: runner_group_id {group} is not a runner group of {scope} (its groups: {known}); a JIT config for it would be refused"
+    )]
+    Missing {
+        /// Pool name.
+        pool: String,
+        /// The configured group id.
+        group: u64,
+        /// Where it was looked for.
+        scope: String,
+        /// The groups there, `id name` each.
+        known: String,
+    },
+    /// The group admits selected repositories only, not the pool's.
+    #[error(
+        "pool {pool:?}: runner group {group} ({name}) admits only selected repositories and {repo} is not one of them; its runners would never get that repository's jobs (allow the repository in the group, or pick another group)"
+    )]
+    RepoNotAdmitted {
+        /// Pool name.
+        pool: String,
+        /// Group id.
+        group: u64,
+        /// Group name.
+        name: String,
+        /// The pool's repository.
+        repo: String,
+    },
+}
+
+impl Forges {
+    /// Checks each GitHub pool's `runner_group_id` against the runner
+    /// groups of its organization or enterprise (a repository pool: its
+    /// owner's organization), and for a repository pool whose group admits
+    /// selected repositories only, that its repository is one of them.
+    ///
+    /// A group GitHub does not have, or one that shuts out the pool's
+    /// repository, is an error: its runners could never take a job. An org
+    /// or enterprise pool whose group admits selected repositories only is
+    /// logged (which repositories send it jobs is not known here). When the
+    /// groups cannot be read (no permission, the forge down, a user-owned
+    /// repository, which has no groups) the check is skipped with a warning:
+    /// the start does not depend on it.
+    pub async fn check_runner_groups(&self, pools: &[PoolConfig]) -> Result<(), GroupError> {
+        let mut groups: HashMap<GitHubScope, Option<Vec<RunnerGroup>>> = HashMap::new();
+        for pool in pools.iter().filter(|p| p.forge != "gitlab") {
+            let Ok(gh) = self.github_for(&pool.scope) else {
+                continue;
+            };
+            let (owner_scope, repo) = match github_scope(&pool.scope) {
+                GitHubScope::Repo { owner, repo } => (
+                    GitHubScope::Org(owner.clone()),
+                    Some(format!("{owner}/{repo}")),
+                ),
+                other => (other, None),
+            };
+            if !groups.contains_key(&owner_scope) {
+                let listed = match gh.list_runner_groups(&owner_scope).await {
+                    Ok(list) => Some(list),
+                    Err(error) => {
+                        tracing::warn!(pool = %pool.name, scope = %owner_scope, %error, "could not read the runner groups; the pool's runner_group_id is not checked");
+                        None
+                    }
+                };
+                groups.insert(owner_scope.clone(), listed);
+            }
+            let Some(Some(list)) = groups.get(&owner_scope) else {
+                continue;
+            };
+            let Some(group) = list.iter().find(|g| g.id == pool.runner_group_id) else {
+                return Err(GroupError::Missing {
+                    pool: pool.name.clone(),
+                    group: pool.runner_group_id,
+                    scope: owner_scope.to_string(),
+                    known: list
+                        .iter()
+                        .map(|g| format!("{} {}", g.id, g.name))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                });
+            };
+            if group.visibility != "selected" {
+                continue;
+            }
+            let (Some(repo), GitHubScope::Org(org)) = (&repo, &owner_scope) else {
+                tracing::warn!(pool = %pool.name, group = group.id, group_name = %group.name, "the pool's runner group admits selected repositories only: jobs of other repositories never reach its runners");
+                continue;
+            };
+            match gh.list_runner_group_repos(org, group.id).await {
+                Ok(repos) if !repos.iter().any(|r| r.eq_ignore_ascii_case(repo)) => {
+                    return Err(GroupError::RepoNotAdmitted {
+                        pool: pool.name.clone(),
+                        group: group.id,
+                        name: group.name.clone(),
+                        repo: repo.clone(),
+                    });
+                }
+                Ok(_) => {}
+                Err(error) => {
+                    tracing::warn!(pool = %pool.name, group = group.id, %error, "could not read the runner group's repositories; not checked");
+                }
+            }
+        }
+        Ok(())
     }
 }

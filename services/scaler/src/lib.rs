@@ -114,19 +114,39 @@ fn forges(config: &Config, file: &ScalerFile) -> anyhow::Result<Forges> {
         .github_app_private_key_file
         .clone()
         .or(gh.private_key_file);
-    let github_auth = match (app_id, key_file, &config.github_token) {
-        (Some(app_id), Some(key), _) => Some(GitHubAuth::App {
+    let app = match (app_id, key_file) {
+        (Some(app_id), Some(key)) => Some(GitHubAuth::App {
             app_id,
             private_key_pem: read_secret(&key)?,
             installation_id: config.github_app_installation_id.or(gh.installation_id),
         }),
-        (_, _, Some(token)) => Some(GitHubAuth::Token(token.clone())),
         _ => None,
     };
-    let github = github_auth
-        .map(|auth| GitHubClient::new(&config.github_api_url, auth, timeout))
-        .transpose()
-        .context("GitHub client")?;
+    let pat = config.github_token.clone().map(GitHubAuth::Token);
+    // GitHub's enterprise runner endpoints refuse installation tokens and
+    // there is no enterprise installation to find: an enterprise pool
+    // needs the personal access token.
+    if app.is_some()
+        && pat.is_none()
+        && let Some(pool) = file
+            .pools
+            .iter()
+            .find(|p| p.forge == "github" && p.scope.enterprise.is_some())
+    {
+        anyhow::bail!(
+            "pool {:?} is enterprise-scoped but only GitHub App credentials are configured: a GitHub App cannot manage enterprise runners (there is no enterprise installation, and enterprise runner endpoints refuse installation tokens); set RUNYARD_GITHUB_TOKEN to a classic personal access token with manage_runners:enterprise",
+            pool.name
+        );
+    }
+    let client =
+        |auth| GitHubClient::new(&config.github_api_url, auth, timeout).context("GitHub client");
+    // With both, the App serves every pool but enterprise ones, which the
+    // token serves.
+    let (github, github_pat) = match (app, pat) {
+        (Some(app), Some(pat)) => (Some(client(app)?), Some(client(pat)?)),
+        (Some(auth), None) | (None, Some(auth)) => (Some(client(auth)?), None),
+        (None, None) => (None, None),
+    };
     let gl = file.gitlab.clone().unwrap_or_default();
     let gitlab_url = config.gitlab_api_url.clone().or(gl.api_url);
     let gitlab_token = match (&config.gitlab_token, gl.token_file) {
@@ -140,7 +160,13 @@ fn forges(config: &Config, file: &ScalerFile) -> anyhow::Result<Forges> {
         }
         _ => None,
     };
-    Ok(Forges { github, gitlab })
+    Ok(Forges {
+        github,
+        github_pat,
+        gitlab,
+        rate_limit_probe: file.scaler.rate_limit_probe,
+        waiting: Arc::default(),
+    })
 }
 
 /// Tokens, the secret store and the URLs instances are given, when the
@@ -313,6 +339,10 @@ impl App {
             );
         }
         let forges = forges(&config, &file)?;
+        forges
+            .check_runner_groups(&file.pools)
+            .await
+            .context("runner groups")?;
         let bus = Bus::connect(&config.nats_url, ns, "runyard-scaler", true).await?;
         let replica = format!(
             "{}-{}",
@@ -443,6 +473,7 @@ impl App {
                     if let Some(gh) = &shared.forges.github {
                         shared.metrics.record_forge_calls("github", &gh.calls());
                     }
+                    record_budgets(&shared);
                     if let Some(gl) = &shared.forges.gitlab {
                         shared.metrics.record_forge_calls("gitlab", &gl.calls());
                     }
@@ -687,7 +718,20 @@ async fn readyz(AxumState(s): AxumState<HttpState>) -> Response {
         .into_response()
 }
 
+/// Brings the GitHub budget gauges and the creates waiting for them up to
+/// date (also at each scrape: a budget changes with every answer).
+fn record_budgets(shared: &Shared) {
+    for gh in shared.forges.github.iter().chain(&shared.forges.github_pat) {
+        shared.metrics.record_rate_budgets(&gh.rate_budgets());
+    }
+    shared
+        .metrics
+        .creates_waiting_for_rate_limit
+        .set(i64::try_from(shared.forges.waiting.len()).unwrap_or(i64::MAX));
+}
+
 async fn metrics_text(AxumState(s): AxumState<HttpState>) -> Response {
+    record_budgets(&s.shared);
     (
         [(
             header::CONTENT_TYPE,

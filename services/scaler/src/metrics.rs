@@ -67,6 +67,16 @@ pub struct EndpointLabel {
     pub endpoint: &'static str,
 }
 
+/// One GitHub rate-limit budget.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BudgetLabel {
+    /// `token`, `installation:<id>` or `app`.
+    pub credential: String,
+    /// GitHub's `x-ratelimit-resource` (`core`,
+    /// `actions_runner_registration`, ...).
+    pub resource: String,
+}
+
 /// How a reconciler cycle ended.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CycleLabel {
@@ -115,6 +125,12 @@ pub struct ScalerMetrics {
     pub forge_api_calls: Family<EndpointLabel, Counter>,
     /// The GitHub API's `x-ratelimit-remaining`.
     pub github_rate_limit_remaining: Gauge,
+    /// Requests left per GitHub credential and resource.
+    pub github_budget_remaining: Family<BudgetLabel, Gauge>,
+    /// When each budget refills, Unix seconds.
+    pub github_budget_reset: Family<BudgetLabel, Gauge>,
+    /// Creates waiting for a spent GitHub budget.
+    pub creates_waiting_for_rate_limit: Gauge,
     /// Lost events the reconciler made up for.
     pub reconciler_found: Family<FoundLabel, Counter>,
     /// Forge API requests the reconciler sent.
@@ -147,6 +163,9 @@ impl ScalerMetrics {
             claims_held: Gauge::default(),
             forge_api_calls: Family::default(),
             github_rate_limit_remaining: Gauge::default(),
+            github_budget_remaining: Family::default(),
+            github_budget_reset: Family::default(),
+            creates_waiting_for_rate_limit: Gauge::default(),
             reconciler_found: Family::default(),
             reconciler_api_calls: Family::default(),
             reconciler_cycles: Family::default(),
@@ -215,6 +234,21 @@ impl ScalerMetrics {
                 "github_rate_limit_remaining",
                 "The GitHub API's remaining request budget",
                 m.github_rate_limit_remaining.clone(),
+            );
+            r.register(
+                "github_rate_limit_budget_remaining",
+                "Requests left of each GitHub rate-limit budget, by credential and resource",
+                m.github_budget_remaining.clone(),
+            );
+            r.register(
+                "github_rate_limit_budget_reset_seconds",
+                "When each GitHub rate-limit budget refills (Unix seconds), by credential and resource",
+                m.github_budget_reset.clone(),
+            );
+            r.register(
+                "creates_waiting_for_rate_limit",
+                "Runner creates waiting for a spent GitHub rate-limit budget",
+                m.creates_waiting_for_rate_limit.clone(),
             );
             r.register(
                 "reconciler_found",
@@ -316,6 +350,27 @@ impl ScalerMetrics {
             let seen = counter.get();
             if *total > seen {
                 counter.inc_by(total - seen);
+            }
+        }
+    }
+
+    /// Sets the budget gauges from a client's budgets.
+    pub fn record_rate_budgets(&self, budgets: &[runyard_forge::api::RateBudget]) {
+        let gauge = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        for b in budgets {
+            let label = BudgetLabel {
+                credential: b.credential.clone(),
+                resource: b.resource.clone(),
+            };
+            if let Some(left) = b.remaining {
+                self.github_budget_remaining
+                    .get_or_create(&label)
+                    .set(gauge(left));
+            }
+            if let Some(reset) = b.reset_epoch {
+                self.github_budget_reset
+                    .get_or_create(&label)
+                    .set(gauge(reset));
             }
         }
     }

@@ -3,8 +3,8 @@
 //! disables hooks that keep failing, so every `interval` the replica holding
 //! the `reconciler` lease in `<NS>_LEASES`:
 //!
-//! - lists the recent deliveries of each configured GitHub hook and
-//!   redelivers (by numeric id) every failed `workflow_job` delivery whose
+//! - lists the deliveries of each configured GitHub hook back to the
+//!   lookback window (page by page, by GitHub's cursor) and redelivers (by numeric id) every failed `workflow_job` delivery whose
 //!   GUID has no successful delivery yet, backing off per GUID while the
 //!   redeliveries keep failing;
 //! - polls each configured GitHub repository (runs `queued` and
@@ -54,8 +54,12 @@ use crate::world::JobId;
 /// `Source.producer` of the events the reconciler publishes.
 pub const PRODUCER: &str = "reconciler";
 
-/// Deliveries read per hook and cycle (GitHub's largest page).
+/// Deliveries read per page (GitHub's largest page).
 const DELIVERIES_PER_PAGE: u32 = 100;
+
+/// Bound on the delivery pages read per hook and cycle (10 000
+/// deliveries); the API budget usually stops it first.
+const MAX_DELIVERY_PAGES: usize = 100;
 
 /// GitHub redelivers deliveries of the last three days only.
 const REDELIVERY_WINDOW: time::Duration = time::Duration::days(3);
@@ -737,26 +741,19 @@ impl Reconciler {
             },
             GitHubHook::App => HookRef::App,
         };
-        let listed = {
-            let hook = hook.clone();
-            self.github(lease, |gh| async move {
-                gh.list_hook_deliveries(&hook, DELIVERIES_PER_PAGE).await
-            })
-            .await?
-        };
-        let Some(deliveries) = listed else {
+        let now = OffsetDateTime::now_utc();
+        let Some(deliveries) = self.recent_deliveries(&hook, now, lease).await? else {
             return Ok(());
         };
         let cycle = self.cycle;
-        let todo: Vec<(u64, String)> =
-            to_redeliver(&deliveries, OffsetDateTime::now_utc(), |guid| {
-                self.redelivered
-                    .get(&(hook.clone(), guid.to_owned()))
-                    .is_none_or(|r| spacing_over(r, cycle))
-            })
-            .into_iter()
-            .map(|d| (d.id, d.guid.clone()))
-            .collect();
+        let todo: Vec<(u64, String)> = to_redeliver(&deliveries, now, |guid| {
+            self.redelivered
+                .get(&(hook.clone(), guid.to_owned()))
+                .is_none_or(|r| spacing_over(r, cycle))
+        })
+        .into_iter()
+        .map(|d| (d.id, d.guid.clone()))
+        .collect();
         for (id, guid) in todo {
             let sent = {
                 let hook = hook.clone();
@@ -781,6 +778,57 @@ impl Reconciler {
             self.found("redelivery");
         }
         Ok(())
+    }
+
+    /// A hook's deliveries within the lookback window (and GitHub's
+    /// three-day redelivery window), newest first: page after page, by the
+    /// cursor of each page's `Link: rel="next"`, until a delivery older than
+    /// the window, the last page, or the API budget. After an outage of more
+    /// than one page of deliveries the older failures are on later pages.
+    /// `None` when the first page could not be read.
+    async fn recent_deliveries(
+        &mut self,
+        hook: &HookRef,
+        now: OffsetDateTime,
+        lease: &watch::Receiver<Option<Instant>>,
+    ) -> Result<Option<Vec<HookDelivery>>, Stop> {
+        let lookback = time::Duration::try_from(self.shared.timers.lookback)
+            .unwrap_or(REDELIVERY_WINDOW)
+            .min(REDELIVERY_WINDOW);
+        let since = now - lookback;
+        let mut out = Vec::new();
+        let mut cursor: Option<String> = None;
+        for page_no in 0..MAX_DELIVERY_PAGES {
+            let page = {
+                let hook = hook.clone();
+                let cursor = cursor.clone();
+                self.github(lease, |gh| async move {
+                    gh.list_hook_deliveries_page(&hook, DELIVERIES_PER_PAGE, cursor.as_deref())
+                        .await
+                })
+                .await?
+            };
+            let Some(page) = page else {
+                return Ok((page_no > 0).then_some(out));
+            };
+            let len = page.deliveries.len();
+            let before = out.len();
+            out.extend(
+                page.deliveries
+                    .into_iter()
+                    .take_while(|d| d.delivered_at.is_none_or(|at| at >= since)),
+            );
+            // Newest first: past the first delivery older than the window,
+            // every later one is older too.
+            if out.len() - before < len || len == 0 {
+                break;
+            }
+            match page.next_cursor {
+                Some(next) => cursor = Some(next),
+                None => break,
+            }
+        }
+        Ok(Some(out))
     }
 
     /// Publishes the pending jobs of one GitLab project the log lacks.

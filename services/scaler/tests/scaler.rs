@@ -3,9 +3,12 @@
 //! runner deleted, faults retried, replicas that fail over.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed unwrap is a failed test
 
+mod budgets;
+mod credentials;
 #[path = "provider/fake.rs"]
 mod fake;
 mod gitlab;
+mod groups;
 mod lifecycle;
 mod reconcile;
 mod support;

@@ -6,6 +6,8 @@
 //! that scope's installation token — found with the App's JWT when no
 //! installation id is configured, fetched once and cached until a minute
 //! before it expires — and the App's own webhook deliveries use the JWT.
+//! Enterprise scopes need a personal access token: GitHub's enterprise
+//! runner endpoints refuse installation tokens.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -19,8 +21,10 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use time::OffsetDateTime;
 
-use super::ratelimit::Bucket;
-use super::{ApiError, CallCounts, ClientOptions, Core, Raw, lenient_time, null_default, seg};
+use super::ratelimit::{self, Announced, Bucket};
+use super::{
+    ApiError, CallCounts, ClientOptions, Core, RateBudget, Raw, lenient_time, null_default, seg,
+};
 
 /// The default API base URL.
 pub const DEFAULT_BASE_URL: &str = "https://api.github.com";
@@ -43,6 +47,11 @@ const TOKEN_MARGIN: Duration = Duration::from_secs(60);
 /// they expire.
 const JWT_BACKDATE: u64 = 60;
 const JWT_LIFETIME: u64 = 9 * 60;
+
+/// Why an App client refuses an enterprise scope: GitHub has no
+/// `GET /enterprises/{e}/installation`, and enterprise runner endpoints
+/// refuse installation tokens.
+pub const ENTERPRISE_NEEDS_PAT: &str = "a GitHub App cannot manage enterprise runners (enterprise runner endpoints refuse installation tokens): use a classic personal access token with manage_runners:enterprise";
 
 /// Endpoint kinds, as counted in [`CallCounts`] and named in
 /// [`ApiError::Status`].
@@ -77,6 +86,12 @@ pub mod endpoint {
     pub const LIST_HOOK_DELIVERIES: &str = "list_hook_deliveries";
     /// `POST .../deliveries/{id}/attempts`.
     pub const REDELIVER: &str = "redeliver";
+    /// `GET /rate_limit` (spends no budget).
+    pub const RATE_LIMIT: &str = "rate_limit";
+    /// `GET /orgs|enterprises/.../actions/runner-groups`.
+    pub const LIST_RUNNER_GROUPS: &str = "list_runner_groups";
+    /// `GET /orgs/{org}/actions/runner-groups/{id}/repositories`.
+    pub const LIST_RUNNER_GROUP_REPOS: &str = "list_runner_group_repos";
 
     /// Every kind.
     pub const ALL: &[&str] = &[
@@ -95,6 +110,9 @@ pub mod endpoint {
         RERUN_JOB,
         LIST_HOOK_DELIVERIES,
         REDELIVER,
+        RATE_LIMIT,
+        LIST_RUNNER_GROUPS,
+        LIST_RUNNER_GROUP_REPOS,
     ];
 }
 
@@ -429,6 +447,33 @@ impl HookDelivery {
     }
 }
 
+/// One page of a webhook's deliveries, newest first.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeliveryPage {
+    /// The deliveries.
+    pub deliveries: Vec<HookDelivery>,
+    /// The `cursor` of the next (older) page, from the `Link` header's
+    /// `rel="next"`; `None` on the last page.
+    pub next_cursor: Option<String>,
+}
+
+/// A runner group of an organization or enterprise.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct RunnerGroup {
+    /// Group id (what `runner_group_id` names).
+    pub id: u64,
+    /// Name.
+    #[serde(default, deserialize_with = "null_default")]
+    pub name: String,
+    /// `all`, `selected` (only the repositories listed for it) or
+    /// `private`.
+    #[serde(default, deserialize_with = "null_default")]
+    pub visibility: String,
+    /// The scope's default group.
+    #[serde(default, deserialize_with = "null_default")]
+    pub default: bool,
+}
+
 fn one() -> u32 {
     1
 }
@@ -556,6 +601,95 @@ impl GitHubClient {
     /// known.
     pub fn rate_limit_remaining(&self) -> Option<u64> {
         self.inner.core.rate_limit_remaining()
+    }
+
+    /// Every rate-limit budget GitHub announced to this client, per
+    /// credential and resource.
+    pub fn rate_budgets(&self) -> Vec<RateBudget> {
+        self.inner.core.rate_budgets()
+    }
+
+    /// Reads `GET /rate_limit` with `scope`'s credential and records every
+    /// resource's budget. GitHub does not charge this call to any budget,
+    /// so it may be made while one is exhausted, to learn when (or whether
+    /// already) it came back.
+    pub async fn refresh_rate_limits(&self, scope: &GitHubScope) -> Result<(), ApiError> {
+        #[derive(Deserialize)]
+        struct Answer {
+            #[serde(default)]
+            resources: std::collections::BTreeMap<String, Announced>,
+        }
+        let ep = endpoint::RATE_LIMIT;
+        let (credential, bucket) = self.credential(&Target::Scope(scope.clone())).await?;
+        let core = &self.inner.core;
+        let request = core
+            .http
+            .get(core.url("/rate_limit")?)
+            .bearer_auth(credential.expose_secret())
+            .header(ACCEPT, "application/vnd.github+json")
+            .header("X-GitHub-Api-Version", API_VERSION);
+        let raw = core.execute_free(bucket, ep, request).await?.success(ep)?;
+        let answer: Answer = raw.json(ep, false)?;
+        core.limiter().observe_all(bucket, &answer.resources);
+        Ok(())
+    }
+
+    /// The runner groups of an organization or enterprise (all pages).
+    pub async fn list_runner_groups(
+        &self,
+        scope: &GitHubScope,
+    ) -> Result<Vec<RunnerGroup>, ApiError> {
+        #[derive(Deserialize)]
+        struct Page {
+            #[serde(default)]
+            total_count: Option<u64>,
+            #[serde(default)]
+            runner_groups: Vec<RunnerGroup>,
+        }
+        let path = format!("{}/actions/runner-groups", scope.path_prefix());
+        self.paginate(
+            &Target::Scope(scope.clone()),
+            endpoint::LIST_RUNNER_GROUPS,
+            &path,
+            "",
+            |p: Page| (p.runner_groups, p.total_count),
+        )
+        .await
+    }
+
+    /// The repositories (`owner/name`) an organization's runner group with
+    /// `visibility: selected` admits (all pages).
+    pub async fn list_runner_group_repos(
+        &self,
+        org: &str,
+        group_id: u64,
+    ) -> Result<Vec<String>, ApiError> {
+        #[derive(Deserialize)]
+        struct Repo {
+            full_name: String,
+        }
+        #[derive(Deserialize)]
+        struct Page {
+            #[serde(default)]
+            total_count: Option<u64>,
+            #[serde(default)]
+            repositories: Vec<Repo>,
+        }
+        let scope = GitHubScope::Org(org.to_owned());
+        let path = format!(
+            "{}/actions/runner-groups/{group_id}/repositories",
+            scope.path_prefix()
+        );
+        let repos = self
+            .paginate(
+                &Target::Scope(scope),
+                endpoint::LIST_RUNNER_GROUP_REPOS,
+                &path,
+                "",
+                |p: Page| (p.repositories, p.total_count),
+            )
+            .await?;
+        Ok(repos.into_iter().map(|r| r.full_name).collect())
     }
 
     /// Registers a just-in-time runner (`201`). A runner of the same name in
@@ -805,6 +939,41 @@ impl GitHubClient {
             .await
     }
 
+    /// One page of a webhook's deliveries (up to `per_page`, at most 100),
+    /// newest first: the first page without `cursor`, older ones with the
+    /// [`DeliveryPage::next_cursor`] of the page before.
+    pub async fn list_hook_deliveries_page(
+        &self,
+        hook: &HookRef,
+        per_page: u32,
+        cursor: Option<&str>,
+    ) -> Result<DeliveryPage, ApiError> {
+        let ep = endpoint::LIST_HOOK_DELIVERIES;
+        let mut path = format!(
+            "{}?per_page={}",
+            hook.deliveries_path(),
+            per_page.clamp(1, PER_PAGE)
+        );
+        if let Some(cursor) = cursor {
+            path.push_str("&cursor=");
+            path.push_str(&seg(cursor));
+        }
+        let raw = self
+            .send(&hook.target(), ep, Method::GET, &path, None)
+            .await?
+            .success(ep)?;
+        let deliveries = raw.json(ep, false)?;
+        let next_cursor = next_link(&raw.headers).and_then(|url| {
+            url.query_pairs()
+                .find(|(k, _)| k == "cursor")
+                .map(|(_, v)| v.into_owned())
+        });
+        Ok(DeliveryPage {
+            deliveries,
+            next_cursor,
+        })
+    }
+
     /// Asks GitHub to deliver a delivery again (by its numeric id, not the
     /// GUID).
     pub async fn redeliver(&self, hook: &HookRef, delivery_id: u64) -> Result<(), ApiError> {
@@ -945,7 +1114,8 @@ impl GitHubClient {
         if let Some(body) = body {
             request = request.json(body);
         }
-        core.execute(bucket, ep, request).await
+        core.execute(bucket, ep, ratelimit::default_resource(ep), request)
+            .await
     }
 
     /// The credential for `target` and the rate-limit bucket it spends.
@@ -956,6 +1126,9 @@ impl GitHubClient {
                 "a GitHub App's own webhook needs GitHub App credentials, not a token".into(),
             )),
             (Creds::App(app), Target::AppJwt) => Ok((app.jwt()?, Bucket::AppJwt)),
+            (Creds::App(_), Target::Scope(GitHubScope::Enterprise(_))) => {
+                Err(ApiError::Auth(ENTERPRISE_NEEDS_PAT.into()))
+            }
             (Creds::App(app), Target::Scope(scope)) => {
                 let id = self.installation_for(app, scope).await?;
                 Ok((

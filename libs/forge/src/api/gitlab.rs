@@ -582,7 +582,8 @@ impl GitLabClient {
         if let Some(body) = body {
             request = request.json(&body);
         }
-        core.execute(Bucket::Token, ep, request).await
+        core.execute(Bucket::Token, ep, super::ratelimit::UNNAMED, request)
+            .await
     }
 }
 

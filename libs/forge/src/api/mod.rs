@@ -28,6 +28,7 @@ pub mod github;
 pub mod gitlab;
 mod ratelimit;
 
+pub use ratelimit::RateBudget;
 use ratelimit::{Bucket, RateLimiter};
 
 /// The most of an answer's body a client reads: a page of 100 jobs with
@@ -355,17 +356,44 @@ impl Core {
         url.origin() == self.base.origin()
     }
 
-    /// Sends one request: waits for the rate limit, counts it, reads a
-    /// bounded body, records the announced budget and turns a rate-limit
-    /// refusal into [`ApiError::RateLimited`]. Any other answer comes back
-    /// as [`Raw`] for the endpoint to judge.
+    /// Sends one request: waits for the rate limit of the resource it
+    /// spends (`resource`, unless an earlier answer to `endpoint` named
+    /// another), counts it, reads a bounded body, records the announced
+    /// budget and turns a rate-limit refusal into
+    /// [`ApiError::RateLimited`]. Any other answer comes back as [`Raw`] for
+    /// the endpoint to judge.
     pub(crate) async fn execute(
+        &self,
+        bucket: Bucket,
+        endpoint: &'static str,
+        resource: &'static str,
+        request: reqwest::RequestBuilder,
+    ) -> Result<Raw, ApiError> {
+        let resource = self.limiter.resource_of(endpoint, resource);
+        self.limiter.admit(bucket, &resource, endpoint).await?;
+        self.send_counted(bucket, endpoint, &resource, request)
+            .await
+    }
+
+    /// Sends a request that spends no budget (GitHub's `GET /rate_limit`):
+    /// not held back by an exhausted one.
+    pub(crate) async fn execute_free(
         &self,
         bucket: Bucket,
         endpoint: &'static str,
         request: reqwest::RequestBuilder,
     ) -> Result<Raw, ApiError> {
-        self.limiter.admit(bucket, endpoint).await?;
+        self.send_counted(bucket, endpoint, ratelimit::UNNAMED, request)
+            .await
+    }
+
+    async fn send_counted(
+        &self,
+        bucket: Bucket,
+        endpoint: &'static str,
+        resource: &str,
+        request: reqwest::RequestBuilder,
+    ) -> Result<Raw, ApiError> {
         self.counters.count(endpoint);
         let transport = |e: reqwest::Error| ApiError::Transport {
             endpoint_kind: endpoint,
@@ -384,7 +412,7 @@ impl Core {
             }
             body.extend_from_slice(&chunk);
         }
-        self.limiter.observe(bucket, &headers);
+        let resource = self.limiter.observe(bucket, endpoint, resource, &headers);
         let raw = Raw {
             status,
             headers,
@@ -393,11 +421,14 @@ impl Core {
         if !status.is_success() {
             let message = message_of(&raw.body);
             if let Some(retry_after) = ratelimit::refusal(status.as_u16(), &raw.headers, &message) {
-                self.limiter.refused(bucket, retry_after);
+                let exhausted = ratelimit::exhausted(&raw.headers);
+                self.limiter
+                    .refused(bucket, &resource, exhausted, retry_after);
                 self.counters.rate_limited.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(
                     endpoint,
                     status = status.as_u16(),
+                    resource,
                     retry_after_s = retry_after.as_secs(),
                     "forge rate limit hit"
                 );
@@ -413,6 +444,14 @@ impl Core {
 
     pub(crate) fn rate_limit_remaining(&self) -> Option<u64> {
         self.limiter.remaining()
+    }
+
+    pub(crate) fn rate_budgets(&self) -> Vec<RateBudget> {
+        self.limiter.budgets()
+    }
+
+    pub(crate) fn limiter(&self) -> &RateLimiter {
+        &self.limiter
     }
 
     pub(crate) fn base(&self) -> &Url {

@@ -363,3 +363,99 @@ async fn an_approved_deployment_whose_queued_webhook_was_lost_gets_a_runner() {
     assert_eq!(found.len(), 1, "the reconciler published the lost queued");
     scaler.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_an_outage_every_failed_delivery_on_later_pages_is_redelivered_back_to_the_lookback()
+{
+    const FAILED: usize = 250;
+    const TOO_OLD: usize = 120;
+    let mut stack = Stack::new(&pool_toml(5, 0, "")).await;
+    stack.file.push_str(&reconciler(
+        "github_hooks = [{ org = \"acme\", hook_id = 42 }]\napi_budget_per_hour = 5000",
+    ));
+    let hook = FakeHook::Org {
+        org: "acme".into(),
+        hook_id: 42,
+    };
+    // Failed two days ago: older than the 24 h lookback (though GitHub
+    // would still redeliver them), and listed after the recent ones.
+    let two_days_ago = (time::OffsetDateTime::now_utc() - time::Duration::days(2))
+        .format(&time::format_description::well_known::Rfc3339)
+        .expect("rfc3339");
+    let old: HashSet<u64> = (0..TOO_OLD)
+        .map(|i| {
+            let mut d = FakeDelivery::workflow_job(&format!("g-old-{i}"), "queued", 502);
+            d.delivered_at = two_days_ago.clone();
+            stack.github.add_delivery(hook.clone(), d)
+        })
+        .collect();
+    // The outage: 250 deliveries ingest never answered, newest last.
+    let failed: HashSet<u64> = (0..FAILED)
+        .map(|i| {
+            stack.github.add_delivery(
+                hook.clone(),
+                FakeDelivery::workflow_job(&format!("g-lost-{i}"), "queued", 503),
+            )
+        })
+        .collect();
+    let scaler = stack.start().await;
+
+    until("every failed delivery redelivered", || {
+        stack.github.redeliveries().len() >= FAILED
+    })
+    .await;
+    // A few more cycles: nothing more goes out.
+    let after = metric(&scaler, &cycles("complete")).await;
+    until_async("three more cycles", async || {
+        metric(&scaler, &cycles("complete")).await >= after + 3.0
+    })
+    .await;
+    let redelivered: Vec<u64> = stack
+        .github
+        .redeliveries()
+        .into_iter()
+        .map(|(_, id)| id)
+        .collect();
+    assert_eq!(redelivered.len(), FAILED, "each once");
+    assert_eq!(
+        redelivered.iter().copied().collect::<HashSet<_>>(),
+        failed,
+        "the 250 of the outage, on three pages"
+    );
+    assert!(
+        redelivered.iter().all(|id| !old.contains(id)),
+        "none older than the lookback"
+    );
+    // The first cycle read three pages: 100, 100, then the page where the
+    // window ends (50 recent, 50 too old); never the fourth.
+    let cursors: Vec<String> = stack
+        .github
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == "GET" && r.path == "/orgs/acme/hooks/42/deliveries")
+        .map(|r| r.query)
+        .take(3)
+        .collect();
+    assert!(cursors[0].contains("per_page=100") && !cursors[0].contains("cursor="));
+    assert!(
+        cursors[1].contains("cursor=") && cursors[2].contains("cursor="),
+        "{cursors:?}"
+    );
+    let pages_before_redelivering = stack
+        .github
+        .requests()
+        .into_iter()
+        .take_while(|r| r.method != "POST")
+        .filter(|r| r.path == "/orgs/acme/hooks/42/deliveries")
+        .count();
+    assert_eq!(pages_before_redelivering, 3, "stopped at the window");
+    assert_eq!(
+        metric(
+            &scaler,
+            "runyard_scaler_reconciler_found_total{kind=\"redelivery\"}"
+        )
+        .await,
+        FAILED as f64
+    );
+    scaler.stop().await;
+}

@@ -70,6 +70,7 @@ tick = "100ms"
 sync_interval = "1s"
 allocator_timeout = "200ms"
 forge_timeout = "5s"
+rate_limit_probe = "100ms"
 "#;
 
 /// A running scaler.
