@@ -619,7 +619,7 @@ impl Retrier {
                         status: 400 | 403,
                         message,
                         ..
-                    }) => {
+                    }) if message.to_ascii_lowercase().contains("variables") => {
                         tracing::warn!(project, failed, %message, "pipeline variables refused; retrying without RUNYARD_RETRY_OF");
                         let mut made =
                             pipeline_made(gl.create_pipeline(project, &git_ref, &[]).await?);
