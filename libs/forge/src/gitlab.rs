@@ -56,6 +56,7 @@ pub(crate) static KEYS: KeySet = KeySet::new(&[
     "runner",
     "sha",
     "source",
+    "source_pipeline",
     "stage",
     "started_at",
     "status",
@@ -371,6 +372,22 @@ fn pipeline_hook(
             .map(|base| format!("{}/-/pipelines/{pipeline_id}", base.trim_end_matches('/')))
             .unwrap_or_default(),
     };
+    // A child pipeline names its parent (`source_pipeline`, at the top level
+    // or, in some versions, inside `object_attributes`).
+    let parent = match root.opt_obj("source_pipeline")? {
+        Some(sp) => Some(sp),
+        None => attrs.opt_obj("source_pipeline")?,
+    };
+    let (parent_pipeline_id, parent_project_id) = match &parent {
+        Some(sp) => (
+            sp.opt_id("pipeline_id")?.unwrap_or_default(),
+            match sp.opt_obj("project")? {
+                Some(p) => p.opt_id("id")?.unwrap_or_default(),
+                None => sp.opt_id("project_id")?.unwrap_or_default(),
+            },
+        ),
+        None => (0, 0),
+    };
     let observed = PipelineObserved {
         forge: Forge::Gitlab as i32,
         instance: instance.clone(),
@@ -388,6 +405,8 @@ fn pipeline_hook(
         queued_duration_seconds: attrs.opt_f64("queued_duration")?,
         job_ids,
         web_url,
+        parent_pipeline_id,
+        parent_project_id,
     };
     let pipeline = ctx.envelope.event(
         ids::gitlab_pipeline(key, pipeline_id, status),
@@ -750,6 +769,30 @@ mod tests {
         );
         let (e, _) = one_job(&job_delivery(&body));
         assert_eq!(at(&e.occurred_at), Some(datetime!(2024-06-01 12:16:07 UTC)));
+    }
+
+    #[test]
+    fn a_child_pipeline_names_its_parent() {
+        let mut hook: serde_json::Value = serde_json::from_str(PIPELINE).unwrap();
+        hook["object_attributes"]["source"] = json!("parent_pipeline");
+        hook["source_pipeline"] = json!({
+            "project": {"id": 41, "web_url": "https://gitlab.example.com/ci/spack-packages",
+                        "path_with_namespace": "ci/spack-packages"},
+            "job_id": 3401, "pipeline_id": 1200
+        });
+        let body = serde_json::to_vec(&hook).unwrap();
+        let all = events(&delivery("Pipeline Hook", &body));
+        let Some(Body::PipelineObserved(p)) = &all[0].body else {
+            panic!("first is not a PipelineObserved");
+        };
+        assert_eq!(p.pipeline_source, "parent_pipeline");
+        assert_eq!((p.parent_pipeline_id, p.parent_project_id), (1200, 41));
+        // A top-level pipeline has none.
+        let all = events(&delivery("Pipeline Hook", PIPELINE.as_bytes()));
+        let Some(Body::PipelineObserved(p)) = &all[0].body else {
+            panic!("first is not a PipelineObserved");
+        };
+        assert_eq!((p.parent_pipeline_id, p.parent_project_id), (0, 0));
     }
 
     #[test]

@@ -108,6 +108,11 @@ pub struct PipelineFacts {
     pub git_ref: String,
     /// Commit.
     pub sha: String,
+    /// A child pipeline's parent (0: none, or not known yet) and that
+    /// parent's project.
+    pub parent: u64,
+    /// The parent's project id.
+    pub parent_project_id: u64,
 }
 
 /// What the shell should do next.
@@ -304,6 +309,10 @@ impl Book {
                 facts.project.clone_from(&p.project);
                 facts.git_ref.clone_from(&p.r#ref);
                 facts.sha.clone_from(&p.sha);
+                if p.parent_pipeline_id != 0 {
+                    facts.parent = p.parent_pipeline_id;
+                    facts.parent_project_id = p.parent_project_id;
+                }
             }
             Some(Body::UsageReported(u)) => self.observe_usage(u),
             Some(
@@ -567,39 +576,71 @@ impl Book {
                 }
             }
         }
+        // A child pipeline cannot be created on its own: its kills are
+        // retried through the pipeline that triggered it, once, however many
+        // of its children had kills.
+        let mut roots: BTreeMap<UnitRef, Vec<(UnitRef, Vec<(&FailedJob, Report)>)>> =
+            BTreeMap::new();
         for (pipeline, jobs) in pipelines {
-            let unit = ids::retry_unit_pipeline(pipeline.2);
-            if self
-                .acted
-                .contains(&unit_key(pipeline.0, &pipeline.1, &unit))
-            {
+            let parent = self.pipelines.get(&pipeline).map_or(0, |f| f.parent);
+            let root = if parent == 0 {
+                pipeline.clone()
+            } else {
+                (pipeline.0, pipeline.1.clone(), parent)
+            };
+            roots.entry(root).or_default().push((pipeline, jobs));
+        }
+        for (root, children) in roots {
+            let unit = ids::retry_unit_pipeline(root.2);
+            if self.acted.contains(&unit_key(root.0, &root.1, &unit)) {
                 continue;
             }
-            let facts = self.pipelines.get(&pipeline).cloned().unwrap_or_default();
-            let first = jobs[0].0;
-            match facts.status.as_str() {
-                "failed" => plans.push(Plan::GitLabPipeline {
+            let status = |p: &UnitRef| {
+                self.pipelines
+                    .get(p)
+                    .map(|f| f.status.clone())
+                    .unwrap_or_default()
+            };
+            let failed = children.iter().any(|(p, _)| status(p) == "failed");
+            let first = children[0].1[0].0;
+            if failed {
+                let facts = self.pipelines.get(&root).cloned().unwrap_or_default();
+                let child = self
+                    .pipelines
+                    .get(&children[0].0)
+                    .cloned()
+                    .unwrap_or_default();
+                let project_id = if root != children[0].0 && child.parent_project_id != 0 {
+                    child.parent_project_id
+                } else {
+                    first.project_id
+                };
+                plans.push(Plan::GitLabPipeline {
                     target: RetryTarget {
-                        forge: pipeline.0 as i32,
-                        instance: pipeline.1.clone(),
-                        project_id: first.project_id,
-                        project: first.project.clone(),
-                        pipeline_id: pipeline.2,
+                        forge: root.0 as i32,
+                        instance: root.1.clone(),
+                        project_id,
+                        project: pick(&facts.project, &first.project),
+                        pipeline_id: root.2,
                         run_attempt: 0,
-                        r#ref: pick(&facts.git_ref, &first.git_ref),
-                        sha: pick(&facts.sha, &first.sha),
+                        r#ref: pick(&facts.git_ref, &pick(&child.git_ref, &first.git_ref)),
+                        sha: pick(&facts.sha, &pick(&child.sha, &first.sha)),
                         unit,
                     },
-                    jobs: jobs.iter().map(|(j, r)| retry_job(j, Some(r))).collect(),
-                }),
-                // Finished without failing (the OOM-killed job was allowed
-                // to fail, or it was cancelled): nothing to retry.
-                s if is_final(s) => {}
-                _ => plans.push(Plan::CheckPipeline {
-                    pipeline,
+                    jobs: children
+                        .iter()
+                        .flat_map(|(_, jobs)| jobs.iter().map(|(j, r)| retry_job(j, Some(r))))
+                        .collect(),
+                });
+            } else if let Some((pipeline, _)) = children.iter().find(|(p, _)| !is_final(&status(p)))
+            {
+                plans.push(Plan::CheckPipeline {
+                    pipeline: pipeline.clone(),
                     project_id: first.project_id,
-                }),
+                });
             }
+            // Every pipeline finished without failing (the OOM-killed job was
+            // allowed to fail, or it was cancelled): nothing to retry.
         }
         for (run, repo) in runs {
             plans.push(Plan::CheckRun { run, repo });

@@ -110,6 +110,67 @@ fn reasons(plans: &[Plan]) -> Vec<&'static str> {
         .collect()
 }
 
+/// A failed job `id` of pipeline `pipeline`.
+fn gl_failed_in(id: u64, pipeline: u64) -> Event {
+    let mut e = gl_failed(id, Conclusion::Failure, "script_failure");
+    if let Some(Body::JobObserved(j)) = e.body.as_mut() {
+        j.pipeline_id = pipeline;
+    }
+    e
+}
+
+/// Child pipeline `id` of parent `parent` in `status`.
+fn child_pipeline(id: u64, parent: u64, status: &str) -> Event {
+    let mut e = pipeline(status);
+    e.id = format!("gitlab:p:pipeline:{id}:{status}");
+    if let Some(Body::PipelineObserved(p)) = e.body.as_mut() {
+        p.pipeline_id = id;
+        p.pipeline_source = "parent_pipeline".into();
+        p.parent_pipeline_id = parent;
+        p.parent_project_id = 34;
+    }
+    e
+}
+
+#[test]
+fn kills_in_child_pipelines_retry_their_parent_once() {
+    let mut events = vec![
+        child_pipeline(601, 600, "failed"),
+        child_pipeline(602, 600, "failed"),
+    ];
+    for (job, pipeline) in [(1, 601), (2, 601), (3, 602)] {
+        events.push(gl_failed_in(job, pipeline));
+        events.push(report(job, true, 137, "v2"));
+    }
+    let plans = book(&events).plan(&settings(), NOW);
+    let retries: Vec<_> = plans
+        .iter()
+        .filter_map(|p| match p {
+            Plan::GitLabPipeline { target, jobs } => Some((target.clone(), jobs.len())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(retries.len(), 1, "one retry for the parent: {plans:?}");
+    let (target, jobs) = &retries[0];
+    assert_eq!(
+        (target.pipeline_id, target.unit.as_str()),
+        (600, "pipeline:600")
+    );
+    assert_eq!(target.r#ref, "develop");
+    assert_eq!(*jobs, 3, "it covers every child's kills");
+    // One child still running: the parent waits for none of it, the failed
+    // one is enough.
+    let mut events = vec![
+        child_pipeline(601, 600, "failed"),
+        child_pipeline(602, 600, "running"),
+    ];
+    events.extend([gl_failed_in(1, 601), report(1, true, 137, "v2")]);
+    let plans = book(&events).plan(&settings(), NOW);
+    assert!(
+        matches!(plans.as_slice(), [Plan::GitLabPipeline { target, .. }] if target.pipeline_id == 600)
+    );
+}
+
 #[test]
 fn an_oom_killed_job_in_a_failed_pipeline_gets_one_new_pipeline() {
     let b = book(&[
