@@ -568,22 +568,42 @@ impl Engine {
             {
                 continue;
             }
-            let pools: Vec<String> = specs
-                .iter()
-                .filter(|p| p.forge == job.id.forge && p.instance == job.id.instance)
-                .map(|p| format!("{} {:?}", p.name, p.labels))
+            let of_instance = || {
+                specs
+                    .iter()
+                    .filter(|p| p.forge == job.id.forge && p.instance == job.id.instance)
+            };
+            let shut_out: Vec<&str> = of_instance()
+                .filter(|p| policy::labels_match(labels, &p.labels))
+                .map(|p| p.name.as_str())
                 .collect();
-            let detail = format!(
-                "no pool's labels cover the job's {labels:?} (pools: {})",
-                pools.join(", ")
-            );
-            found.push((job.clone(), detail));
+            let (reason, detail) = if shut_out.is_empty() {
+                let pools: Vec<String> = of_instance()
+                    .map(|p| format!("{} {:?}", p.name, p.labels))
+                    .collect();
+                (
+                    "no_matching_pool",
+                    format!(
+                        "no pool's labels cover the job's {labels:?} (pools: {})",
+                        pools.join(", ")
+                    ),
+                )
+            } else {
+                (
+                    "runner_group",
+                    format!(
+                        "the pools whose labels match ({}) are in runner groups that do not admit {}",
+                        shut_out.join(", "),
+                        job.project
+                    ),
+                )
+            };
+            found.push((job.clone(), reason, detail));
         }
         let world = &self.world;
         self.unserved.retain(|(id, _)| world.jobs.contains_key(id));
-        for (job, detail) in found {
+        for (job, reason, detail) in found {
             self.unserved.insert((job.id.clone(), job.run_attempt));
-            let reason = "no_matching_pool";
             let event = Event {
                 id: runyard_events::ids::unserved(
                     job.id.forge,

@@ -524,7 +524,16 @@ impl Forges {
     /// groups cannot be read (no permission, the forge down, a user-owned
     /// repository, which has no groups) the check is skipped with a warning:
     /// the start does not depend on it.
-    pub async fn check_runner_groups(&self, pools: &[PoolConfig]) -> Result<(), GroupError> {
+    ///
+    /// Returns, for each organization pool whose group admits selected
+    /// repositories only, those repositories (lower-cased): jobs of any
+    /// other repository never reach its runners, so the policy does not
+    /// send them there.
+    pub async fn check_runner_groups(
+        &self,
+        pools: &[PoolConfig],
+    ) -> Result<HashMap<String, Vec<String>>, GroupError> {
+        let mut admitted: HashMap<String, Vec<String>> = HashMap::new();
         let mut groups: HashMap<GitHubScope, Option<Vec<RunnerGroup>>> = HashMap::new();
         for pool in pools.iter().filter(|p| p.forge != "gitlab") {
             let Ok(gh) = self.github_for(&pool.scope) else {
@@ -566,7 +575,22 @@ impl Forges {
                 continue;
             }
             let (Some(repo), GitHubScope::Org(org)) = (&repo, &owner_scope) else {
-                tracing::warn!(pool = %pool.name, group = group.id, group_name = %group.name, "the pool's runner group admits selected repositories only: jobs of other repositories never reach its runners");
+                if let GitHubScope::Org(org) = &owner_scope {
+                    match gh.list_runner_group_repos(org, group.id).await {
+                        Ok(repos) => {
+                            tracing::info!(pool = %pool.name, group = group.id, group_name = %group.name, repositories = repos.len(), "the pool's runner group admits selected repositories only: jobs of other repositories go to other pools");
+                            admitted.insert(
+                                pool.name.clone(),
+                                repos.iter().map(|r| r.to_ascii_lowercase()).collect(),
+                            );
+                        }
+                        Err(error) => {
+                            tracing::warn!(pool = %pool.name, group = group.id, %error, "could not read the runner group's repositories: jobs of repositories it does not admit may get runners that never run them");
+                        }
+                    }
+                } else {
+                    tracing::warn!(pool = %pool.name, group = group.id, group_name = %group.name, "the pool's runner group admits selected repositories only: jobs of other repositories never reach its runners");
+                }
                 continue;
             };
             match gh.list_runner_group_repos(org, group.id).await {
@@ -584,6 +608,6 @@ impl Forges {
                 }
             }
         }
-        Ok(())
+        Ok(admitted)
     }
 }

@@ -320,6 +320,7 @@ impl App {
                 idle_timeout: p.idle_timeout,
                 bootstrap_timeout: p.bootstrap_timeout,
                 priority: p.priority,
+                repos: None,
             };
             specs.push(spec.clone());
             pools.insert(
@@ -339,10 +340,13 @@ impl App {
             );
         }
         let forges = forges(&config, &file)?;
-        forges
+        let admitted = forges
             .check_runner_groups(&file.pools)
             .await
             .context("runner groups")?;
+        for spec in &mut specs {
+            spec.repos = admitted.get(&spec.name).cloned();
+        }
         let bus = Bus::connect(&config.nats_url, ns, "runyard-scaler", true).await?;
         let replica = format!(
             "{}-{}",

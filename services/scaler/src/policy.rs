@@ -31,6 +31,20 @@ pub struct PoolSpec {
     pub bootstrap_timeout: Duration,
     /// Higher wins among matching pools.
     pub priority: i32,
+    /// The repositories (`owner/repo`, lower-cased) whose jobs its runners
+    /// may take, when its GitHub runner group admits selected ones only;
+    /// `None`: any.
+    pub repos: Option<Vec<String>>,
+}
+
+impl PoolSpec {
+    /// Whether runners of this pool may take jobs of `project` (GitHub
+    /// runner groups).
+    pub fn admits(&self, project: &str) -> bool {
+        self.repos
+            .as_ref()
+            .is_none_or(|r| r.iter().any(|p| p.eq_ignore_ascii_case(project)))
+    }
 }
 
 /// How a job that several pools of the same priority match picks one
@@ -160,6 +174,7 @@ pub fn candidate_pools<'a>(
             p.forge == job.id.forge
                 && p.instance == job.id.instance
                 && labels_match(labels, &p.labels)
+                && p.admits(&job.project)
         })
         .collect();
     matching.sort_by(|a, b| b.priority.cmp(&a.priority).then(a.name.cmp(&b.name)));

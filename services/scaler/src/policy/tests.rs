@@ -18,6 +18,7 @@ fn pool(name: &str, labels: &[&str], max: u32, min_idle: u32) -> PoolSpec {
         idle_timeout: 300 * S,
         bootstrap_timeout: 600 * S,
         priority: 0,
+        repos: None,
     }
 }
 

@@ -231,6 +231,7 @@ fn pool_spec(args: &SimulateArgs) -> PoolSpec {
         idle_timeout: secs(args.idle_timeout),
         bootstrap_timeout: BOOTSTRAP_TIMEOUT,
         priority: 0,
+        repos: None,
     }
 }
 
