@@ -28,8 +28,7 @@ mod flow;
 pub use flow::{FakeGlStageJob, FakeGlWebhook};
 
 use crate::fake_github::{
-    Budget, Fault, RecordedRequest, Server, answer, lock, paging, query_pairs, random_token,
-    rfc3339,
+    Budget, Fault, RecordedRequest, Server, answer, lock, query_pairs, random_token, rfc3339,
 };
 
 /// A runner created through the API.
@@ -587,47 +586,7 @@ fn list_jobs(
         .filter(|j| scopes.is_empty() || scopes.contains(&j.status.as_str()))
         .map(|j| job_json(st, j))
         .collect();
-    let (page, per_page) = paging(query, 20);
-    let total = all.len();
-    let pages = total.div_ceil(per_page).max(1);
-    let items: Vec<Value> = all
-        .into_iter()
-        .skip((page - 1) * per_page)
-        .take(per_page)
-        .collect();
-    let mut r = answer(200, &Value::Array(items));
-    let h = r.headers_mut();
-    let next = if page < pages {
-        (page + 1).to_string()
-    } else {
-        String::new()
-    };
-    for (name, value) in [
-        ("x-page", page.to_string()),
-        ("x-per-page", per_page.to_string()),
-        ("x-total", total.to_string()),
-        ("x-total-pages", pages.to_string()),
-        ("x-next-page", next),
-    ] {
-        if let Ok(v) = HeaderValue::from_str(&value) {
-            h.insert(name, v);
-        }
-    }
-    if page < pages {
-        let others: String = query
-            .iter()
-            .filter(|(k, _)| k != "page" && k != "per_page")
-            .map(|(k, v)| format!("&{}={}", k.replace('[', "%5B").replace(']', "%5D"), v))
-            .collect();
-        let link = format!(
-            "<http://{host}{path}?page={}&per_page={per_page}{others}>; rel=\"next\"",
-            page + 1
-        );
-        if let Ok(v) = HeaderValue::from_str(&link) {
-            h.insert("link", v);
-        }
-    }
-    r
+    runners::paged(all, path, query, host)
 }
 
 fn retry_job(st: &mut GlState, project_id: u64, job_id: u64) -> Response {

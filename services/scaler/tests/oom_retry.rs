@@ -689,19 +689,17 @@ async fn a_retry_left_half_done_by_a_stopped_replica_is_finished_exactly_once() 
     stack.stop().await;
 }
 
-#[tokio::test]
-async fn a_project_that_refuses_pipeline_variables_gets_its_retry_without_them() {
-    let stack = Stack::start(GITLAB_ONLY).await;
-    stack.gitlab.refuse_pipeline_variables(34);
-    // A first build on `develop`, so the kill is under a known limit.
+/// One good build on `develop` (so the kill is under a known limit), then
+/// job 4701 of pipeline 1234 killed at 2 GB: the retry issued for it.
+async fn one_build_then_a_kill(stack: &Stack) -> runyard_events::RetryIssued {
     stack
         .gitlab_pipeline(8000, "success", &[(9000, "success", None)])
         .await;
     stack
         .usage(&report(9000, 1_000_000_000, 4_000_000_000, false))
         .await;
-    kill(&stack, 1234, 4701, 2_000_000_000, false).await;
-    let issued = eventually(WAIT, || async {
+    kill(stack, 1234, 4701, 2_000_000_000, false).await;
+    eventually(WAIT, || async {
         stack
             .retry_events()
             .await
@@ -712,7 +710,14 @@ async fn a_project_that_refuses_pipeline_variables_gets_its_retry_without_them()
             })
     })
     .await
-    .unwrap_or_else(|| panic!("no retry issued\n{}", stack.log("scaler")));
+    .unwrap_or_else(|| panic!("no retry issued\n{}", stack.log("scaler")))
+}
+
+#[tokio::test]
+async fn a_project_that_refuses_pipeline_variables_gets_its_retry_without_them() {
+    let stack = Stack::start(GITLAB_ONLY).await;
+    stack.gitlab.refuse_pipeline_variables(34);
+    let issued = one_build_then_a_kill(&stack).await;
     let made: Vec<_> = stack
         .gitlab
         .pipelines()
@@ -758,25 +763,7 @@ async fn a_job_strategy_retry_says_it_cannot_raise_the_job_s_own_memory_limit() 
     stack
         .gitlab
         .set_job_status(4701, "failed", Some("script_failure"));
-    stack
-        .gitlab_pipeline(8000, "success", &[(9000, "success", None)])
-        .await;
-    stack
-        .usage(&report(9000, 1_000_000_000, 4_000_000_000, false))
-        .await;
-    kill(&stack, 1234, 4701, 2_000_000_000, false).await;
-    let issued = eventually(WAIT, || async {
-        stack
-            .retry_events()
-            .await
-            .iter()
-            .find_map(|e| match &e.body {
-                Some(Body::RetryIssued(r)) => Some(r.clone()),
-                _ => None,
-            })
-    })
-    .await
-    .unwrap_or_else(|| panic!("no retry issued\n{}", stack.log("scaler")));
+    let issued = one_build_then_a_kill(&stack).await;
     assert_eq!(issued.strategy, "job");
     assert_eq!(issued.new_job_ids.len(), 1);
     assert!(

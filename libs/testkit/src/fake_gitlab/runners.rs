@@ -467,8 +467,14 @@ fn jobs(st: &GlState, id: u64, path: &str, query: &[(String, String)], host: &st
     paged(items, path, query, host)
 }
 
-/// One page of `items` with GitLab's pagination headers.
-fn paged(items: Vec<Value>, path: &str, query: &[(String, String)], host: &str) -> Response {
+/// One page of `items` with GitLab's pagination headers (`x-next-page` and
+/// a `Link: rel="next"` keeping the other query parameters).
+pub(super) fn paged(
+    items: Vec<Value>,
+    path: &str,
+    query: &[(String, String)],
+    host: &str,
+) -> Response {
     let (page, per_page) = paging(query, 20);
     let total = items.len();
     let pages = total.div_ceil(per_page).max(1);
@@ -499,7 +505,7 @@ fn paged(items: Vec<Value>, path: &str, query: &[(String, String)], host: &str) 
         let others: String = query
             .iter()
             .filter(|(k, _)| k != "page" && k != "per_page")
-            .map(|(k, v)| format!("&{k}={v}"))
+            .map(|(k, v)| format!("&{}={v}", k.replace('[', "%5B").replace(']', "%5D")))
             .collect();
         let link = format!(
             "<http://{host}{path}?page={}&per_page={per_page}{others}>; rel=\"next\"",

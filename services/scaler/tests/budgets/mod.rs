@@ -10,15 +10,7 @@ use crate::support::{Scaler, Stack, pool_toml, until, until_async};
 
 /// One series' value on the scaler's `/metrics`, when present.
 async fn metric(scaler: &Scaler, series: &str) -> Option<f64> {
-    let page = reqwest::get(format!("http://{}/metrics", scaler.addr))
-        .await
-        .expect("GET /metrics")
-        .text()
-        .await
-        .expect("metrics text");
-    page.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
-        .map(|v| v.trim().parse().expect("a number"))
+    scaler.metric(series).await
 }
 
 /// An hour: GitHub's hourly budget can take that long to come back.

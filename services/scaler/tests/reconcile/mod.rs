@@ -35,15 +35,7 @@ async fn webhook(stack: &Stack, job: u64, run: u64, status: JobStatus, runner: &
 
 /// One series' value on the scaler's `/metrics` (0 when absent).
 async fn metric(scaler: &Scaler, series: &str) -> f64 {
-    let page = reqwest::get(format!("http://{}/metrics", scaler.addr))
-        .await
-        .expect("GET /metrics")
-        .text()
-        .await
-        .expect("metrics text");
-    page.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
-        .map_or(0.0, |v| v.trim().parse().expect("a number"))
+    scaler.metric(series).await.unwrap_or(0.0)
 }
 
 fn cycles(outcome: &str) -> String {

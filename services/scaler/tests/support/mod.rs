@@ -96,6 +96,19 @@ impl Scaler {
         self.task.abort();
     }
 
+    /// One series' value on its `/metrics`, when present.
+    pub async fn metric(&self, series: &str) -> Option<f64> {
+        let page = reqwest::get(format!("http://{}/metrics", self.addr))
+            .await
+            .expect("GET /metrics")
+            .text()
+            .await
+            .expect("metrics text");
+        page.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+            .map(|v| v.trim().parse().expect("a number"))
+    }
+
     /// `GET /v1/pools`.
     pub async fn pools(&self) -> serde_json::Value {
         let url = format!("http://{}/v1/pools", self.addr);
