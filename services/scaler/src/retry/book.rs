@@ -115,6 +115,9 @@ pub struct PipelineFacts {
     pub parent_project_id: u64,
 }
 
+/// The OOM-killed jobs of one pipeline, with their reports.
+type Kills<'a> = Vec<(&'a FailedJob, Report)>;
+
 /// What the shell should do next.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Plan {
@@ -503,7 +506,7 @@ impl Book {
     /// What to do now, for everything the log holds.
     pub fn plan(&self, settings: &RetrySection, now: OffsetDateTime) -> Vec<Plan> {
         let mut plans = Vec::new();
-        let mut pipelines: BTreeMap<UnitRef, Vec<(&FailedJob, Report)>> = BTreeMap::new();
+        let mut pipelines: BTreeMap<UnitRef, Kills<'_>> = BTreeMap::new();
         let mut runs: BTreeMap<UnitRef, String> = BTreeMap::new();
         let mut failed: Vec<&FailedJob> = self.failed.values().collect();
         failed.sort_by(|a, b| a.job.cmp(&b.job));
@@ -579,8 +582,7 @@ impl Book {
         // A child pipeline cannot be created on its own: its kills are
         // retried through the pipeline that triggered it, once, however many
         // of its children had kills.
-        let mut roots: BTreeMap<UnitRef, Vec<(UnitRef, Vec<(&FailedJob, Report)>)>> =
-            BTreeMap::new();
+        let mut roots: BTreeMap<UnitRef, Vec<(UnitRef, Kills<'_>)>> = BTreeMap::new();
         for (pipeline, jobs) in pipelines {
             let parent = self.pipelines.get(&pipeline).map_or(0, |f| f.parent);
             let root = if parent == 0 {
