@@ -773,3 +773,66 @@ async fn a_job_strategy_retry_says_it_cannot_raise_the_job_s_own_memory_limit() 
     );
     stack.stop().await;
 }
+
+#[tokio::test]
+async fn kills_in_two_child_pipelines_retry_their_parent_once() {
+    let stack = Stack::start(GITLAB_ONLY).await;
+    stack
+        .gitlab_pipeline(8000, "success", &[(9000, "success", None)])
+        .await;
+    stack
+        .usage(&report(9000, 1_000_000_000, 4_000_000_000, false))
+        .await;
+    // Generate pipeline 300 triggered children 301 and 302 (one stack
+    // each); both had a build killed.
+    for (child, job) in [(301u64, 6101u64), (302, 6102)] {
+        stack
+            .gitlab_child_pipeline(
+                child,
+                300,
+                "failed",
+                &[(job, "failed", Some("script_failure"))],
+            )
+            .await;
+        stack
+            .usage(&report(job, 2_000_000_000, 2_000_000_000, true))
+            .await;
+    }
+    let posts = wait_for_posts(&stack, 1).await;
+    assert_eq!(posts[0].1, "300", "RUNYARD_RETRY_OF names the parent");
+    let issued = eventually(WAIT, || async {
+        stack
+            .retry_events()
+            .await
+            .iter()
+            .find_map(|e| match &e.body {
+                Some(Body::RetryIssued(r)) => Some(r.clone()),
+                _ => None,
+            })
+    })
+    .await
+    .expect("issued");
+    assert_eq!(
+        issued.target.as_ref().map(|t| t.unit.as_str()),
+        Some("pipeline:300")
+    );
+    assert_eq!(
+        issued.jobs.len(),
+        2,
+        "one retry covers both children's kills"
+    );
+    // The hooks again: still one pipeline.
+    for (child, job) in [(301u64, 6101u64), (302, 6102)] {
+        stack
+            .gitlab_child_pipeline(
+                child,
+                300,
+                "failed",
+                &[(job, "failed", Some("script_failure"))],
+            )
+            .await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(pipeline_posts(&stack).len(), 1);
+    stack.stop().await;
+}

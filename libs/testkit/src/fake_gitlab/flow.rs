@@ -92,6 +92,8 @@ pub(super) struct Flow {
     jobs: BTreeMap<u64, Staged>,
     /// Job → the runner that took it.
     taken_by: BTreeMap<u64, u64>,
+    /// Child pipeline → the pipeline that triggered it.
+    parents: BTreeMap<u64, u64>,
     /// Projects that refuse pipeline variables
     /// (`ci_pipeline_variables_minimum_override_role = no_one_allowed`).
     pub(super) no_variables: BTreeSet<u64>,
@@ -233,11 +235,13 @@ impl GlState {
         };
         let status = self.flow_pipeline_status(pipeline_id);
         let path = Self::project_path(p.project_id);
-        let body = json!({
+        let parent = self.flow.parents.get(&pipeline_id).copied();
+        let mut body = json!({
             "object_kind": "pipeline",
             "object_attributes": {
                 "id": p.id, "iid": p.id, "ref": p.git_ref, "tag": false, "sha": p.sha,
-                "source": "push", "status": status, "stages": self.flow.stages.get(&pipeline_id),
+                "source": if parent.is_some() { "parent_pipeline" } else { "push" },
+                "status": status, "stages": self.flow.stages.get(&pipeline_id),
                 "created_at": gitlab_time(SystemTime::now()), "finished_at": null, "duration": null
             },
             "project": {
@@ -247,6 +251,17 @@ impl GlState {
             },
             "builds": builds
         });
+        if let Some(parent) = parent {
+            body["source_pipeline"] = json!({
+                "project": {
+                    "id": p.project_id,
+                    "web_url": format!("https://gitlab.example.com/{path}"),
+                    "path_with_namespace": path
+                },
+                "job_id": null,
+                "pipeline_id": parent
+            });
+        }
         self.flow.hooks.push(FakeGlWebhook {
             event: "Pipeline Hook".into(),
             uuid: uuid::Uuid::new_v4().to_string(),
@@ -469,6 +484,25 @@ impl FakeGitLab {
             st.release(id);
         }
         (pipeline_id, ids)
+    }
+
+    /// A trigger job of pipeline `parent` starts a child pipeline (a Spack
+    /// stack's): [`FakeGitLab::run_pipeline`] whose Pipeline Hooks say
+    /// `source: parent_pipeline` and name the parent in `source_pipeline`.
+    /// GitLab creates no child pipeline through the API: a retry of its
+    /// jobs goes through the parent.
+    pub fn run_child_pipeline(
+        &self,
+        project_id: u64,
+        parent: u64,
+        git_ref: &str,
+        stages: &[(&str, Vec<FakeGlStageJob>)],
+    ) -> (u64, Vec<u64>) {
+        let next = self.st().next_pipeline_id;
+        self.st().flow.parents.insert(next, parent);
+        let made = self.run_pipeline(project_id, git_ref, stages);
+        debug_assert_eq!(made.0, next);
+        made
     }
 
     /// Runner `runner_id` takes a job: the job must be `pending`, the
@@ -737,6 +771,37 @@ mod tests {
             gl.pipelines().iter().filter(|p| p.created_by_api).count(),
             1
         );
+    }
+
+    #[tokio::test]
+    async fn a_child_pipeline_s_hooks_name_its_parent() {
+        let gl = FakeGitLab::start().await;
+        let (parent, _) = gl.run_pipeline(
+            42,
+            "develop",
+            &[("generate", vec![FakeGlStageJob::new("g", &["x"])])],
+        );
+        let (child, _) = gl.run_child_pipeline(
+            42,
+            parent,
+            "develop",
+            &[("build", vec![FakeGlStageJob::new("b", &["x"])])],
+        );
+        let hooks = gl.take_webhooks();
+        let pipeline_hook = |id: u64| -> Value {
+            hooks
+                .iter()
+                .filter(|h| h.event == "Pipeline Hook")
+                .map(|h| serde_json::from_slice::<Value>(&h.body).unwrap_or_default())
+                .find(|v| v["object_attributes"]["id"] == id)
+                .unwrap_or_default()
+        };
+        let c = pipeline_hook(child);
+        assert_eq!(c["object_attributes"]["source"], "parent_pipeline");
+        assert_eq!(c["source_pipeline"]["pipeline_id"], parent);
+        let p = pipeline_hook(parent);
+        assert_eq!(p["object_attributes"]["source"], "push");
+        assert_eq!(p["source_pipeline"], Value::Null);
     }
 
     #[test]

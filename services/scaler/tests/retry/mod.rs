@@ -227,6 +227,31 @@ impl Stack {
         status: &str,
         builds: &[(u64, &str, Option<&str>)],
     ) {
+        self.gitlab_pipeline_of(pipeline_id, None, status, builds)
+            .await;
+    }
+
+    /// A Pipeline Hook of child pipeline `pipeline_id`, triggered by
+    /// `parent`, as GitLab sends it (`source: parent_pipeline` and the
+    /// parent in `source_pipeline`).
+    pub async fn gitlab_child_pipeline(
+        &self,
+        pipeline_id: u64,
+        parent: u64,
+        status: &str,
+        builds: &[(u64, &str, Option<&str>)],
+    ) {
+        self.gitlab_pipeline_of(pipeline_id, Some(parent), status, builds)
+            .await;
+    }
+
+    async fn gitlab_pipeline_of(
+        &self,
+        pipeline_id: u64,
+        parent: Option<u64>,
+        status: &str,
+        builds: &[(u64, &str, Option<&str>)],
+    ) {
         let mut hook: Value =
             serde_json::from_str(&runyard_testkit::fixture("gitlab_pipeline_failed.json"))
                 .expect("fixture");
@@ -234,6 +259,15 @@ impl Stack {
         hook["object_attributes"]["status"] = json!(status);
         hook["object_attributes"]["detailed_status"] = json!(status);
         hook["project"]["id"] = json!(34);
+        if let Some(parent) = parent {
+            hook["object_attributes"]["source"] = json!("parent_pipeline");
+            hook["source_pipeline"] = json!({
+                "project": {"id": 34, "web_url": "https://gitlab.example.com/ci/spack-packages",
+                            "path_with_namespace": "ci/spack-packages"},
+                "job_id": parent * 10,
+                "pipeline_id": parent
+            });
+        }
         let template = hook["builds"][1].clone();
         hook["builds"] = Value::Array(
             builds
