@@ -2,7 +2,7 @@
 //! runners, the clock) to decisions. No IO here; the engine carries the
 //! decisions out and the simulator runs the same code in virtual time.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use runyard_events::{Forge, JobStatus};
@@ -204,32 +204,43 @@ fn queues<'a>(
     pools: &[PoolSpec],
     balance: Balance,
 ) -> HashMap<String, Vec<&'a Job>> {
-    let mut room: HashMap<&str, i64> = HashMap::new();
-    let mut made_for: HashMap<&JobId, (&str, bool)> = HashMap::new();
-    for p in pools {
-        room.insert(&p.name, i64::from(p.max_runners));
+    let mut jobs: Vec<&Job> = world.jobs.values().filter(|j| j.is_queued()).collect();
+    jobs.sort_by(|a, b| a.queued_at.cmp(&b.queued_at).then(a.id.cmp(&b.id)));
+    let candidates: Vec<Vec<&PoolSpec>> = jobs
+        .iter()
+        .map(|j| candidate_pools(pools, j, balance))
+        .collect();
+    let mut q: HashMap<String, Vec<&Job>> = HashMap::new();
+    // No job has a second pool to spill over to: nothing to count (the
+    // common case, and the policy runs on every event).
+    if candidates.iter().all(|c| c.len() <= 1) {
+        for (job, c) in jobs.into_iter().zip(&candidates) {
+            if let Some(pool) = c.first() {
+                q.entry(pool.name.clone()).or_default().push(job);
+            }
+        }
+        return q;
     }
+    let queued: HashSet<&JobId> = jobs.iter().map(|j| &j.id).collect();
+    let mut room: HashMap<&str, i64> = pools
+        .iter()
+        .map(|p| (p.name.as_str(), i64::from(p.max_runners)))
+        .collect();
+    let mut made_for: HashMap<&JobId, (&str, bool)> = HashMap::new();
     for r in world.runners.values() {
-        let queued_for = r
-            .job
-            .as_ref()
-            .and_then(|id| world.jobs.get(id))
-            .is_some_and(Job::is_queued);
+        let queued_for = r.job.as_ref().filter(|id| queued.contains(id));
         if let Some(left) = room.get_mut(r.pool.as_str()) {
             // A live runner takes a place; a free one gives it back (it
             // takes a queued job without a new runner).
-            *left -= i64::from(r.is_alive()) - i64::from(r.is_unassigned() && !queued_for);
+            *left -= i64::from(r.is_alive()) - i64::from(r.is_unassigned() && queued_for.is_none());
         }
-        if let Some(job) = &r.job {
+        if let Some(job) = queued_for {
             let serving = r.is_unassigned() || r.phase == Phase::Failed;
             let e = made_for.entry(job).or_insert((r.pool.as_str(), false));
             e.1 |= serving;
         }
     }
-    let mut jobs: Vec<&Job> = world.jobs.values().filter(|j| j.is_queued()).collect();
-    jobs.sort_by(|a, b| a.queued_at.cmp(&b.queued_at).then(a.id.cmp(&b.id)));
-    let mut q: HashMap<String, Vec<&Job>> = HashMap::new();
-    for job in jobs {
+    for (job, candidates) in jobs.into_iter().zip(candidates) {
         let pool = match made_for.get(&job.id) {
             Some(&(pool, serving)) => {
                 if !serving && let Some(left) = room.get_mut(pool) {
@@ -238,7 +249,6 @@ fn queues<'a>(
                 pool.to_owned()
             }
             None => {
-                let candidates = candidate_pools(pools, job, balance);
                 let Some(chosen) = candidates
                     .iter()
                     .find(|p| room.get(p.name.as_str()).is_some_and(|left| *left > 0))
