@@ -265,6 +265,22 @@ async fn shuffled_and_duplicated_events_give_the_right_rows() {
     db.drop_db().await;
 }
 
+/// Publishes `job`'s observation (`word`, received `secs` after the base
+/// time), waits until `applied` events are in, and returns the job's status.
+async fn status_after(
+    bus: &Bus,
+    url: &str,
+    applied: i64,
+    job: u64,
+    (status, word, secs): (JobStatus, &str, i64),
+) -> i16 {
+    publish(bus, &[synth::observation(job, status, word, secs)]).await;
+    let p = wait_applied(url, applied).await;
+    let got = status_and_queued_at(&p, job).await.0;
+    p.close().await;
+    got
+}
+
 #[tokio::test]
 async fn queued_and_waiting_alternate_and_a_gitlab_created_job_waits_in_the_database() {
     let nats = TestNats::get().await;
@@ -272,67 +288,33 @@ async fn queued_and_waiting_alternate_and_a_gitlab_created_job_waits_in_the_data
     let db = TestDb::new();
     let bus = bus(&nats, &ns).await;
     let t = start(config(&nats.url(), &ns, &db.url)).await;
+    let url = db.url.as_str();
     // Job 1: waited for an approval, then queued; the deliveries arrive
     // one by one (each its own transaction against the stored row).
-    publish(
-        &bus,
-        &[synth::observation(1, JobStatus::Waiting, "waiting", 1)],
-    )
-    .await;
-    let p = wait_applied(&db.url, 1).await;
-    assert_eq!(status_and_queued_at(&p, 1).await.0, 2);
-    publish(
-        &bus,
-        &[synth::observation(1, JobStatus::Queued, "queued", 60)],
-    )
-    .await;
-    let p = wait_applied(&db.url, 2).await;
-    assert_eq!(status_and_queued_at(&p, 1).await.0, 1, "approved: queued");
+    let waiting = (JobStatus::Waiting, "waiting", 1);
+    assert_eq!(status_after(&bus, url, 1, 1, waiting).await, 2);
+    let queued = (JobStatus::Queued, "queued", 60);
+    assert_eq!(
+        status_after(&bus, url, 2, 1, queued).await,
+        1,
+        "approved: queued"
+    );
     // An older `waiting` redelivered late does not take it back.
-    publish(
-        &bus,
-        &[synth::observation(1, JobStatus::Waiting, "waiting", 0)],
-    )
-    .await;
-    let p = wait_applied(&db.url, 3).await;
-    assert_eq!(status_and_queued_at(&p, 1).await.0, 1);
+    let late = (JobStatus::Waiting, "waiting", 0);
+    assert_eq!(status_after(&bus, url, 3, 1, late).await, 1);
     // Job 2: GitLab's `created` hook arrives after `pending`.
-    publish(
-        &bus,
-        &[synth::observation(2, JobStatus::Queued, "pending", 5)],
-    )
-    .await;
-    let p = wait_applied(&db.url, 4).await;
-    publish(
-        &bus,
-        &[synth::observation(2, JobStatus::Waiting, "created", 9)],
-    )
-    .await;
-    let p2 = wait_applied(&db.url, 5).await;
-    assert_eq!(status_and_queued_at(&p2, 2).await.0, 1, "still pending");
+    status_after(&bus, url, 4, 2, (JobStatus::Queued, "pending", 5)).await;
+    let created = (JobStatus::Waiting, "created", 9);
+    assert_eq!(
+        status_after(&bus, url, 5, 2, created).await,
+        1,
+        "still pending"
+    );
     // Job 3: running, then a late `waiting`: running stays.
-    publish(
-        &bus,
-        &[synth::observation(
-            3,
-            JobStatus::InProgress,
-            "in_progress",
-            5,
-        )],
-    )
-    .await;
-    wait_applied(&db.url, 6).await;
-    publish(
-        &bus,
-        &[synth::observation(3, JobStatus::Waiting, "waiting", 99)],
-    )
-    .await;
-    let p3 = wait_applied(&db.url, 7).await;
-    assert_eq!(status_and_queued_at(&p3, 3).await.0, 3);
+    status_after(&bus, url, 6, 3, (JobStatus::InProgress, "in_progress", 5)).await;
+    let late = (JobStatus::Waiting, "waiting", 99);
+    assert_eq!(status_after(&bus, url, 7, 3, late).await, 3);
     t.stop().await;
-    for p in [p, p2, p3] {
-        p.close().await;
-    }
     db.drop_db().await;
 }
 

@@ -689,16 +689,8 @@ async fn a_retry_left_half_done_by_a_stopped_replica_is_finished_exactly_once() 
     stack.stop().await;
 }
 
-/// One good build on `develop` (so the kill is under a known limit), then
-/// job 4701 of pipeline 1234 killed at 2 GB: the retry issued for it.
-async fn one_build_then_a_kill(stack: &Stack) -> runyard_events::RetryIssued {
-    stack
-        .gitlab_pipeline(8000, "success", &[(9000, "success", None)])
-        .await;
-    stack
-        .usage(&report(9000, 1_000_000_000, 4_000_000_000, false))
-        .await;
-    kill(stack, 1234, 4701, 2_000_000_000, false).await;
+/// The first `RetryIssued` in the log, once there is one.
+async fn first_issued(stack: &Stack) -> runyard_events::RetryIssued {
     eventually(WAIT, || async {
         stack
             .retry_events()
@@ -711,6 +703,19 @@ async fn one_build_then_a_kill(stack: &Stack) -> runyard_events::RetryIssued {
     })
     .await
     .unwrap_or_else(|| panic!("no retry issued\n{}", stack.log("scaler")))
+}
+
+/// One good build on `develop` (so the kill is under a known limit), then
+/// job 4701 of pipeline 1234 killed at 2 GB: the retry issued for it.
+async fn one_build_then_a_kill(stack: &Stack) -> runyard_events::RetryIssued {
+    stack
+        .gitlab_pipeline(8000, "success", &[(9000, "success", None)])
+        .await;
+    stack
+        .usage(&report(9000, 1_000_000_000, 4_000_000_000, false))
+        .await;
+    kill(stack, 1234, 4701, 2_000_000_000, false).await;
+    first_issued(stack).await
 }
 
 #[tokio::test]
@@ -800,18 +805,7 @@ async fn kills_in_two_child_pipelines_retry_their_parent_once() {
     }
     let posts = wait_for_posts(&stack, 1).await;
     assert_eq!(posts[0].1, "300", "RUNYARD_RETRY_OF names the parent");
-    let issued = eventually(WAIT, || async {
-        stack
-            .retry_events()
-            .await
-            .iter()
-            .find_map(|e| match &e.body {
-                Some(Body::RetryIssued(r)) => Some(r.clone()),
-                _ => None,
-            })
-    })
-    .await
-    .expect("issued");
+    let issued = first_issued(&stack).await;
     assert_eq!(
         issued.target.as_ref().map(|t| t.unit.as_str()),
         Some("pipeline:300")
