@@ -13,7 +13,7 @@
 mod runners;
 pub use runners::{RunMode, StartError};
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
@@ -144,6 +144,9 @@ struct GlState {
     /// Statuses the next `POST`s answer with after doing their work.
     lost_answers: VecDeque<u16>,
     faults: VecDeque<Fault>,
+    /// Per-endpoint limits (`"POST /api/v4/user/runners"`): refusals left
+    /// and the `Retry-After` each gives.
+    throttled: HashMap<String, (u32, u64)>,
     budget: Budget,
     requests: Vec<RecordedRequest>,
     /// Pipelines run as GitLab runs them, and the hooks they sent.
@@ -175,6 +178,7 @@ impl FakeGitLab {
             pipeline_status: BTreeMap::new(),
             lost_answers: VecDeque::new(),
             faults: VecDeque::new(),
+            throttled: HashMap::new(),
             budget: Budget::new(2000, Duration::from_secs(60)),
             requests: Vec::new(),
             flow: flow::Flow::default(),
@@ -262,6 +266,17 @@ impl FakeGitLab {
                 retry_after: retry_after_secs,
             });
         }
+    }
+
+    /// The next `n` requests to `method path` (`"POST",
+    /// "/api/v4/user/runners"`) answer `429` with `Retry-After:
+    /// retry_after_secs`, as one of GitLab's per-endpoint limits does;
+    /// other requests go on.
+    pub fn throttle(&self, method: &str, path: &str, n: u32, retry_after_secs: u64) {
+        self.st().throttled.insert(
+            format!("{} {path}", method.to_ascii_uppercase()),
+            (n, retry_after_secs),
+        );
     }
 
     /// The next `n` requests answer `status` (`5xx`, `4xx`) without doing
@@ -408,6 +423,12 @@ fn route(
     }
     if !st.budget.spend() {
         return too_many(st.budget.seconds_to_reset());
+    }
+    if let Some((left, retry_after)) = st.throttled.get_mut(&format!("{method} {path}"))
+        && *left > 0
+    {
+        *left -= 1;
+        return too_many(*retry_after);
     }
     let Some(rest) = path.strip_prefix("/api/v4/") else {
         return message(404, "404 Not Found");

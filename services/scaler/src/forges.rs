@@ -4,9 +4,10 @@
 //! GitHub credential serves it (enterprise runners need a personal access
 //! token; every other scope uses the App when one is configured).
 //!
-//! A create never fails for GitHub's rate limit: each GitHub call it makes
-//! waits for its budget however long that takes ([`Forges::wait_out`]), in
-//! the order the creates came, and is sent when the budget returns.
+//! A create never fails for a forge's rate limit: each GitHub call it makes,
+//! and GitLab's runner registration, waits for its budget however long that
+//! takes ([`Forges::wait_out`]), in the order the creates came, and is sent
+//! when the budget returns.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -75,7 +76,7 @@ pub struct Forges {
     pub waiting: Arc<Waiting>,
 }
 
-/// Creates waiting for GitHub's rate limit, one queue per endpoint kind
+/// Creates waiting for a forge's rate limit, one queue per endpoint kind
 /// (so a spent `core` budget does not hold back JIT configs, which spend
 /// `actions_runner_registration`). The first in a queue waits on the clock;
 /// the others wait for their turn, so they are served in the order they
@@ -181,6 +182,9 @@ pub fn is_instance_of(name: &str, pool: &str) -> bool {
         .is_some_and(|h| h.len() == 10 && h.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
 }
 
+/// The queue of GitLab runner registrations waiting for a budget.
+const GITLAB_CREATE_RUNNER: &str = "gitlab_create_runner";
+
 /// Rate-limited calls wait and go again this many times before the error
 /// counts (a rate limit is the forge asking for patience, not a failure).
 const RATE_LIMIT_PATIENCE: u32 = 8;
@@ -234,11 +238,47 @@ impl Forges {
         github: &GitHubClient,
         scope: &GitHubScope,
         kind: &'static str,
-        mut call: F,
+        call: F,
     ) -> Result<T, ApiError>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, ApiError>>,
+    {
+        self.in_line(kind, call, || async move {
+            if let Err(error) = github.refresh_rate_limits(scope).await {
+                tracing::debug!(%error, "reading the rate limits failed");
+            }
+        })
+        .await
+    }
+
+    /// [`Forges::wait_out`] for GitLab, which has no free endpoint that
+    /// tells a budget's return: the first in the queue sends the call again
+    /// when `Retry-After` (or its `RateLimit-Reset`) has passed, at least
+    /// every [`Forges::rate_limit_probe`].
+    async fn gitlab_wait_out<T, F, Fut>(&self, kind: &'static str, call: F) -> Result<T, ApiError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, ApiError>>,
+    {
+        self.in_line(kind, call, || std::future::ready(())).await
+    }
+
+    /// Sends `call`; when it is rate limited, or others already wait on
+    /// `kind`, waits in `kind`'s queue and sends it again until the answer
+    /// is not a rate limit. `probe` runs after a nap shorter than the
+    /// announced wait, to learn early whether the budget returned.
+    async fn in_line<T, F, Fut, P, PFut>(
+        &self,
+        kind: &'static str,
+        mut call: F,
+        probe: P,
+    ) -> Result<T, ApiError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, ApiError>>,
+        P: Fn() -> PFut,
+        PFut: Future<Output = ()>,
     {
         let queue = self.waiting.queue(kind);
         if queue.waiting.load(Ordering::SeqCst) == 0 {
@@ -249,7 +289,7 @@ impl Forges {
         }
         let _in_queue = InQueue::enter(&queue);
         let _turn = queue.turn.lock().await;
-        let probe = if self.rate_limit_probe.is_zero() {
+        let every = if self.rate_limit_probe.is_zero() {
             Duration::from_secs(60)
         } else {
             self.rate_limit_probe
@@ -257,22 +297,19 @@ impl Forges {
         loop {
             match call().await {
                 Err(ApiError::RateLimited { retry_after }) => {
-                    // Never a busy loop: a reset GitHub dates in the past
-                    // of our clock reads as "retry after 0".
-                    let floor = probe.min(Duration::from_secs(1));
-                    let nap = retry_after.clamp(floor, probe);
+                    // Never a busy loop: a reset dated in the past of our
+                    // clock reads as "retry after 0".
+                    let floor = every.min(Duration::from_secs(1));
+                    let nap = retry_after.clamp(floor, every);
                     tracing::info!(
                         endpoint = kind,
-                        %scope,
                         retry_after_s = retry_after.as_secs(),
                         waiting = queue.waiting.load(Ordering::SeqCst),
-                        "github budget spent; the create waits for it"
+                        "forge budget spent; the create waits for it"
                     );
                     tokio::time::sleep(nap).await;
-                    if retry_after > nap
-                        && let Err(error) = github.refresh_rate_limits(scope).await
-                    {
-                        tracing::debug!(%error, "reading the rate limits failed");
+                    if retry_after > nap {
+                        probe().await;
                     }
                 }
                 other => return other,
@@ -297,7 +334,11 @@ impl Forges {
         if pool.forge == "gitlab" {
             let gl = self.gitlab()?;
             let kind = gitlab_type(&pool.scope);
-            let runner = patiently(|| gl.create_runner(kind, &labels, false, name)).await?;
+            let runner = self
+                .gitlab_wait_out(GITLAB_CREATE_RUNNER, || {
+                    gl.create_runner(kind, &labels, false, name)
+                })
+                .await?;
             return Ok(Registration {
                 jit_config: runner.token,
                 runner_id: runner.id,

@@ -334,3 +334,43 @@ async fn a_registration_whose_answer_was_lost_is_removed() {
     assert_eq!(gitlab.runners().len(), 1);
     scaler.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_throttled_registration_waits_out_gitlabs_limit_and_fails_no_attempt() {
+    let stack = Stack::new(POOL).await;
+    let gitlab = FakeGitLab::start().await;
+    // GitLab's limit refuses the registration twelve times, each with
+    // `Retry-After: 1`: more waits than a create used to allow itself.
+    let register = "/api/v4/user/runners";
+    gitlab.throttle("POST", register, 12, 1);
+    let a = gitlab.add_job(34, FakeGlJob::pending(77, "compile", &["docker"]));
+    let scaler = start(&stack, &gitlab).await;
+    deliver(&stack, a, JobStatus::Queued, "").await;
+    registered(&gitlab).await;
+    assert_eq!(gitlab.runners()[0].description, runner_for(a));
+    let answers: Vec<u16> = gitlab
+        .requests()
+        .iter()
+        .filter(|r| r.method == "POST" && r.path == register)
+        .map(|r| r.status)
+        .collect();
+    assert_eq!(answers.len(), 13, "twelve refusals, then the registration");
+    assert!(answers[..12].iter().all(|s| *s == 429), "{answers:?}");
+    assert!((200..300).contains(&answers[12]), "{answers:?}");
+    until("its instance running", || stack.live_processes().len() == 1).await;
+    let events = stack.events().await;
+    let failed = events
+        .iter()
+        .filter(|e| matches!(e.body, Some(Body::RunnerFailed(_))))
+        .count();
+    assert_eq!(failed, 0, "waiting for GitLab's limit is no failed attempt");
+    let attempts: Vec<u32> = events
+        .iter()
+        .filter_map(|e| match &e.body {
+            Some(Body::RunnerCreated(c)) => Some(c.attempt),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(attempts, [1], "made at the first attempt");
+    scaler.stop().await;
+}
