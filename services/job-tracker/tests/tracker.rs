@@ -1590,8 +1590,8 @@ async fn a_retry_event_with_an_id_that_cannot_be_stored_is_dead_lettered() {
     all.push(retry_events::gitlab_job_refused());
     publish(&bus, &all).await;
     let t = start(config(&nats.url(), &ns, &db.url)).await;
-    // A refused event is recorded as applied, so it is not retried forever.
-    let p = wait_applied(&db.url, 3).await;
+    // The refused event is dead-lettered, not recorded as applied.
+    let p = wait_applied(&db.url, 2).await;
     let client = async_nats::connect(nats.url()).await.unwrap();
     let dead = eventually(Duration::from_secs(20), || {
         let client = client.clone();
@@ -2308,4 +2308,80 @@ async fn a_rotated_password_stalls_the_tracker_and_dead_letters_nothing() {
         },
     )
     .await;
+}
+
+#[tokio::test]
+async fn an_event_whose_dead_letter_is_refused_is_dead_lettered_on_redelivery() {
+    let nats = TestNats::get().await;
+    let ns = unique_namespace();
+    let db = TestDb::new();
+    let bus = bus(&nats, &ns).await;
+    // One event that cannot be projected (a new pipeline id beyond
+    // bigint) among 42 that can.
+    let mut events = retry_events::gitlab_pipeline_issued(u64::MAX);
+    let bad = events[1].id.clone();
+    events.push(retry_events::gitlab_job_refused());
+    events.extend(shuffled_lifecycles(10, 29));
+    publish(&bus, &events).await;
+    // The stream takes no more messages: the dead letter is refused.
+    let js = bus.jetstream();
+    let mut stream = js.get_stream(ns.events_stream()).await.unwrap();
+    let open = stream.info().await.unwrap().config.clone();
+    let held = stream.info().await.unwrap().state.messages;
+    js.update_stream(async_nats::jetstream::stream::Config {
+        max_messages: i64::try_from(held).unwrap(),
+        discard: async_nats::jetstream::stream::DiscardPolicy::New,
+        ..open.clone()
+    })
+    .await
+    .unwrap();
+
+    // A tracker applies the rest, keeps trying to store the dead letter,
+    // and dies (kill -9) before it can.
+    let child = spawn_batch_tracker(&nats.url(), &ns, &db.url);
+    let applied = applied_beyond(&db.url, 0).await;
+    assert_eq!(applied, 42, "the refused event is not recorded as applied");
+    let p = pool(&db.url).await;
+    let recorded: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM applied_events WHERE event_id = $1")
+            .bind(&bad)
+            .fetch_one(&p)
+            .await
+            .unwrap();
+    assert_eq!(recorded, 0);
+    drop(child);
+    assert!(dead_letters(&nats, &ns).await.is_empty());
+
+    // Room again: the next tracker gets the message again and dead-letters
+    // it, rather than acking it as a duplicate.
+    js.update_stream(open).await.unwrap();
+    let t = start(config(&nats.url(), &ns, &db.url)).await;
+    let dead = eventually(WAIT, || {
+        let (nats, ns) = (&nats, &ns);
+        async move {
+            let dead = dead_letters(nats, ns).await;
+            (!dead.is_empty()).then_some(dead)
+        }
+    })
+    .await
+    .expect("dead-lettered on redelivery");
+    assert_eq!(dead.len(), 1);
+    let decoded = <Event as prost::Message>::decode(dead[0].payload.clone()).unwrap();
+    assert_eq!(decoded.id, bad);
+    let reason = dead[0].headers.as_ref().unwrap();
+    let reason = reason.get("Runyard-Deadletter-Reason").unwrap().as_str();
+    assert!(reason.contains("new_pipeline_id"), "{reason}");
+    assert_eq!(
+        metric(
+            t.addr,
+            r#"runyard_tracker_events_total{result="deadlettered"}"#
+        )
+        .await,
+        1.0
+    );
+    assert_eq!(count(&p, "applied_events").await, 42);
+    t.stop().await;
+    assert_eq!(dead_letters(&nats, &ns).await.len(), 1);
+    p.close().await;
+    db.drop_db().await;
 }
