@@ -2385,3 +2385,42 @@ async fn an_event_whose_dead_letter_is_refused_is_dead_lettered_on_redelivery() 
     p.close().await;
     db.drop_db().await;
 }
+
+#[tokio::test]
+async fn a_swap_that_fails_half_way_renames_nothing() {
+    let live = TestDb::new();
+    runyard_store::migrate(&live.url).await.unwrap();
+    let admin = live.sibling("postgres");
+    let old = format!("{}_old", live.name);
+    // The second rename fails (no such database) after the first one ran
+    // in the same transaction.
+    let missing = format!("{}_missing", live.name);
+    let error = rebuild::swap(&admin, &live.name, &missing, &old)
+        .await
+        .unwrap_err();
+    assert!(
+        format!("{error:#}").contains("nothing was renamed"),
+        "{error:#}"
+    );
+    let admin_pool = pool(&admin).await;
+    let names: Vec<String> =
+        sqlx::query_scalar("SELECT datname FROM pg_database WHERE datname LIKE $1 ORDER BY 1")
+            .bind(format!("{}%", live.name))
+            .fetch_all(&admin_pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        names,
+        vec![live.name.clone()],
+        "the live database is still live"
+    );
+    let p = pool(&live.url).await;
+    assert_eq!(
+        count(&p, "applied_events").await,
+        0,
+        "and still a projection"
+    );
+    p.close().await;
+    admin_pool.close().await;
+    live.drop_db().await;
+}
