@@ -7,10 +7,14 @@
 //! that can never be applied, once its dead letter is stored. Everything
 //! else is left to JetStream's redelivery:
 //!
-//! - a transient failure ([`HandlerError::Transient`]) retries the batch with
-//!   a jittered back-off, keeping its messages with progress acks;
-//! - a permanent failure ([`HandlerError::Permanent`]) splits the batch and
-//!   applies it one event at a time, so only the culprit is dead-lettered;
+//! - a transient failure ([`HandlerError::Transient`]: the environment, not
+//!   an event) stalls the consumer: the batch is retried with a jittered
+//!   back-off, keeping its messages with progress acks, for as long as it
+//!   takes, and [`ConsumerStatus::is_stalled`] (and the `stalled` gauge)
+//!   says so until a batch succeeds again; nothing is dead-lettered for it;
+//! - a permanent failure ([`HandlerError::Permanent`]: something in one
+//!   event) splits the batch and applies it one event at a time, so only
+//!   the culprit is dead-lettered;
 //! - events the handler rejects are dead-lettered, in either path;
 //! - undecodable messages (or events without id) come back a bounded number
 //!   of times, then are dead-lettered;
@@ -23,7 +27,7 @@
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_nats::jetstream;
@@ -174,13 +178,17 @@ pub type Rejected = Vec<(u64, String)>;
 /// Why a whole batch failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum HandlerError {
-    /// Worth retrying as is (a database outage, a conflict): the batch is
-    /// retried with back-off until it succeeds or shutdown's grace is over.
+    /// The environment failed, not an event (a database outage, read-only
+    /// or missing schema, refused credentials or permissions, a conflict):
+    /// the consumer stalls, retrying the batch with back-off until it
+    /// succeeds or shutdown's grace is over. Never dead-letters anything,
+    /// so a broken environment cannot empty the log into dead letters.
     #[error("transient failure: {0}")]
     Transient(String),
-    /// Something in the batch will never succeed: the batch is split and
-    /// applied one event at a time; an event failing permanently on its own
-    /// is dead-lettered with this reason.
+    /// Something in one event of the batch will never succeed, whatever the
+    /// environment: the batch is split and applied one event at a time; an
+    /// event failing permanently on its own is dead-lettered with this
+    /// reason.
     #[error("permanent failure: {0}")]
     Permanent(String),
 }
@@ -221,6 +229,7 @@ pub struct ConsumerStatus(Arc<StatusInner>);
 #[derive(Debug)]
 struct StatusInner {
     ready: watch::Sender<bool>,
+    stalled: AtomicBool,
     last_acked: AtomicU64,
 }
 
@@ -228,6 +237,7 @@ impl ConsumerStatus {
     fn new() -> Self {
         Self(Arc::new(StatusInner {
             ready: watch::Sender::new(false),
+            stalled: AtomicBool::new(false),
             last_acked: AtomicU64::new(0),
         }))
     }
@@ -235,6 +245,13 @@ impl ConsumerStatus {
     /// True while the consumer is bound and pulling.
     pub fn is_ready(&self) -> bool {
         *self.0.ready.borrow()
+    }
+
+    /// True from a transient handler failure until the handler next
+    /// succeeds (or fails permanently): the consumer is retrying the batch
+    /// in hand and applies nothing meanwhile.
+    pub fn is_stalled(&self) -> bool {
+        self.0.stalled.load(Ordering::SeqCst)
     }
 
     /// Readiness as it changes.

@@ -420,7 +420,15 @@ async fn transient_failures_retry_the_batch_kept_with_progress_acks() {
     // The database is "down" until the batch has been kept past its ack
     // wait by progress acks.
     let seen = progress.clone();
+    // What the stalled gauge said at each retry.
+    let gauge = metrics.clone();
+    let stalled_at_retries = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let stalled = stalled_at_retries.clone();
+    let first = std::sync::atomic::AtomicBool::new(true);
     let h = Scripted::new(move |_: &[Delivery]| {
+        if !first.swap(false, Ordering::SeqCst) {
+            stalled.lock().unwrap().push(gauge.stalled.get());
+        }
         if seen.load(Ordering::SeqCst) < 3 * 3 {
             Err(HandlerError::Transient("connection refused".into()))
         } else {
@@ -430,9 +438,17 @@ async fn transient_failures_retry_the_batch_kept_with_progress_acks() {
     let mut c = Consumer::bind(&s.bus, cfg, Some(metrics.clone()))
         .await
         .unwrap();
+    assert!(!c.status().is_stalled());
     let report = next(&mut c, &h).await;
     assert_eq!(report.handled, vec![1, 2, 3]);
     assert!(h.calls().len() > 1, "retried");
+    let stalled = stalled_at_retries.lock().unwrap().clone();
+    assert!(
+        !stalled.is_empty() && stalled.iter().all(|g| *g == 1),
+        "stalled through every retry: {stalled:?}"
+    );
+    assert_eq!(metrics.stalled.get(), 0, "no longer stalled once applied");
+    assert!(!c.status().is_stalled());
     assert!(h.calls().iter().all(|b| b == &[1, 2, 3]), "as one batch");
     assert_eq!(metrics.apply_failures.get(), h.calls().len() as u64 - 1);
     let i = acked_through(&s.bus, "transient", 3).await;

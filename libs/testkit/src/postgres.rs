@@ -79,6 +79,23 @@ impl PrivatePostgres {
         format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
     }
 
+    /// Makes every role but `postgres` prove its password (SCRAM) over TCP,
+    /// as a production server does, so a test can rotate a password for
+    /// real; `postgres` stays trusted for the test's own setup. Takes
+    /// effect at the next configuration reload (`SELECT pg_reload_conf()`).
+    pub fn require_passwords(&self) {
+        Self::shell(
+            &format!(
+                "printf '%s\\n' 'local all all trust' \\
+                   'host all postgres 127.0.0.1/32 trust' \\
+                   'host all all 127.0.0.1/32 scram-sha-256' \\
+                   > \"$RUNYARD_STATE_DIR/postgres/{}/data/pg_hba.conf\"",
+                self.name
+            ),
+            &[],
+        );
+    }
+
     /// Stops it as a crash would (`immediate`: no checkpoint, open
     /// transactions lost) and starts it again on the same port.
     pub fn crash_and_restart(&self, down: Duration) {

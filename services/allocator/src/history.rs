@@ -93,12 +93,11 @@ pub async fn load(state: &State) -> Result<(HashSet<String>, time::OffsetDateTim
     let outcome = loop {
         let row = match rows.next().await {
             Some(Ok(row)) => row,
-            Some(Err(sqlx::Error::Database(e))) if e.code().as_deref() == Some("42P01") => {
-                tracing::warn!(
-                    "no projection yet (usage_samples missing): starting without history"
-                );
-                break Ok(());
-            }
+            // A missing table (42P01) is no proof of an empty history: the
+            // job-tracker may not have migrated yet, or a restore or a
+            // rename left it elsewhere. Starting without it would serve
+            // defaults for good, since the follow only reads recent
+            // events; the caller retries until the projection is there.
             Some(Err(e)) => break Err(e),
             None => break Ok(()),
         };
@@ -435,6 +434,50 @@ mod tests {
         let answer = app.state.model_read().recommend(&w);
         assert_eq!(answer.basis.samples, 4, "{:?}", answer.basis);
         assert_eq!(app.state.model_read().stats(), (1, 4));
+        db.drop_db().await;
+    }
+
+    #[tokio::test]
+    async fn a_missing_usage_table_fails_the_load_rather_than_loading_nothing() {
+        let nats = TestNats::get().await;
+        let db = TestDb::new();
+        runyard_store::migrate(&db.url).await.unwrap();
+        let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
+        sqlx::query(
+            "INSERT INTO usage_samples (forge, instance, job_id, attempt, event_id, ref, workload,
+                workload_key, peak_memory_bytes, memory_limit_bytes, cpu_seconds, wall_seconds,
+                oom_killed, reported_at)
+             SELECT 'gitlab', 'ci.example', j, 1, 'usage:gitlab:ci.example:' || j || ':1',
+                'develop', '{\"package\": \"zlib\"}', 'package=zlib', 1000000000 + j * 1000000,
+                4000000000, 60, 30, false, now() - (j || ' seconds')::interval
+             FROM generate_series(1, 3) AS j",
+        )
+        .execute(&pool)
+        .await
+        .unwrap();
+        confirm_jobs(&pool, 1..=3, "develop").await;
+        sqlx::query("ALTER TABLE usage_samples RENAME TO usage_samples_elsewhere")
+            .execute(&pool)
+            .await
+            .unwrap();
+        let app = app(&nats, &db, Config::default()).await;
+        let error = super::load(&app.state).await.unwrap_err();
+        let code = match &error {
+            sqlx::Error::Database(e) => e.code().map(|c| c.into_owned()),
+            _ => None,
+        };
+        assert_eq!(code.as_deref(), Some("42P01"), "{error}");
+        sqlx::query("ALTER TABLE usage_samples_elsewhere RENAME TO usage_samples")
+            .execute(&pool)
+            .await
+            .unwrap();
+        pool.close().await;
+        super::load(&app.state).await.unwrap();
+        assert_eq!(
+            app.state.model_read().stats(),
+            (1, 3),
+            "the history, once back"
+        );
         db.drop_db().await;
     }
 

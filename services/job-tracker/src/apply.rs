@@ -51,8 +51,10 @@ pub struct Applied {
 
 /// Applies `batch` in one transaction. Events whose ids were applied before
 /// (by this or another replica, or earlier in the batch) have no effect.
-/// Events that cannot be projected are recorded as applied (so they are not
-/// retried forever) and returned in [`Applied::rejected`] for dead-lettering.
+/// Events that cannot be projected are returned in [`Applied::rejected`]
+/// for dead-lettering and are *not* recorded as applied: until their dead
+/// letter is stored their message is not acked, and its next delivery must
+/// be rejected (and dead-lettered) again rather than taken for a duplicate.
 pub async fn apply_batch(
     pool: &PgPool,
     batch: &[impl ToApply + Sync],
@@ -96,11 +98,23 @@ pub async fn apply_in(
         duplicates: batch.len() - fresh.len(),
         ..Applied::default()
     };
+    let mut rejected_ids = Vec::new();
     for i in unique.iter().filter(|i| fresh.contains(&i.event().id)) {
         match delta.add(i.event()) {
             Ok(()) => applied.new += 1,
-            Err(Unprojectable(reason)) => applied.rejected.push((i.seq(), reason)),
+            Err(Unprojectable(reason)) => {
+                applied.rejected.push((i.seq(), reason));
+                rejected_ids.push(i.event().id.as_str());
+            }
         }
+    }
+    if !rejected_ids.is_empty() {
+        // Recorded above with the rest; rare enough to take back here
+        // rather than projecting twice.
+        sqlx::query("DELETE FROM applied_events WHERE event_id = ANY($1)")
+            .bind(&rejected_ids)
+            .execute(&mut **tx)
+            .await?;
     }
     upsert_jobs(tx, &delta).await?;
     upsert_pipelines(tx, &delta).await?;

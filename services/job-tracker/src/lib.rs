@@ -222,14 +222,22 @@ async fn readyz(AxumState(state): AxumState<State>) -> Response {
     let nats = state.bus.is_connected();
     let db = state.db_ok.load(Ordering::SeqCst);
     let consumer = state.consumer.is_ready();
-    let status = if nats && db && consumer {
+    // Stalled: the database answers (`SELECT 1` may well pass) but refuses
+    // the batch in hand — read-only, schema or permission missing.
+    let stalled = state.consumer.is_stalled();
+    let status = if nats && db && consumer && !stalled {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
     (
         status,
-        axum::Json(json!({"nats_connected": nats, "database_ok": db, "consumer_ready": consumer})),
+        axum::Json(json!({
+            "nats_connected": nats,
+            "database_ok": db,
+            "consumer_ready": consumer,
+            "stalled": stalled,
+        })),
     )
         .into_response()
 }

@@ -120,6 +120,71 @@ pub async fn pool(url: &str, size: u32) -> anyhow::Result<PgPool> {
         .context("connecting to the projection database")
 }
 
+/// How many times [`swap`] tries when a database is still in use.
+const SWAP_ATTEMPTS: u32 = 5;
+
+/// Renames `live` to `old` and `target` to `live` on the server `admin_url`
+/// names, in one transaction: either both renames happen or neither does,
+/// so a failure (a database still in use, `target` missing, a name taken)
+/// never leaves the server without a database called `live`. The sessions
+/// on both are ended first (Postgres renames no database in use); one that
+/// reconnects in between makes the attempt fail whole, and it is tried
+/// again, up to [`SWAP_ATTEMPTS`] times.
+pub async fn swap(admin_url: &str, live: &str, target: &str, old: &str) -> anyhow::Result<()> {
+    let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(admin_url)
+        .await
+        .context("connecting to the server to swap databases")?;
+    let mut attempt = 1;
+    loop {
+        match try_swap(&mut conn, live, target, old).await {
+            Ok(()) => return Ok(()),
+            // 55006 object_in_use: a session came back between the
+            // termination and the rename.
+            Err(sqlx::Error::Database(e))
+                if e.code().as_deref() == Some("55006") && attempt < SWAP_ATTEMPTS =>
+            {
+                tracing::warn!(error = %e, attempt, "database in use during the swap; trying again");
+                tokio::time::sleep(Duration::from_millis(200) * attempt).await;
+                attempt += 1;
+            }
+            Err(e) => {
+                return Err(e).with_context(|| {
+                    format!("swapping {target} in for {live}; nothing was renamed")
+                });
+            }
+        }
+    }
+}
+
+async fn try_swap(
+    conn: &mut sqlx::PgConnection,
+    live: &str,
+    target: &str,
+    old: &str,
+) -> Result<(), sqlx::Error> {
+    let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+    for (from, to) in [(live, old), (target, live)] {
+        // Live trackers reconnect after the rename and continue on the
+        // rebuilt database; their consumer position is in JetStream.
+        sqlx::query(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+             WHERE datname = $1 AND pid <> pg_backend_pid()",
+        )
+        .bind(from)
+        .execute(&mut *tx)
+        .await?;
+        let sql = format!(
+            "ALTER DATABASE \"{}\" RENAME TO \"{}\"",
+            from.replace('"', "\"\""),
+            to.replace('"', "\"\"")
+        );
+        sqlx::query(&sql).execute(&mut *tx).await?;
+    }
+    // Dropped without a commit (an error above), the transaction rolls
+    // back both renames.
+    tx.commit().await
+}
+
 /// Options of a rebuild.
 #[derive(Debug, Clone)]
 pub struct RebuildOptions {
@@ -134,8 +199,9 @@ pub struct RebuildOptions {
 }
 
 /// Rebuilds the projection from the stream into a fresh database; with
-/// `swap`, renames it over the live one (the old one is kept as
-/// `<live>_old_<unix time>`) and catches up whatever arrived meanwhile.
+/// `swap`, renames it over the live one in one transaction ([`swap`]; the
+/// old one is kept as `<live>_old_<unix time>`) and catches up whatever
+/// arrived meanwhile.
 /// Returns the rebuilt database's URL.
 pub async fn rebuild(bus: &Bus, opts: &RebuildOptions) -> anyhow::Result<(String, Replayed)> {
     let (_, live_name) = runyard_store::split_database_url(&opts.live_url)?;
@@ -170,24 +236,7 @@ pub async fn rebuild(bus: &Bus, opts: &RebuildOptions) -> anyhow::Result<(String
         "{live_name}_old_{}",
         time::OffsetDateTime::now_utc().unix_timestamp()
     );
-    let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&admin).await?;
-    for (from, to) in [(&live_name, &old_name), (&target_name, &live_name)] {
-        // Live trackers reconnect after the rename and continue on the
-        // rebuilt database; their consumer position is in JetStream.
-        sqlx::query(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-             WHERE datname = $1 AND pid <> pg_backend_pid()",
-        )
-        .bind(from)
-        .execute(&mut conn)
-        .await?;
-        let sql = format!(
-            "ALTER DATABASE \"{}\" RENAME TO \"{}\"",
-            from.replace('"', "\"\""),
-            to.replace('"', "\"\"")
-        );
-        sqlx::query(&sql).execute(&mut conn).await?;
-    }
+    swap(&admin, &live_name, &target_name, &old_name).await?;
     // Events the live trackers applied to the old database between the end of
     // the replay and the swap are still in the stream: replay them too (the
     // apply-once bookkeeping skips anything already there).

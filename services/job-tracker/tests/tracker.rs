@@ -706,6 +706,7 @@ async fn health_readiness_and_metrics() {
         "{text}"
     );
     assert!(text.contains("runyard_tracker_batch_size_bucket"));
+    assert!(text.contains("\nrunyard_tracker_stalled 0\n"), "{text}");
     assert!(text.contains("runyard_tracker_apply_latency_seconds"));
     t.stop().await;
     p.close().await;
@@ -1589,8 +1590,8 @@ async fn a_retry_event_with_an_id_that_cannot_be_stored_is_dead_lettered() {
     all.push(retry_events::gitlab_job_refused());
     publish(&bus, &all).await;
     let t = start(config(&nats.url(), &ns, &db.url)).await;
-    // A refused event is recorded as applied, so it is not retried forever.
-    let p = wait_applied(&db.url, 3).await;
+    // The refused event is dead-lettered, not recorded as applied.
+    let p = wait_applied(&db.url, 2).await;
     let client = async_nats::connect(nats.url()).await.unwrap();
     let dead = eventually(Duration::from_secs(20), || {
         let client = client.clone();
@@ -2058,4 +2059,368 @@ async fn the_http_listener_speaks_mtls_while_starting_and_once_running() {
         stderr.contains("RUNYARD_TRACKER_TLS_CERT") && stderr.contains("RUNYARD_TRACKER_TLS_KEY"),
         "{stderr}"
     );
+}
+
+// ---------------------------------------------------------------------------
+// A broken environment stalls the tracker; it never empties the log into
+// dead letters.
+
+/// Messages on the namespace's dead-letter subject.
+async fn dead_letters(nats: &TestNats, ns: &Namespace) -> Vec<async_nats::jetstream::Message> {
+    let client = async_nats::connect(nats.url()).await.unwrap();
+    runyard_testkit::stream_messages(&client, &ns.events_stream())
+        .await
+        .into_iter()
+        .filter(|m| m.subject.as_str() == ns.deadletter_subject())
+        .collect()
+}
+
+/// Polls the tracker's `/readyz` at `addr` until it answers `status`; its
+/// body then.
+async fn readyz_turns(addr: SocketAddr, status: u16) -> serde_json::Value {
+    let http = reqwest::Client::new();
+    eventually(WAIT, || {
+        let http = http.clone();
+        async move {
+            let r = http
+                .get(format!("http://{addr}/readyz"))
+                .timeout(Duration::from_secs(2))
+                .send()
+                .await
+                .ok()?;
+            if r.status().as_u16() != status {
+                return None;
+            }
+            r.json::<serde_json::Value>().await.ok()
+        }
+    })
+    .await
+    .unwrap_or_else(|| panic!("/readyz never answered {status}"))
+}
+
+/// The value of the sample `series` (name and labels, as exposed) in the
+/// tracker's `/metrics`; 0 when absent.
+async fn metric(addr: SocketAddr, series: &str) -> f64 {
+    let text = reqwest::get(format!("http://{addr}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .map_or(0.0, |v| v.trim().parse().unwrap())
+}
+
+/// Runs every statement of `sql` on `url`, one connection.
+async fn run_sql(url: &str, sql: &[String]) {
+    let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(url)
+        .await
+        .unwrap();
+    for statement in sql {
+        sqlx::query(statement).execute(&mut conn).await.unwrap();
+    }
+}
+
+/// How a test breaks the database under a running tracker and mends it,
+/// as statements run by a superuser on `admin_url`.
+struct Breakage<'a> {
+    name: &'a str,
+    admin_url: String,
+    breaks: Vec<String>,
+    mends: Vec<String>,
+}
+
+/// 100 job lifecycles (400 events): the first half projected, then the
+/// database broken while the second half is delivered. The tracker must
+/// stall — not ready, `stalled` 1, several failed attempts, nothing applied
+/// and nothing dead-lettered — then, once the database is mended and with
+/// no help, project every event exactly once and be ready again.
+/// `tracker_url` is what the tracker connects with; `read_url` reads the
+/// projection whatever the breakage.
+#[allow(clippy::print_stdout)] // the figures, as the tests themselves print them
+async fn stalls_then_resumes(tracker_url: &str, read_url: &str, how: Breakage<'_>) {
+    let nats = TestNats::get().await;
+    let ns = unique_namespace();
+    let bus = bus(&nats, &ns).await;
+    let events = shuffled_lifecycles(100, 23);
+    let (first, second) = events.split_at(200);
+    publish(&bus, first).await;
+    let t = start(config(&nats.url(), &ns, tracker_url)).await;
+    let p = wait_applied(read_url, 200).await;
+    readyz_turns(t.addr, 200).await;
+
+    run_sql(&how.admin_url, &how.breaks).await;
+    let broke = std::time::Instant::now();
+    publish(&bus, second).await;
+    let body = readyz_turns(t.addr, 503).await;
+    assert_eq!(body["stalled"], true, "{}: {body}", how.name);
+    // The stall outlasts several attempts (each would have dead-lettered
+    // the whole batch, one event at a time, before).
+    let failures = eventually(WAIT, || async {
+        let n = metric(t.addr, "runyard_tracker_apply_failures_total").await;
+        (n >= 4.0).then_some(n)
+    })
+    .await
+    .unwrap_or_else(|| panic!("{}: the tracker did not keep trying", how.name));
+    assert_eq!(metric(t.addr, "runyard_tracker_stalled").await, 1.0);
+    assert_eq!(count(&p, "applied_events").await, 200, "{}", how.name);
+    assert!(
+        dead_letters(&nats, &ns).await.is_empty(),
+        "{}: dead-lettered while stalled",
+        how.name
+    );
+    let stalled_for = broke.elapsed();
+
+    run_sql(&how.admin_url, &how.mends).await;
+    let mended = std::time::Instant::now();
+    let p = wait_applied(read_url, 400).await;
+    let resumed_in = mended.elapsed();
+    let body = readyz_turns(t.addr, 200).await;
+    assert_eq!(body["stalled"], false, "{}: {body}", how.name);
+    assert_eq!(metric(t.addr, "runyard_tracker_stalled").await, 0.0);
+    assert_eq!(count(&p, "jobs").await, 100, "{}", how.name);
+    assert_eq!(count(&p, "usage_samples").await, 100, "{}", how.name);
+    let done: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM jobs WHERE status = 4 AND queued_at IS NOT NULL")
+            .fetch_one(&p)
+            .await
+            .unwrap();
+    assert_eq!(done, 100, "{}", how.name);
+    assert_eq!(
+        metric(
+            t.addr,
+            r#"runyard_tracker_events_total{result="deadlettered"}"#
+        )
+        .await,
+        0.0
+    );
+    assert!(dead_letters(&nats, &ns).await.is_empty(), "{}", how.name);
+    println!(
+        "{}: stalled {:.1} s through {failures} failed attempts, nothing dead-lettered; \
+         400 events projected once, {:.1} s after the database was mended",
+        how.name,
+        stalled_for.as_secs_f64(),
+        resumed_in.as_secs_f64()
+    );
+    t.stop().await;
+    p.close().await;
+}
+
+/// Ends every session on database `name` but the caller's.
+fn terminate_sessions_on(name: &str) -> String {
+    format!(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE datname = '{name}' AND pid <> pg_backend_pid()"
+    )
+}
+
+#[tokio::test]
+async fn a_read_only_database_stalls_the_tracker_and_dead_letters_nothing() {
+    let db = TestDb::new();
+    runyard_store::migrate(&db.url).await.unwrap();
+    // As after a failover onto a standby: every new session is read-only
+    // (25006), and the sessions opened meanwhile stay read-only after the
+    // database is writable again — the tracker must drop them itself.
+    let name = &db.name;
+    stalls_then_resumes(
+        &db.url,
+        &db.url,
+        Breakage {
+            name: "read-only database",
+            admin_url: db.sibling("postgres"),
+            breaks: vec![
+                format!("ALTER DATABASE \"{name}\" SET default_transaction_read_only = on"),
+                terminate_sessions_on(name),
+            ],
+            mends: vec![format!(
+                "ALTER DATABASE \"{name}\" RESET default_transaction_read_only"
+            )],
+        },
+    )
+    .await;
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn a_renamed_table_stalls_the_tracker_and_dead_letters_nothing() {
+    let db = TestDb::new();
+    runyard_store::migrate(&db.url).await.unwrap();
+    // As with a migration not run yet: 42P01 undefined table.
+    stalls_then_resumes(
+        &db.url,
+        &db.url,
+        Breakage {
+            name: "renamed table",
+            admin_url: db.url.clone(),
+            breaks: vec!["ALTER TABLE jobs RENAME TO jobs_elsewhere".into()],
+            mends: vec!["ALTER TABLE jobs_elsewhere RENAME TO jobs".into()],
+        },
+    )
+    .await;
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn a_rotated_password_stalls_the_tracker_and_dead_letters_nothing() {
+    // The shared server trusts every local connection, so passwords mean
+    // nothing there: a private cluster that asks for them.
+    let pg = PrivatePostgres::start("test-password");
+    pg.require_passwords();
+    let server = format!("postgres://postgres@127.0.0.1:{}", pg.port());
+    run_sql(
+        &format!("{server}/postgres"),
+        &[
+            "SELECT pg_reload_conf()".into(),
+            "CREATE ROLE tracker LOGIN PASSWORD 'first'".into(),
+            "CREATE DATABASE tracked OWNER tracker".into(),
+        ],
+    )
+    .await;
+    let tracker_url = format!("postgres://tracker:first@127.0.0.1:{}/tracked", pg.port());
+    let wrong_url = tracker_url.replace(":first@", ":wrong@");
+    // The server really checks: a wrong password is refused (28P01).
+    let refused = eventually(Duration::from_secs(10), || {
+        let url = wrong_url.clone();
+        async move {
+            match <sqlx::PgConnection as sqlx::Connection>::connect(&url).await {
+                Err(sqlx::Error::Database(e)) => e.code().map(|c| c.into_owned()),
+                _ => None,
+            }
+        }
+    })
+    .await;
+    assert_eq!(refused.as_deref(), Some("28P01"));
+    stalls_then_resumes(
+        &tracker_url,
+        &format!("{server}/tracked"),
+        Breakage {
+            name: "rotated password",
+            admin_url: format!("{server}/postgres"),
+            // The password changes under the running tracker, whose
+            // sessions end: every new one is refused with 28P01.
+            breaks: vec![
+                "ALTER ROLE tracker PASSWORD 'rotated'".into(),
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = 'tracker'"
+                    .into(),
+            ],
+            mends: vec!["ALTER ROLE tracker PASSWORD 'first'".into()],
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn an_event_whose_dead_letter_is_refused_is_dead_lettered_on_redelivery() {
+    let nats = TestNats::get().await;
+    let ns = unique_namespace();
+    let db = TestDb::new();
+    let bus = bus(&nats, &ns).await;
+    // One event that cannot be projected (a new pipeline id beyond
+    // bigint) among 42 that can.
+    let mut events = retry_events::gitlab_pipeline_issued(u64::MAX);
+    let bad = events[1].id.clone();
+    events.push(retry_events::gitlab_job_refused());
+    events.extend(shuffled_lifecycles(10, 29));
+    publish(&bus, &events).await;
+    // The stream takes no more messages: the dead letter is refused.
+    let js = bus.jetstream();
+    let mut stream = js.get_stream(ns.events_stream()).await.unwrap();
+    let open = stream.info().await.unwrap().config.clone();
+    let held = stream.info().await.unwrap().state.messages;
+    js.update_stream(async_nats::jetstream::stream::Config {
+        max_messages: i64::try_from(held).unwrap(),
+        discard: async_nats::jetstream::stream::DiscardPolicy::New,
+        ..open.clone()
+    })
+    .await
+    .unwrap();
+
+    // A tracker applies the rest, keeps trying to store the dead letter,
+    // and dies (kill -9) before it can.
+    let child = spawn_batch_tracker(&nats.url(), &ns, &db.url);
+    let applied = applied_beyond(&db.url, 0).await;
+    assert_eq!(applied, 42, "the refused event is not recorded as applied");
+    let p = pool(&db.url).await;
+    let recorded: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM applied_events WHERE event_id = $1")
+            .bind(&bad)
+            .fetch_one(&p)
+            .await
+            .unwrap();
+    assert_eq!(recorded, 0);
+    drop(child);
+    assert!(dead_letters(&nats, &ns).await.is_empty());
+
+    // Room again: the next tracker gets the message again and dead-letters
+    // it, rather than acking it as a duplicate.
+    js.update_stream(open).await.unwrap();
+    let t = start(config(&nats.url(), &ns, &db.url)).await;
+    let dead = eventually(WAIT, || {
+        let (nats, ns) = (&nats, &ns);
+        async move {
+            let dead = dead_letters(nats, ns).await;
+            (!dead.is_empty()).then_some(dead)
+        }
+    })
+    .await
+    .expect("dead-lettered on redelivery");
+    assert_eq!(dead.len(), 1);
+    let decoded = <Event as prost::Message>::decode(dead[0].payload.clone()).unwrap();
+    assert_eq!(decoded.id, bad);
+    let reason = dead[0].headers.as_ref().unwrap();
+    let reason = reason.get("Runyard-Deadletter-Reason").unwrap().as_str();
+    assert!(reason.contains("new_pipeline_id"), "{reason}");
+    assert_eq!(
+        metric(
+            t.addr,
+            r#"runyard_tracker_events_total{result="deadlettered"}"#
+        )
+        .await,
+        1.0
+    );
+    assert_eq!(count(&p, "applied_events").await, 42);
+    t.stop().await;
+    assert_eq!(dead_letters(&nats, &ns).await.len(), 1);
+    p.close().await;
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn a_swap_that_fails_half_way_renames_nothing() {
+    let live = TestDb::new();
+    runyard_store::migrate(&live.url).await.unwrap();
+    let admin = live.sibling("postgres");
+    let old = format!("{}_old", live.name);
+    // The second rename fails (no such database) after the first one ran
+    // in the same transaction.
+    let missing = format!("{}_missing", live.name);
+    let error = rebuild::swap(&admin, &live.name, &missing, &old)
+        .await
+        .unwrap_err();
+    assert!(
+        format!("{error:#}").contains("nothing was renamed"),
+        "{error:#}"
+    );
+    let admin_pool = pool(&admin).await;
+    let names: Vec<String> =
+        sqlx::query_scalar("SELECT datname FROM pg_database WHERE datname LIKE $1 ORDER BY 1")
+            .bind(format!("{}%", live.name))
+            .fetch_all(&admin_pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        names,
+        vec![live.name.clone()],
+        "the live database is still live"
+    );
+    let p = pool(&live.url).await;
+    assert_eq!(
+        count(&p, "applied_events").await,
+        0,
+        "and still a projection"
+    );
+    p.close().await;
+    admin_pool.close().await;
+    live.drop_db().await;
 }

@@ -216,20 +216,26 @@ impl Consumer {
         let mut backoff = retry::backoff();
         loop {
             match keep.during(handler.handle(batch)).await {
-                Ok(rejected) => return outcomes(batch, rejected),
+                Ok(rejected) => {
+                    self.stalled(false);
+                    return outcomes(batch, rejected);
+                }
                 Err(HandlerError::Transient(reason)) => {
                     self.failed();
-                    tracing::warn!(%reason, events = batch.len(), consumer = %self.label(), "handling batch failed; retrying");
+                    self.stalled(true);
+                    tracing::warn!(%reason, events = batch.len(), consumer = %self.label(), "handling batch failed; stalled, retrying");
                     if !keep.during(grace.pause(&mut backoff)).await {
                         return vec![Outcome::Unresolved; batch.len()];
                     }
                 }
                 Err(HandlerError::Permanent(reason)) if batch.len() == 1 => {
                     self.failed();
+                    self.stalled(false);
                     return vec![Outcome::Rejected(reason)];
                 }
                 Err(HandlerError::Permanent(reason)) => {
                     self.failed();
+                    self.stalled(false);
                     tracing::error!(%reason, events = batch.len(), consumer = %self.label(), "batch refused; handling events one by one");
                     return self.one_by_one(handler, batch, keep, grace).await;
                 }
@@ -249,14 +255,19 @@ impl Consumer {
             let mut backoff = retry::backoff();
             let outcome = loop {
                 match keep.during(handler.handle(one)).await {
-                    Ok(rejected) => break outcomes(one, rejected).swap_remove(0),
+                    Ok(rejected) => {
+                        self.stalled(false);
+                        break outcomes(one, rejected).swap_remove(0);
+                    }
                     Err(HandlerError::Permanent(reason)) => {
                         self.failed();
+                        self.stalled(false);
                         break Outcome::Rejected(reason);
                     }
                     Err(HandlerError::Transient(reason)) => {
                         self.failed();
-                        tracing::warn!(%reason, seq = one[0].seq, "handling event failed; retrying");
+                        self.stalled(true);
+                        tracing::warn!(%reason, seq = one[0].seq, "handling event failed; stalled, retrying");
                         if !keep.during(grace.pause(&mut backoff)).await {
                             break Outcome::Unresolved;
                         }
@@ -276,6 +287,17 @@ impl Consumer {
     fn failed(&self) {
         if let Some(m) = &self.metrics {
             m.apply_failures.inc();
+        }
+    }
+
+    /// Records whether the consumer is stalled on a transient failure.
+    fn stalled(&self, stalled: bool) {
+        let was = self.status.0.stalled.swap(stalled, Ordering::SeqCst);
+        if let Some(m) = &self.metrics {
+            m.stalled.set(i64::from(stalled));
+        }
+        if was && !stalled {
+            tracing::info!(consumer = %self.label(), "handler succeeded again; no longer stalled");
         }
     }
 

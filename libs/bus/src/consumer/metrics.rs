@@ -35,6 +35,9 @@ pub struct ConsumerMetrics {
     pub last_applied_sequence: Gauge,
     /// `<prefix>_apply_failures_total`: handler attempts that failed.
     pub apply_failures: Counter,
+    /// `<prefix>_stalled`: 1 while the consumer retries a batch after a
+    /// transient (environment) failure and applies nothing, else 0.
+    pub stalled: Gauge,
 }
 
 impl ConsumerMetrics {
@@ -47,6 +50,7 @@ impl ConsumerMetrics {
             consumer_lag: Gauge::default(),
             last_applied_sequence: Gauge::default(),
             apply_failures: Counter::default(),
+            stalled: Gauge::default(),
         };
         registry.register(|r| {
             let r = r.sub_registry_with_prefix(prefix);
@@ -75,6 +79,11 @@ impl ConsumerMetrics {
                 "apply_failures",
                 "Batch attempts that failed and were retried",
                 m.apply_failures.clone(),
+            );
+            r.register(
+                "stalled",
+                "1 while a batch is retried after an environment failure (nothing is applied), else 0",
+                m.stalled.clone(),
             );
         });
         m
@@ -108,6 +117,7 @@ mod tests {
             "# TYPE runyard_tracker_consumer_lag gauge",
             "# TYPE runyard_tracker_last_applied_sequence gauge",
             "# TYPE runyard_tracker_apply_failures counter",
+            "# TYPE runyard_tracker_stalled gauge",
         ] {
             assert!(text.contains(family), "{family} in {text}");
         }
