@@ -17,6 +17,10 @@
 #     declared container ports, and that docker-compose.yml sets the same
 #     variables (same values, secrets aside) and ports as deploy/k8s/base;
 #   - checks that the files compose and the base share are identical;
+#   - checks that deploy/k8s/base/secrets.env and .env (real secrets) are
+#     git-ignored and not in git, and that no secret in docker-compose.yml
+#     has a default value (the base is rendered with a secrets.env that
+#     scripts/gen-secrets.sh makes from secrets.env.example);
 #   - checks that every runyard_* metric the alerts, the Grafana dashboard and
 #     docs/operations.md name is one a service registers.
 # Tools are installed once into .runyard/deploy-tools (ignored by git).
@@ -46,17 +50,34 @@ fi
 failed=0
 fail() { printf '\033[1;31mFAIL\033[0m %s\n' "$*" >&2; failed=1; }
 
-# 1. Render every kustomization and validate the output.
+# 0. Real secrets stay out of git.
+for secret_file in deploy/k8s/base/secrets.env .env; do
+  git check-ignore -q "$secret_file" || fail "$secret_file is not git-ignored: it holds real secrets"
+done
+if git ls-files --error-unmatch deploy/k8s/base/secrets.env > /dev/null 2>&1; then
+  fail "deploy/k8s/base/secrets.env is in git: ship secrets.env.example only"
+fi
+
+# 1. Render every kustomization and validate the output: from a copy of
+# deploy/k8s whose base gets a secrets.env made from secrets.env.example
+# (scripts/gen-secrets.sh), as an operator makes it; a real secrets.env is
+# neither needed nor read.
 rendered="$tools/rendered"
 rm -rf "$rendered"
 mkdir -p "$rendered"
+work="$(mktemp -d "${TMPDIR:-/tmp}/runyard-check-deploy.XXXXXX")"
+trap 'rm -rf "$work"' EXIT
+cp -R deploy/k8s "$work/k8s"
+rm -f "$work/k8s/base/secrets.env"
+bash scripts/gen-secrets.sh deploy/k8s/base/secrets.env.example > "$work/k8s/base/secrets.env"
+bash scripts/gen-secrets.sh > "$work/compose.env"
 targets=(deploy/k8s/base)
 for overlay in deploy/k8s/overlays/*/; do
   [[ -f "$overlay/kustomization.yaml" ]] && targets+=("${overlay%/}")
 done
 for target in "${targets[@]}"; do
   out="$rendered/$(basename "$target").yaml"
-  if ! "$venv/bin/kubectl" kustomize "$target" > "$out" 2> "$out.err"; then
+  if ! "$venv/bin/kubectl" kustomize "$work/${target#deploy/}" > "$out" 2> "$out.err"; then
     fail "kustomize $target: $(cat "$out.err")"
     rm -f "$out"
     continue
@@ -77,7 +98,8 @@ else
   sed 's/^/    /' "$tools/compose.log" >&2
 fi
 if docker compose version > /dev/null 2>&1; then
-  if docker compose -f docker-compose.yml config -q; then
+  # The secrets have no default: compose wants them (generated ones here).
+  if docker compose --env-file "$work/compose.env" -f docker-compose.yml config -q; then
     log "docker compose config -q: ok"
   else
     fail "docker compose config -q rejects docker-compose.yml"
@@ -123,6 +145,12 @@ OTEL_SDK_VARS = {
 COMPOSE_ONLY = {"OTEL_EXPORTER_OTLP_ENDPOINT"}
 
 errors = []
+# The secrets the operator chooses (scripts/gen-secrets.sh makes them): no
+# default value in docker-compose.yml.
+CHOSEN = set(re.findall(r"^\s+(RUNYARD_[A-Z_]+)$", re.search(
+    r"^CHOSEN=\((.*?)^\)", (ROOT / "scripts/gen-secrets.sh").read_text(), re.S | re.M).group(1), re.M))
+if len(CHOSEN) < 6:
+    errors.append("scripts/gen-secrets.sh: no CHOSEN list of secrets found")
 
 
 def rust_files(crate):
@@ -295,6 +323,9 @@ for svc, spec in compose["services"].items():
         errors.append("%s: %s runs in compose but not in deploy/k8s/base" % (where, binary))
         continue
     values, names, ports = base_settings[binary]
+    for name in sorted(CHOSEN & set(env)):
+        if re.search(r"\$\{[A-Z0-9_]+:?-[^}]+\}", str(env[name])):
+            errors.append("%s: the secret %s has a default value: use ${%s:?...} (or ${%s:-} for one that may be unset)" % (where, name, name, name))
     for name in sorted((set(env) - COMPOSE_ONLY) ^ names):
         side = "compose" if name in env else "deploy/k8s/base"
         errors.append("%s: %s is set only in %s" % (where, name, side))

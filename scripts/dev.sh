@@ -3,7 +3,13 @@
 # nats-server and the services in the background, and sends sample
 # deliveries through them; `down` stops everything; `status` shows it.
 #
-# State (logs, pids, the JetStream store) lives in .runyard/ (git-ignored).
+# State (logs, pids, the JetStream store, the secrets) lives in .runyard/
+# (git-ignored). The secrets are random ones scripts/gen-secrets.sh makes on
+# the first `up` into .runyard/dev/secrets.env, reused by every later `up`
+# (a variable already exported wins). RUNYARD_INSECURE_DEV=1 is set, so the
+# services also start with a weak secret you export (each says so in a
+# WARN); export RUNYARD_INSECURE_DEV=0 to run the dev stack with the checks
+# production has.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib.sh
@@ -18,11 +24,26 @@ SCALER_ADDR="${RUNYARD_DEV_SCALER_LISTEN:-127.0.0.1:8083}"
 export RUNYARD_DATABASE_URL="${RUNYARD_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/runyard}"
 export RUNYARD_NATS_URL="nats://127.0.0.1:${NATS_PORT}"
 export RUNYARD_NAMESPACE="${RUNYARD_NAMESPACE:-runyard}"
-export RUNYARD_GITHUB_WEBHOOK_SECRET="${RUNYARD_GITHUB_WEBHOOK_SECRET:-dev-github-secret}"
-export RUNYARD_GITLAB_WEBHOOK_TOKEN="${RUNYARD_GITLAB_WEBHOOK_TOKEN:-dev-gitlab-token}"
-export RUNYARD_USAGE_TOKEN="${RUNYARD_USAGE_TOKEN:-dev-usage-token}"
+SCALER_METADATA_ADDR="${RUNYARD_DEV_SCALER_METADATA_LISTEN:-127.0.0.1:8084}"
+export RUNYARD_INSECURE_DEV="${RUNYARD_INSECURE_DEV:-1}"
 export RUNYARD_LOG_FORMAT="${RUNYARD_LOG_FORMAT:-json}"
 BIN=target/debug
+
+# The dev stack's secrets: made once, kept in $STATE/secrets.env (mode
+# 600), exported unless the variable already is.
+load_secrets() {
+  mkdir -p "$STATE"
+  if [[ ! -s "$STATE/secrets.env" ]]; then
+    (umask 077 && bash scripts/gen-secrets.sh > "$STATE/secrets.env.new")
+    mv "$STATE/secrets.env.new" "$STATE/secrets.env"
+    log "made random secrets for the dev stack: $STATE/secrets.env"
+  fi
+  local name value
+  while IFS='=' read -r name value; do
+    [[ -n "$name" && "$name" != \#* ]] || continue
+    [[ -n "${!name:-}" ]] || export "$name=$value"
+  done < "$STATE/secrets.env"
+}
 
 running() { [[ -f "$STATE/$1.pid" ]] && kill -0 "$(cat "$STATE/$1.pid")" 2>/dev/null; }
 
@@ -105,11 +126,13 @@ demo() {
   log "the allocator's answer for that workload (gantry-compatible HTTP; gRPC on ${ALLOC_GRPC}):"
   local spec='py-torch@2.3.1 +cuda~rocm %gcc@12.3.0'
   echo "GET /v1/allocation?spec=${spec}"
-  curl -sS -G "http://${ALLOC_HTTP}/v1/allocation" --data-urlencode "spec=${spec}" -w '\n'
+  curl -sS -G "http://${ALLOC_HTTP}/v1/allocation" --data-urlencode "spec=${spec}" \
+    -H "Authorization: Bearer $RUNYARD_ALLOCATOR_CLIENT_TOKEN" -w '\n'
 }
 
 up() {
   mkdir -p "$STATE"
+  load_secrets
   log "building runyard"
   cargo build --quiet --bin runyard-ingest --bin runyard --bin runyard-job-tracker --bin runyard-allocator \
     --bin runyard-scaler --bin runyard-fake-github
@@ -167,19 +190,22 @@ max_runners = 5
 state_dir = "$STATE/runners"
 TOML
     RUNYARD_SCALER_HTTP_LISTEN="$SCALER_ADDR" RUNYARD_SCALER_CONFIG="$STATE/scaler.toml" \
+      RUNYARD_SCALER_METADATA_LISTEN="$SCALER_METADATA_ADDR" \
+      RUNYARD_SCALER_METADATA_URL="http://${SCALER_METADATA_ADDR}" \
       RUNYARD_ALLOCATOR_URL="http://${ALLOC_GRPC}" "$BIN/runyard-scaler" > "$STATE/scaler.log" 2>&1 &
     echo $! > "$STATE/scaler.pid"
     wait_http "http://${SCALER_ADDR}/readyz"
     log "runyard-scaler on http://${SCALER_ADDR} (pools: $STATE/scaler.toml; log: $STATE/scaler.log)"
   fi
   demo
+  log "secrets (the CLI's allocator token among them): $STATE/secrets.env"
   log "stack is up; stop it with: bash scripts/dev.sh down"
 }
 
 case "${1:-up}" in
   up) up ;;
   down) down ;;
-  demo) ensure_postgres RUNYARD_DATABASE_URL dev && demo ;;
+  demo) load_secrets && ensure_postgres RUNYARD_DATABASE_URL dev && demo ;;
   status) for s in nats ingest job-tracker allocator fake-github scaler; do running "$s" && echo "$s running" || echo "$s stopped"; done ;;
   *) echo "usage: $0 [up|down|demo|status]" >&2; exit 2 ;;
 esac

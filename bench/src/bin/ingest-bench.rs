@@ -37,7 +37,8 @@ use runyard_testkit::{NatsServer, free_port, github_signature, unique_namespace}
 use time::OffsetDateTime;
 
 /// The webhook secret ingest is configured with for the run.
-const SECRET: &str = "ingest-bench-webhook-secret";
+// As `openssl rand -hex 32` makes them (runyard refuses weak secrets).
+const SECRET: &str = "eb89231c58ed9fced922076eb9fe720d5c448dc36c9db1be8d433ce2d3f17f56";
 /// The fixture every delivery is made from.
 const FIXTURE: &str = "github_workflow_job_queued.json";
 /// The fixture's `workflow_job.id`, replaced by a unique id of equal width

@@ -1,12 +1,15 @@
 //! Process-wide chores every runyard binary does the same way: the rustls
 //! crypto provider, tracing (JSON or pretty), the Prometheus registry and its
-//! text exposition, OTLP trace export ([`traces`]), and the shutdown signal.
+//! text exposition, OTLP trace export ([`traces`]), the shutdown signal, and
+//! configuration: [`load_config`] and the operator's secrets ([`secrets`]:
+//! the `*_FILE` reader and the check every service runs at start).
 
 use std::io::IsTerminal;
 use std::sync::{Arc, Mutex};
 
 mod filter;
 mod log;
+pub mod secrets;
 pub mod traces;
 
 pub use prometheus_client;

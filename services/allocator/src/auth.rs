@@ -9,10 +9,15 @@
 //! Only SHA-256 digests of the tokens are kept, and a presented token is
 //! compared with every one of them in constant time: neither a token's
 //! bytes nor its length, nor which token matched, shows in response times.
+//! Which of them are weak (empty, short, a placeholder:
+//! [`runyard_telemetry::secrets`]) is noted when they are read, so the
+//! allocator can refuse them at start.
 
 use std::path::Path;
 
 use runyard_forge::bearer;
+use runyard_telemetry::secrets::{self, Weak};
+use secrecy::ExposeSecret as _;
 use sha2::{Digest as _, Sha256};
 use subtle::ConstantTimeEq as _;
 
@@ -22,8 +27,18 @@ pub const TOKENS_VAR: &str = "RUNYARD_ALLOCATOR_TOKENS";
 pub const TOKENS_FILE_VAR: &str = "RUNYARD_ALLOCATOR_TOKENS_FILE";
 
 /// The accepted bearer tokens, as SHA-256 digests; empty → anonymous.
-#[derive(Clone, Default, PartialEq, Eq)]
-pub struct Tokens(Vec<[u8; 32]>);
+/// Also which of them are weak (by position, never by value). Two are
+/// equal when they accept the same tokens.
+#[derive(Clone, Default)]
+pub struct Tokens(Vec<[u8; 32]>, Vec<Weak>);
+
+impl PartialEq for Tokens {
+    fn eq(&self, other: &Self) -> bool {
+        self.0 == other.0
+    }
+}
+
+impl Eq for Tokens {}
 
 impl std::fmt::Debug for Tokens {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -87,15 +102,30 @@ impl Refusal {
 
 impl Tokens {
     /// Accepts exactly `tokens` (for tests and embedding; the service reads
-    /// them with [`Tokens::from_process_env`]).
-    pub fn new<T: AsRef<[u8]>>(tokens: impl IntoIterator<Item = T>) -> Self {
-        let mut digests: Vec<[u8; 32]> = tokens
-            .into_iter()
-            .map(|t| Sha256::digest(t.as_ref()).into())
-            .collect();
+    /// them with [`Tokens::from_process_env`]); weak ones are named as
+    /// items of `RUNYARD_ALLOCATOR_TOKENS`.
+    pub fn new<T: AsRef<str>>(tokens: impl IntoIterator<Item = T>) -> Self {
+        Self::listed(TOKENS_VAR, "item", tokens)
+    }
+
+    /// `tokens`, weak ones named as `<var> <what> <n>`.
+    fn listed<T: AsRef<str>>(var: &str, what: &str, tokens: impl IntoIterator<Item = T>) -> Self {
+        let mut weak = Vec::new();
+        let mut digests: Vec<[u8; 32]> = Vec::new();
+        for (i, t) in tokens.into_iter().enumerate() {
+            let t = t.as_ref();
+            weak.extend(secrets::check(&format!("{var} {what} {}", i + 1), t));
+            digests.push(Sha256::digest(t.as_bytes()).into());
+        }
         digests.sort_unstable();
         digests.dedup();
-        Self(digests)
+        Self(digests, weak)
+    }
+
+    /// The tokens that are empty, short or placeholders, by position
+    /// (refused at start unless `RUNYARD_INSECURE_DEV=1`).
+    pub fn weak(&self) -> &[Weak] {
+        &self.1
     }
 
     /// No token configured: the allocator answers anyone.
@@ -144,11 +174,12 @@ impl Tokens {
     /// blank lines and `#` comments ignored) name; neither set → none.
     /// Refuses both set, an empty list or file and a token that could never
     /// be sent (whitespace, control or non-ASCII characters), naming the
-    /// variable (never the token). An empty variable counts as unset
-    /// (compose's `${VAR:-}`).
+    /// variable (never the token). An empty `RUNYARD_ALLOCATOR_TOKENS` is
+    /// an empty list; an empty `RUNYARD_ALLOCATOR_TOKENS_FILE` names no
+    /// file (unset). The file is read by [`secrets::read_file`].
     pub fn from_vars(list: Option<String>, file: Option<String>) -> Result<Self, String> {
-        let set = |v: Option<String>| v.filter(|v| !v.trim().is_empty());
-        match (set(list), set(file)) {
+        let file = file.filter(|v| !v.trim().is_empty());
+        match (list, file) {
             (Some(_), Some(_)) => Err(format!(
                 "{TOKENS_VAR} and {TOKENS_FILE_VAR} are both set: set one of them"
             )),
@@ -161,10 +192,10 @@ impl Tokens {
                 Self::checked(TOKENS_VAR, "item", &tokens)
             }
             (None, Some(path)) => {
-                let path = path.trim();
-                let text = std::fs::read_to_string(Path::new(path))
-                    .map_err(|e| format!("{TOKENS_FILE_VAR}: reading {path}: {e}"))?;
+                let text = secrets::read_file(TOKENS_FILE_VAR, Path::new(path.trim()))
+                    .map_err(|e| e.to_string())?;
                 let tokens: Vec<&str> = text
+                    .expose_secret()
                     .lines()
                     .map(str::trim)
                     .filter(|t| !t.is_empty() && !t.starts_with('#'))
@@ -189,7 +220,7 @@ impl Tokens {
                 ));
             }
         }
-        Ok(Self::new(tokens))
+        Ok(Self::listed(var, what, tokens))
     }
 }
 
@@ -235,8 +266,9 @@ mod tests {
         let t = env(&[(TOKENS_VAR, "one, two\nthree,,")]).unwrap();
         assert_eq!(t, Tokens::new(["one", "two", "three"]));
         assert!(env(&[]).unwrap().is_empty());
-        // compose's `${RUNYARD_ALLOCATOR_TOKENS:-}`: unset.
-        assert!(env(&[(TOKENS_VAR, "")]).unwrap().is_empty());
+        // Set but empty is not unset: no token in it.
+        let e = env(&[(TOKENS_VAR, "")]).unwrap_err();
+        assert!(e.starts_with(TOKENS_VAR) && e.contains("no token"), "{e}");
         let e = env(&[(TOKENS_VAR, " , ,")]).unwrap_err();
         assert!(e.starts_with(TOKENS_VAR) && e.contains("no token"), "{e}");
         let e = env(&[(TOKENS_VAR, "ok,bad\ttok")]).unwrap_err();
@@ -266,6 +298,30 @@ mod tests {
         let missing = dir.path().join("absent");
         let e = env(&[(TOKENS_FILE_VAR, missing.to_str().unwrap())]).unwrap_err();
         assert!(e.starts_with(TOKENS_FILE_VAR), "{e}");
+    }
+
+    #[test]
+    fn weak_tokens_are_noted_by_position_never_by_value() {
+        let good = "ded87e07581f2e41ac5706c82f1d251a0f3e77b72e957ed91e555fd799887fd1";
+        let t = env(&[(TOKENS_VAR, &format!("{good},change-me,k7Q2mZ9x"))]).unwrap();
+        let weak: Vec<String> = t.weak().iter().map(ToString::to_string).collect();
+        assert_eq!(
+            weak,
+            [
+                "RUNYARD_ALLOCATOR_TOKENS item 2 is a known placeholder",
+                "RUNYARD_ALLOCATOR_TOKENS item 3 is 8 bytes long, shorter than 32",
+            ]
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokens");
+        std::fs::write(&path, format!("# rotated\nsecret\n{good}\n")).unwrap();
+        let t = env(&[(TOKENS_FILE_VAR, path.to_str().unwrap())]).unwrap();
+        assert_eq!(t.len(), 2);
+        assert_eq!(
+            t.weak().iter().map(ToString::to_string).collect::<Vec<_>>(),
+            ["RUNYARD_ALLOCATOR_TOKENS_FILE line 1 is a known placeholder"]
+        );
+        assert!(Tokens::new([good]).weak().is_empty());
     }
 
     #[test]

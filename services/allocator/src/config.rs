@@ -73,6 +73,10 @@ pub struct Config {
     /// The recommendation maths (`[model]` in the TOML file;
     /// `model.target_oom` is taken from `allocator_target_oom`).
     pub model: Params,
+    /// `RUNYARD_INSECURE_DEV=1`: start with weak tokens (a WARN names
+    /// them); from the environment only, never the TOML file.
+    #[serde(skip)]
+    pub insecure_dev: bool,
 }
 
 impl Default for Config {
@@ -98,6 +102,7 @@ impl Default for Config {
             allocator_tls_key: None,
             allocator_tls_client_ca: None,
             model: Params::default(),
+            insecure_dev: false,
         }
     }
 }
@@ -145,7 +150,21 @@ impl Config {
         }
         config.model.max_workloads = config.allocator_max_workloads;
         config.allocator_tokens = Tokens::from_process_env().map_err(refuse)?;
+        config.insecure_dev = runyard_telemetry::secrets::insecure_dev_from_env()
+            .map_err(|e| refuse(e.to_string()))?;
         Ok(config)
+    }
+
+    /// Refuses an empty, short or placeholder token among those accepted
+    /// (none at all is anonymous, with its own WARN), unless
+    /// `insecure_dev` ([`runyard_telemetry::secrets::enforce`]).
+    pub fn check_secrets(&self) -> Result<(), runyard_telemetry::secrets::SecretError> {
+        runyard_telemetry::secrets::enforce(
+            [],
+            self.allocator_tokens.weak().to_vec(),
+            self.insecure_dev,
+        )
+        .map(drop)
     }
 
     /// Checks `allocator_target_oom` and hands it to the model.
@@ -189,6 +208,41 @@ fn naming_the_variable(e: figment::Error) -> figment::Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    // As `openssl rand -hex 32` makes them (weak tokens are refused).
+    const ONE: &str = "7fbe67a0414ee367909a37b91ebeef2669b40986716931a2b6c530484dbf8459";
+    const TWO: &str = "939f7d9e1cecd18b2913224ac516b8d77e8457f4ed37166b8a591ad06311ab24";
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment::Jail's own error type
+    fn weak_tokens_refuse_to_start_unless_insecure_dev_is_1() {
+        figment::Jail::expect_with(|jail| {
+            for (tokens, why) in [
+                (
+                    "change-me",
+                    "RUNYARD_ALLOCATOR_TOKENS item 1 is a known placeholder",
+                ),
+                (
+                    "k7Q2mZ9xR4vB",
+                    "RUNYARD_ALLOCATOR_TOKENS item 1 is 12 bytes long",
+                ),
+            ] {
+                jail.set_env("RUNYARD_ALLOCATOR_TOKENS", format!("{tokens},{ONE}"));
+                let c = Config::load(None).map_err(|e| e.to_string())?;
+                let e = c.check_secrets().err().ok_or("accepted")?.to_string();
+                assert!(e.contains(why) && e.contains("openssl rand -hex 32"), "{e}");
+                assert!(!e.contains(tokens), "{e}");
+            }
+            jail.set_env("RUNYARD_INSECURE_DEV", "1");
+            let c = Config::load(None).map_err(|e| e.to_string())?;
+            assert!(c.insecure_dev);
+            c.check_secrets().map_err(|e| e.to_string())?;
+            jail.set_env("RUNYARD_INSECURE_DEV", "on");
+            let e = Config::load(None).err().ok_or("accepted")?.to_string();
+            assert!(e.starts_with("RUNYARD_INSECURE_DEV:"), "{e}");
+            Ok(())
+        });
+    }
 
     #[test]
     #[allow(clippy::result_large_err)] // figment::Jail's own error type
@@ -275,12 +329,17 @@ mod tests {
     #[allow(clippy::result_large_err)] // figment::Jail's own error type
     fn token_settings_that_cannot_work_refuse_to_start() {
         figment::Jail::expect_with(|jail| {
-            jail.set_env("RUNYARD_ALLOCATOR_TOKENS", "s3cret-one,s3cret-two");
+            jail.set_env("RUNYARD_ALLOCATOR_TOKENS", format!("{ONE},{TWO}"));
             let c = Config::load(None).map_err(|e| e.to_string())?;
             assert_eq!(c.allocator_tokens.len(), 2);
-            assert!(c.allocator_tokens.check(Some(b"Bearer s3cret-two")).is_ok());
+            assert!(
+                c.allocator_tokens
+                    .check(Some(format!("Bearer {TWO}").as_bytes()))
+                    .is_ok()
+            );
+            c.check_secrets().map_err(|e| e.to_string())?;
             // The configuration's Debug (logged on errors) shows no token.
-            assert!(!format!("{c:?}").contains("s3cret"));
+            assert!(!format!("{c:?}").contains(&ONE[..8]));
 
             jail.create_file("tokens", "# nothing yet\n\n")?;
             jail.set_env("RUNYARD_ALLOCATOR_TOKENS_FILE", "tokens");
@@ -290,23 +349,40 @@ mod tests {
                     && e.contains("RUNYARD_ALLOCATOR_TOKENS_FILE"),
                 "both set: {e}"
             );
-            assert!(!e.contains("s3cret"), "{e}");
+            assert!(!e.contains(&ONE[..8]), "{e}");
 
+            // Set but empty: an empty list, refused.
+            jail.set_env("RUNYARD_ALLOCATOR_TOKENS_FILE", "");
             jail.set_env("RUNYARD_ALLOCATOR_TOKENS", "");
+            let e = Config::load(None).err().ok_or("accepted")?.to_string();
+            assert!(
+                e.starts_with("RUNYARD_ALLOCATOR_TOKENS:"),
+                "empty list: {e}"
+            );
+            Ok(())
+        });
+        figment::Jail::expect_with(|jail| {
+            jail.create_file("tokens", "# nothing yet\n\n")?;
+            jail.set_env("RUNYARD_ALLOCATOR_TOKENS_FILE", "tokens");
             let e = Config::load(None).err().ok_or("accepted")?.to_string();
             assert!(
                 e.starts_with("RUNYARD_ALLOCATOR_TOKENS_FILE:"),
                 "empty file: {e}"
             );
 
-            jail.create_file("tokens", "one\n# next\ntwo\n")?;
+            jail.create_file("tokens", &format!("{ONE}\n# next\n{TWO}\n"))?;
             let c = Config::load(None).map_err(|e| e.to_string())?;
             assert_eq!(c.allocator_tokens.len(), 2);
             // A numeric token is a token, not a number.
+            let numeric = "1234567890".repeat(4);
             jail.set_env("RUNYARD_ALLOCATOR_TOKENS_FILE", "");
-            jail.set_env("RUNYARD_ALLOCATOR_TOKENS", "123456");
+            jail.set_env("RUNYARD_ALLOCATOR_TOKENS", &numeric);
             let c = Config::load(None).map_err(|e| e.to_string())?;
-            assert!(c.allocator_tokens.check(Some(b"Bearer 123456")).is_ok());
+            assert!(
+                c.allocator_tokens
+                    .check(Some(format!("Bearer {numeric}").as_bytes()))
+                    .is_ok()
+            );
             Ok(())
         });
     }

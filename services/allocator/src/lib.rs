@@ -493,8 +493,10 @@ async fn listeners(
 }
 
 impl App {
-    /// Binds both listeners and connects to NATS.
+    /// Checks the tokens ([`Config::check_secrets`]), binds both
+    /// listeners and connects to NATS.
     pub async fn build(config: Config) -> anyhow::Result<Self> {
+        config.check_secrets()?;
         let ns = Namespace::new(config.namespace.clone())?;
         let (grpc, http, http_cert_per_request) = listeners(&config).await?;
         let bus = Bus::connect(&config.nats_url, ns, "runyard-allocator", true).await?;

@@ -23,8 +23,9 @@ use serde_json::{Value, json};
 use tokio::sync::oneshot;
 use tonic::transport::Channel;
 
-const USAGE_TOKEN: &str = "usage-token";
-const GITLAB_TOKEN: &str = "gitlab-webhook-token";
+// As `openssl rand -hex 32` makes them (ingest refuses weak ones).
+const USAGE_TOKEN: &str = "ded87e07581f2e41ac5706c82f1d251a0f3e77b72e957ed91e555fd799887fd1";
+const GITLAB_TOKEN: &str = "ff82f59983244653d8e6ff0ddbb76a83d0f729b73fded092d4c97f5991ae6f83";
 
 struct Stack {
     nats: TestNats,

@@ -18,8 +18,9 @@ use runyard_testkit::{TestDb, TestNats, eventually, stream_messages, unique_name
 use tokio::sync::oneshot;
 use tonic::transport::Channel;
 
-const TOKEN: &str = "ci-token-2026-11";
-const ROTATED: &str = "ci-token-2026-12";
+// As `openssl rand -hex 32` makes them (weak tokens are refused).
+const TOKEN: &str = "d8e88b3844e36254cf4b9f07a025d64e8e8e0dfe9502b9ebb76da7a2cda6f437";
+const ROTATED: &str = "8cc38d7d56991a764898c1e1655bae38e54933fe5bf4f938d4d46c26c14bfaaa";
 const SPEC: &str = "zlib@1.3.1 arch=linux-ubuntu22.04-x86_64%gcc@12.3.0";
 
 struct Running {

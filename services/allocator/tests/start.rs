@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 
 use runyard_testkit::{TestNats, unique_namespace};
 
-const SECRET: &str = "s3cret-allocator-token";
+// As `openssl rand -hex 32` makes them (weak tokens are refused).
+const SECRET: &str = "467554999548c995fcef4502c71a40990eef784ee596468982a1c42542c8ef99";
 
 fn allocator(env: &[(&str, &str)]) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_runyard-allocator"));
@@ -70,6 +71,22 @@ fn token_settings_that_cannot_work_stop_the_binary_naming_the_variable() {
     assert!(!e.contains(SECRET), "{e}");
     let e = refused(&[("RUNYARD_ALLOCATOR_TOKENS_FILE", empty)]);
     assert!(e.contains("RUNYARD_ALLOCATOR_TOKENS_FILE: no token"), "{e}");
+    for (tokens, why) in [
+        (
+            "change-me",
+            "RUNYARD_ALLOCATOR_TOKENS item 1 is a known placeholder",
+        ),
+        (
+            "k7Q2mZ9xR4vB",
+            "RUNYARD_ALLOCATOR_TOKENS item 1 is 12 bytes long, shorter than 32",
+        ),
+    ] {
+        let e = refused(&[("RUNYARD_ALLOCATOR_TOKENS", tokens)]);
+        assert!(e.contains(why) && e.contains("openssl rand -hex 32"), "{e}");
+        assert!(!e.contains(tokens), "{e}");
+    }
+    let e = refused(&[("RUNYARD_ALLOCATOR_TOKENS", "")]);
+    assert!(e.contains("RUNYARD_ALLOCATOR_TOKENS: no token"), "{e}");
     let e = refused(&[("RUNYARD_ALLOCATOR_ANONYMOUS_GANTRY", "yes please")]);
     assert!(e.contains("RUNYARD_ALLOCATOR_ANONYMOUS_GANTRY:"), "{e}");
     let e = refused(&[("RUNYARD_ALLOCATOR_MAX_IN_FLIGHT", "0")]);
@@ -170,4 +187,24 @@ async fn anonymous_is_one_warning_and_tokens_never_reach_the_log() {
     for line in lines.iter().chain(&more) {
         assert!(!line.contains(SECRET), "a token in the log: {line}");
     }
+}
+
+#[tokio::test]
+async fn insecure_dev_lets_a_weak_token_through_with_a_warning_naming_it() {
+    let nats = TestNats::get().await;
+    let running = Running::start(
+        &nats.url(),
+        &[
+            ("RUNYARD_ALLOCATOR_TOKENS", "change-me"),
+            ("RUNYARD_INSECURE_DEV", "1"),
+        ],
+    );
+    let lines = running.until_listening();
+    assert!(
+        lines.iter().any(|l| l.contains("WARN")
+            && l.contains("RUNYARD_INSECURE_DEV")
+            && l.contains("RUNYARD_ALLOCATOR_TOKENS item 1 is a known placeholder")),
+        "{lines:#?}"
+    );
+    assert!(!lines.iter().any(|l| l.contains("change-me")), "{lines:#?}");
 }

@@ -6,7 +6,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use bytesize::ByteSize;
-use secrecy::SecretString;
+use runyard_telemetry::secrets::{self, SecretError};
+use secrecy::{ExposeSecret as _, SecretString};
 use serde::{Deserialize, Serialize};
 
 /// Everything `runyard-ingest` can be told.
@@ -86,6 +87,10 @@ pub struct Config {
     /// `RUNYARD_INGEST_TLS_CLIENT_CA`: clients need a certificate this CA
     /// signed (mTLS).
     pub ingest_tls_client_ca: Option<PathBuf>,
+    /// `RUNYARD_INSECURE_DEV=1`: start with weak secrets (a WARN names
+    /// them); from the environment only, never the TOML file.
+    #[serde(skip)]
+    pub insecure_dev: bool,
 }
 
 impl Default for Config {
@@ -115,6 +120,7 @@ impl Default for Config {
             ingest_tls_cert: None,
             ingest_tls_key: None,
             ingest_tls_client_ca: None,
+            insecure_dev: false,
         }
     }
 }
@@ -154,14 +160,10 @@ pub enum ConfigError {
     /// A value is missing or of the wrong type, or a key is unknown.
     #[error("invalid configuration: {0}")]
     Invalid(#[from] Box<figment::Error>),
-    /// A `*_FILE` secret could not be read.
-    #[error("reading {path}: {source}")]
-    SecretFile {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        source: std::io::Error,
-    },
+    /// A `*_FILE` secret could not be read, or `RUNYARD_INSECURE_DEV` has
+    /// a value it cannot have.
+    #[error(transparent)]
+    Secret(#[from] SecretError),
 }
 
 impl Config {
@@ -169,7 +171,23 @@ impl Config {
     pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
         let mut config: Config = runyard_telemetry::load_config(file, ENV_KEYS)?;
         config.resolve_secret_files()?;
+        config.insecure_dev = secrets::insecure_dev_from_env()?;
         Ok(config)
+    }
+
+    /// Refuses an empty, short or placeholder webhook secret, GitLab token
+    /// or usage token (one not set is not checked: its route answers 503),
+    /// unless `insecure_dev` ([`secrets::enforce`]).
+    pub fn check_secrets(&self) -> Result<(), SecretError> {
+        let given = [
+            ("RUNYARD_GITHUB_WEBHOOK_SECRET", &self.github_webhook_secret),
+            ("RUNYARD_GITLAB_WEBHOOK_TOKEN", &self.gitlab_webhook_token),
+            ("RUNYARD_USAGE_TOKEN", &self.usage_token),
+        ];
+        let set = given
+            .iter()
+            .filter_map(|(var, value)| value.as_ref().map(|v| (*var, v.expose_secret())));
+        secrets::enforce(set, vec![], self.insecure_dev).map(drop)
     }
 
     /// The accepted GitHub hosts, lower-cased, without a trailing dot.
@@ -187,23 +205,22 @@ impl Config {
             (
                 &mut self.github_webhook_secret,
                 &self.github_webhook_secret_file,
+                "RUNYARD_GITHUB_WEBHOOK_SECRET_FILE",
             ),
             (
                 &mut self.gitlab_webhook_token,
                 &self.gitlab_webhook_token_file,
+                "RUNYARD_GITLAB_WEBHOOK_TOKEN_FILE",
             ),
-            (&mut self.usage_token, &self.usage_token_file),
+            (
+                &mut self.usage_token,
+                &self.usage_token_file,
+                "RUNYARD_USAGE_TOKEN_FILE",
+            ),
         ];
-        for (value, file) in pairs {
+        for (value, file, var) in pairs {
             if let (None, Some(path)) = (value.as_ref(), file) {
-                let text =
-                    std::fs::read_to_string(path).map_err(|source| ConfigError::SecretFile {
-                        path: path.clone(),
-                        source,
-                    })?;
-                *value = Some(SecretString::from(
-                    text.trim_end_matches(['\n', '\r']).to_owned(),
-                ));
+                *value = Some(secrets::read_file(var, path)?);
             }
         }
         Ok(())
@@ -236,7 +253,7 @@ mod tests {
                 "ingest.toml",
                 "namespace = \"fromfile\"\ningest_max_body = \"1MiB\"\n",
             )?;
-            jail.create_file("secret", "s3cret\n")?;
+            jail.create_file("secret", "s3cret \r\n")?;
             jail.set_env("RUNYARD_NAMESPACE", "fromenv");
             jail.set_env("RUNYARD_DATABASE_URL", "postgres://ignored");
             jail.set_env("RUNYARD_GITHUB_WEBHOOK_SECRET_FILE", "secret");
@@ -252,6 +269,49 @@ mod tests {
             );
             jail.create_file("bad.toml", "no_such_key = 1\n")?;
             assert!(Config::load(Some(Path::new("bad.toml"))).is_err());
+            jail.set_env("RUNYARD_USAGE_TOKEN_FILE", "absent");
+            let e = Config::load(None).err().ok_or("accepted")?.to_string();
+            assert!(
+                e.starts_with("RUNYARD_USAGE_TOKEN_FILE: reading absent"),
+                "{e}"
+            );
+            Ok(())
+        });
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment::Jail's own error type
+    fn weak_secrets_are_refused_unless_insecure_dev_is_1() {
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("RUNYARD_GITLAB_WEBHOOK_TOKEN", "changeme");
+            let c = Config::load(None).map_err(|e| e.to_string())?;
+            assert!(!c.insecure_dev);
+            let e = c.check_secrets().err().ok_or("accepted")?.to_string();
+            assert!(
+                e.contains("RUNYARD_GITLAB_WEBHOOK_TOKEN is a known placeholder"),
+                "{e}"
+            );
+            jail.set_env("RUNYARD_INSECURE_DEV", "1");
+            let c = Config::load(None).map_err(|e| e.to_string())?;
+            assert!(c.insecure_dev);
+            c.check_secrets().map_err(|e| e.to_string())?;
+            // Only 1 turns the checks off.
+            jail.set_env("RUNYARD_INSECURE_DEV", "yes");
+            let e = Config::load(None).err().ok_or("accepted")?.to_string();
+            assert!(e.starts_with("RUNYARD_INSECURE_DEV:"), "{e}");
+            // Nothing set: nothing to check (the routes answer 503).
+            jail.set_env("RUNYARD_INSECURE_DEV", "0");
+            jail.set_env("RUNYARD_GITLAB_WEBHOOK_TOKEN", "");
+            let e = Config::load(None)
+                .map_err(|e| e.to_string())?
+                .check_secrets()
+                .err()
+                .ok_or("accepted")?
+                .to_string();
+            assert!(e.contains("RUNYARD_GITLAB_WEBHOOK_TOKEN is empty"), "{e}");
+            Config::default()
+                .check_secrets()
+                .map_err(|e| e.to_string())?;
             Ok(())
         });
     }

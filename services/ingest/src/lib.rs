@@ -65,9 +65,11 @@ pub struct App {
 }
 
 impl App {
-    /// Binds the listener and connects to NATS. A NATS that is down at start
-    /// is not fatal: ingest answers 503 and `/readyz` stays red until it is up.
+    /// Checks the secrets ([`Config::check_secrets`]), binds the listener
+    /// and connects to NATS. A NATS that is down at start is not fatal:
+    /// ingest answers 503 and `/readyz` stays red until it is up.
     pub async fn build(config: Config) -> anyhow::Result<Self> {
+        config.check_secrets()?;
         let ns = Namespace::new(config.namespace.clone())?;
         let issuers = oidc::issuer::parse(&config.usage_oidc).map_err(anyhow::Error::msg)?;
         let oidc = if issuers.is_empty() {

@@ -14,9 +14,10 @@ use serde_json::{Value, json};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-const GH_SECRET: &str = "gh-secret-for-tests";
-const GL_TOKEN: &str = "gl-token-for-tests";
-const USAGE_TOKEN: &str = "usage-token-for-tests";
+// Secrets as `openssl rand -hex 32` makes them (ingest refuses weak ones).
+const GH_SECRET: &str = "13b075d250b02f21ffc8e1d1eeea8e4f40fd0b1da8b6b8a95cba25502f5c7007";
+const GL_TOKEN: &str = "4e7d27121ad235a8357f11cb80685bf038d33c1094daf052c1869b4a41c81cac";
+const USAGE_TOKEN: &str = "1b6e1deb7b9da1461b3ce8d8b4ae36fa9991f106c9be3f63495b31ec59200b00";
 
 struct Harness {
     _nats: TestNats,
@@ -105,10 +106,14 @@ impl Harness {
     }
 
     async fn usage(&self, body: &str) -> (u16, Value) {
+        self.usage_with(USAGE_TOKEN, body).await
+    }
+
+    async fn usage_with(&self, token: &str, body: &str) -> (u16, Value) {
         let req = self
             .http
             .post(format!("{}/v1/usage", self.base))
-            .bearer_auth(USAGE_TOKEN)
+            .bearer_auth(token)
             .header("Content-Type", "application/json")
             .body(body.to_owned());
         send(req).await
@@ -650,6 +655,50 @@ async fn bad_input_gets_a_clear_answer_and_publishes_nothing() {
         "nothing published on bad input"
     );
     assert!(h.raw().await.is_empty());
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn weak_secrets_refuse_to_start_naming_the_variable() {
+    runyard_telemetry::install_crypto_provider();
+    let ns = unique_namespace();
+    type Slot = fn(&mut Config) -> &mut Option<secrecy::SecretString>;
+    let slots: [(&str, Slot); 3] = [
+        ("RUNYARD_GITHUB_WEBHOOK_SECRET", |c| {
+            &mut c.github_webhook_secret
+        }),
+        ("RUNYARD_GITLAB_WEBHOOK_TOKEN", |c| {
+            &mut c.gitlab_webhook_token
+        }),
+        ("RUNYARD_USAGE_TOKEN", |c| &mut c.usage_token),
+    ];
+    for (var, slot) in slots {
+        for (value, why) in [
+            ("change-me", "is a known placeholder"),
+            ("Secret123", "is a known placeholder"),
+            ("k7Q2mZ9xR4vB1nL8", "is 16 bytes long, shorter than 32"),
+            ("", "is empty"),
+        ] {
+            // Nothing listens on the NATS URL: the check comes first.
+            let mut c = test_config("nats://127.0.0.1:1".into(), &ns);
+            *slot(&mut c) = Some(value.to_owned().into());
+            let e = App::build(c).await.expect_err("a weak secret is refused");
+            let e = format!("{e:#}");
+            assert!(e.contains(&format!("{var} {why}")), "{var}={value:?}: {e}");
+            assert!(e.contains("openssl rand -hex 32"), "{e}");
+        }
+    }
+    // RUNYARD_INSECURE_DEV=1 lets them through.
+    let mut h = Harness::start_with(TestNats::get().await, |c| {
+        c.insecure_dev = true;
+        c.github_webhook_secret = Some("dev".to_owned().into());
+        c.usage_token = Some("change-me".to_owned().into());
+    })
+    .await;
+    let (s, _) = h
+        .usage_with("change-me", &fixture("usage_report.json"))
+        .await;
+    assert_eq!(s, 202);
     h.stop().await;
 }
 

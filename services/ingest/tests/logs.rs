@@ -11,7 +11,21 @@ use runyard_bus::TraceParent;
 use runyard_testkit::{TestNats, stream_messages, unique_namespace};
 use serde_json::{Value, json};
 
-const USAGE_TOKEN: &str = "usage-token-for-logs";
+// As `openssl rand -hex 32` makes them (ingest refuses weak ones).
+const USAGE_TOKEN: &str = "80c62daa6787d644dc33b247c9be7f40d83f20aefc9339ca45a22d4e7706c137";
+
+/// The ingest binary with a clean environment and JSON logs.
+fn command(nats: &str, ns: &str) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_runyard-ingest"));
+    command
+        .env_clear()
+        .env("RUNYARD_NATS_URL", nats)
+        .env("RUNYARD_NAMESPACE", ns)
+        .env("RUNYARD_INGEST_LISTEN", "127.0.0.1:0")
+        .env("RUNYARD_LOG_FORMAT", "json")
+        .env("RUST_LOG", "info,runyard_ingest=debug");
+    command
+}
 
 struct Ingest {
     child: Child,
@@ -20,14 +34,12 @@ struct Ingest {
 
 impl Ingest {
     fn start(nats: &str, ns: &str) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_runyard-ingest"))
-            .env_clear()
-            .env("RUNYARD_NATS_URL", nats)
-            .env("RUNYARD_NAMESPACE", ns)
-            .env("RUNYARD_INGEST_LISTEN", "127.0.0.1:0")
-            .env("RUNYARD_USAGE_TOKEN", USAGE_TOKEN)
-            .env("RUNYARD_LOG_FORMAT", "json")
-            .env("RUST_LOG", "info,runyard_ingest=debug")
+        Self::start_with(nats, ns, &[("RUNYARD_USAGE_TOKEN", USAGE_TOKEN)])
+    }
+
+    fn start_with(nats: &str, ns: &str, env: &[(&str, &str)]) -> Self {
+        let mut child = command(nats, ns)
+            .envs(env.iter().copied())
             .stderr(Stdio::piped())
             .stdout(Stdio::null())
             .spawn()
@@ -132,4 +144,55 @@ async fn a_deliverys_log_lines_name_the_senders_trace() {
     assert_eq!(carried.len(), 1, "one event");
     assert_eq!(format!("{:032x}", carried[0].trace_id), trace);
     assert_eq!(format!("{:016x}", carried[0].span_id), span_id);
+}
+
+#[test]
+fn the_binary_refuses_a_placeholder_secret_naming_the_variable() {
+    // Nothing listens on the NATS URL: the check comes first.
+    let out = command("nats://127.0.0.1:1", "weak")
+        .env("RUNYARD_USAGE_TOKEN", "change-me")
+        .stdout(Stdio::null())
+        .output()
+        .expect("runyard-ingest runs");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("RUNYARD_USAGE_TOKEN is a known placeholder")
+            && stderr.contains("openssl rand -hex 32"),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("change-me"),
+        "the value stays out: {stderr}"
+    );
+}
+
+#[tokio::test]
+async fn insecure_dev_starts_with_a_weak_secret_and_warns_naming_it() {
+    runyard_telemetry::install_crypto_provider();
+    let nats = TestNats::get().await;
+    let ns = unique_namespace();
+    let ingest = Ingest::start_with(
+        &nats.url(),
+        &ns.to_string(),
+        &[
+            ("RUNYARD_USAGE_TOKEN", "change-me"),
+            ("RUNYARD_INSECURE_DEV", "1"),
+        ],
+    );
+    let (warning, seen) = ingest.wait_for(Duration::from_secs(30), |l| {
+        l["level"] == "WARN" && l["variable"] == "RUNYARD_INSECURE_DEV"
+    });
+    let warning =
+        warning.unwrap_or_else(|| panic!("a WARN about RUNYARD_INSECURE_DEV in {seen:?}"));
+    assert!(
+        warning["let_through"]
+            .as_str()
+            .is_some_and(|s| s.contains("RUNYARD_USAGE_TOKEN is a known placeholder")),
+        "{warning}"
+    );
+    let (listening, seen) = ingest.wait_for(Duration::from_secs(30), |l| {
+        l["message"] == "ingest listening"
+    });
+    assert!(listening.is_some(), "ingest starts: {seen:?}");
 }

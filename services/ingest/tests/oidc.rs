@@ -15,7 +15,8 @@ use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
 const AUDIENCE: &str = "runyard";
-const SHARED: &str = "shared-usage-token-for-tests";
+// As `openssl rand -hex 32` makes them (ingest refuses weak ones).
+const SHARED: &str = "248162813eed1c100b2d2003cf1d7329ae3816b2c889eb651689b4ca39b86ec9";
 
 /// Ingest with a GitLab-shaped and a GitHub-shaped issuer.
 struct Harness {

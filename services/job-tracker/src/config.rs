@@ -41,6 +41,11 @@ pub struct Config {
     /// `RUNYARD_TRACKER_TLS_CLIENT_CA`: clients need a certificate this CA
     /// signed (mTLS).
     pub tracker_tls_client_ca: Option<PathBuf>,
+    /// `RUNYARD_INSECURE_DEV=1`: the job-tracker has no secret of its own
+    /// to check, but says at start that the stack runs with the checks off;
+    /// from the environment only, never the TOML file.
+    #[serde(skip)]
+    pub insecure_dev: bool,
 }
 
 impl Default for Config {
@@ -58,6 +63,7 @@ impl Default for Config {
             tracker_tls_cert: None,
             tracker_tls_key: None,
             tracker_tls_client_ca: None,
+            insecure_dev: false,
         }
     }
 }
@@ -80,7 +86,10 @@ const ENV_KEYS: &[&str] = &[
 impl Config {
     /// Loads defaults, then `file` (TOML) if given, then the environment.
     pub fn load(file: Option<&Path>) -> Result<Self, Box<figment::Error>> {
-        runyard_telemetry::load_config(file, ENV_KEYS)
+        let mut config: Self = runyard_telemetry::load_config(file, ENV_KEYS)?;
+        config.insecure_dev = runyard_telemetry::secrets::insecure_dev_from_env()
+            .map_err(|e| Box::new(figment::Error::from(e.to_string())))?;
+        Ok(config)
     }
 }
 
@@ -106,6 +115,12 @@ mod tests {
             assert_eq!(c.tracker_batch_wait, Duration::from_millis(5));
             jail.create_file("bad.toml", "batch = 1\n")?;
             assert!(Config::load(Some(Path::new("bad.toml"))).is_err());
+            assert!(!c.insecure_dev);
+            jail.set_env("RUNYARD_INSECURE_DEV", "1");
+            assert!(Config::load(None).map_err(|e| e.to_string())?.insecure_dev);
+            jail.set_env("RUNYARD_INSECURE_DEV", "true");
+            let e = Config::load(None).err().ok_or("accepted")?.to_string();
+            assert!(e.starts_with("RUNYARD_INSECURE_DEV:"), "{e}");
             Ok(())
         });
     }

@@ -475,7 +475,8 @@ pub enum Outcome {
 }
 
 /// The usage token: `--token` / `RUNYARD_USAGE_TOKEN`, else the file's
-/// contents with trailing whitespace (the newline) trimmed.
+/// contents by the services' `*_FILE` rule (trailing whitespace trimmed,
+/// nothing else: [`runyard_telemetry::secrets::trim`]).
 pub fn resolve_token(
     token: Option<&SecretString>,
     token_file: Option<&Path>,
@@ -488,7 +489,7 @@ pub fn resolve_token(
         path: path.to_owned(),
         source,
     })?;
-    let token = contents.trim_end();
+    let token = runyard_telemetry::secrets::trim(&contents);
     if token.is_empty() {
         return Err(Error::MissingToken);
     }

@@ -88,7 +88,8 @@ const RUNNER_MODE: &str = "--runner-stamp";
 /// A runner exits after this long, or as soon as its parent is gone.
 const RUNNER_LIFETIME: Duration = Duration::from_secs(1800);
 /// The webhook secret ingest checks signatures with.
-const SECRET: &str = "scaler-bench-secret";
+// As `openssl rand -hex 32` makes them (runyard refuses weak secrets).
+const SECRET: &str = "a21cb8f3bcf6eb854009e3d18b7d87dba573fdd5f82b441e6984f5f1f2820e25";
 /// The pool every job goes to.
 const POOL: &str = "bench";
 /// Job names are this plus the job id, so the allocator stub knows the job.

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use bytesize::ByteSize;
+use runyard_telemetry::secrets;
 use secrecy::SecretString;
 use serde::{Deserialize, Serialize};
 
@@ -77,6 +78,11 @@ pub struct Config {
     /// `RUNYARD_STREAM_REPLICAS`: replicas of the KV buckets the scaler
     /// creates (3 on a 3-node NATS cluster), as ingest's for the streams.
     pub stream_replicas: usize,
+    /// `RUNYARD_INSECURE_DEV=1`: start with a weak instance token key or
+    /// allocator client token (a WARN names them); from the environment
+    /// only, never the TOML file.
+    #[serde(skip)]
+    pub insecure_dev: bool,
 }
 
 impl Default for Config {
@@ -106,6 +112,7 @@ impl Default for Config {
             scaler_tls_key: None,
             scaler_tls_client_ca: None,
             stream_replicas: 1,
+            insecure_dev: false,
         }
     }
 }
@@ -147,7 +154,8 @@ const SECRET_FILES: &[&str] = &[
 
 impl Config {
     /// Loads defaults, then `file` (TOML) if given, then the environment;
-    /// `*_FILE` variables fill secrets not given directly.
+    /// `*_FILE` variables fill secrets not given directly
+    /// ([`secrets::read_file`]).
     pub fn load(file: Option<&Path>) -> anyhow::Result<Self> {
         let mut config: Self =
             runyard_telemetry::load_config(file, ENV_KEYS).map_err(|e| anyhow::anyhow!(e))?;
@@ -163,18 +171,13 @@ impl Config {
                 _ => &mut config.gitlab_token,
             };
             if slot.is_none() {
-                let value = std::fs::read_to_string(&path)
-                    .map_err(|e| anyhow::anyhow!("reading {var} ({path}): {e}"))?;
-                *slot = Some(SecretString::from(value.trim().to_owned()));
+                *slot = Some(secrets::read_file(&var, Path::new(&path))?);
             }
         }
-        // An empty variable (compose's `${VAR:-}`) means "not set".
-        for slot in [
-            &mut config.allocator_client_token,
-            &mut config.github_token,
-            &mut config.gitlab_token,
-            &mut config.scaler_instance_token_key,
-        ] {
+        // An empty forge token (compose's `${VAR:-}`) means "not set". The
+        // secrets runyard's operator chooses stay empty, to be refused
+        // ([`Config::check_secrets`]).
+        for slot in [&mut config.github_token, &mut config.gitlab_token] {
             if slot
                 .as_ref()
                 .is_some_and(|s| secrecy::ExposeSecret::expose_secret(s).is_empty())
@@ -182,7 +185,30 @@ impl Config {
                 *slot = None;
             }
         }
+        config.insecure_dev = secrets::insecure_dev_from_env()?;
         Ok(config)
+    }
+
+    /// Refuses an empty, short or placeholder instance token key or
+    /// allocator client token (one not set is not checked), unless
+    /// `insecure_dev` ([`secrets::enforce`]). Forge credentials are the
+    /// forge's to judge.
+    pub fn check_secrets(&self) -> Result<(), secrets::SecretError> {
+        use secrecy::ExposeSecret as _;
+        let given = [
+            (
+                "RUNYARD_SCALER_INSTANCE_TOKEN_KEY",
+                &self.scaler_instance_token_key,
+            ),
+            (
+                "RUNYARD_ALLOCATOR_CLIENT_TOKEN",
+                &self.allocator_client_token,
+            ),
+        ];
+        let set = given
+            .iter()
+            .filter_map(|(var, value)| value.as_ref().map(|v| (*var, v.expose_secret())));
+        secrets::enforce(set, vec![], self.insecure_dev).map(drop)
     }
 }
 
@@ -1238,6 +1264,60 @@ api_budget_per_hour = 600
             for ((var, value), got) in vars.iter().zip(got) {
                 assert_eq!(got.as_deref(), Some(Path::new(value)), "{var}");
             }
+            Ok(())
+        });
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment::Jail's own error type
+    fn secrets_from_files_and_weak_ones_refused_unless_insecure_dev() {
+        use secrecy::ExposeSecret as _;
+        const KEY: &str = "b23e8a2f32abc4a6fee170ef81a5c1dc1987f2633f3b73061833ba4129d20c2d";
+        figment::Jail::expect_with(|jail| {
+            jail.create_file("key", &format!("{KEY}\r\n"))?;
+            jail.create_file("pat", "ghp_short\n")?;
+            jail.set_env("RUNYARD_SCALER_INSTANCE_TOKEN_KEY_FILE", "key");
+            jail.set_env("RUNYARD_GITHUB_TOKEN_FILE", "pat");
+            jail.set_env("RUNYARD_GITLAB_TOKEN", "");
+            let c = Config::load(None).map_err(|e| e.to_string())?;
+            let key = c.scaler_instance_token_key.as_ref().ok_or("no key")?;
+            assert_eq!(key.expose_secret(), KEY);
+            // Forge credentials: read, never judged; empty is unset.
+            let pat = c.github_token.as_ref().ok_or("no pat")?;
+            assert_eq!(pat.expose_secret(), "ghp_short");
+            assert!(c.gitlab_token.is_none());
+            c.check_secrets().map_err(|e| e.to_string())?;
+
+            for (value, why) in [
+                ("change-me", "is a known placeholder"),
+                ("k7Q2mZ9xR4vB1nL8", "is 16 bytes long, shorter than 32"),
+                ("", "is empty"),
+            ] {
+                for var in [
+                    "RUNYARD_SCALER_INSTANCE_TOKEN_KEY",
+                    "RUNYARD_ALLOCATOR_CLIENT_TOKEN",
+                ] {
+                    jail.set_env(var, value);
+                    let c = Config::load(None).map_err(|e| e.to_string())?;
+                    let e = c.check_secrets().err().ok_or("accepted")?.to_string();
+                    assert!(e.contains(&format!("{var} {why}")), "{var}={value:?}: {e}");
+                    assert!(e.contains("openssl rand -hex 32"), "{e}");
+                    jail.set_env(var, KEY);
+                }
+            }
+            jail.set_env("RUNYARD_SCALER_INSTANCE_TOKEN_KEY", "change-me");
+            jail.set_env("RUNYARD_INSECURE_DEV", "1");
+            let c = Config::load(None).map_err(|e| e.to_string())?;
+            c.check_secrets().map_err(|e| e.to_string())?;
+            Ok(())
+        });
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("RUNYARD_SCALER_INSTANCE_TOKEN_KEY_FILE", "absent");
+            let e = Config::load(None).err().ok_or("accepted")?.to_string();
+            assert!(
+                e.starts_with("RUNYARD_SCALER_INSTANCE_TOKEN_KEY_FILE: reading absent"),
+                "{e}"
+            );
             Ok(())
         });
     }

@@ -100,10 +100,9 @@ fn forge_host(pool: &config::PoolConfig, config: &Config) -> String {
     "github.com".into()
 }
 
-fn read_secret(path: &std::path::Path) -> anyhow::Result<SecretString> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    Ok(SecretString::from(text.trim().to_owned()))
+/// A credential file named by `var` (the shared `*_FILE` rule).
+fn read_secret(var: &str, path: &std::path::Path) -> anyhow::Result<SecretString> {
+    Ok(runyard_telemetry::secrets::read_file(var, path)?)
 }
 
 fn forges(config: &Config, file: &ScalerFile) -> anyhow::Result<Forges> {
@@ -117,7 +116,7 @@ fn forges(config: &Config, file: &ScalerFile) -> anyhow::Result<Forges> {
     let app = match (app_id, key_file) {
         (Some(app_id), Some(key)) => Some(GitHubAuth::App {
             app_id,
-            private_key_pem: read_secret(&key)?,
+            private_key_pem: read_secret("RUNYARD_GITHUB_APP_PRIVATE_KEY_FILE", &key)?,
             installation_id: config.github_app_installation_id.or(gh.installation_id),
         }),
         _ => None,
@@ -151,7 +150,7 @@ fn forges(config: &Config, file: &ScalerFile) -> anyhow::Result<Forges> {
     let gitlab_url = config.gitlab_api_url.clone().or(gl.api_url);
     let gitlab_token = match (&config.gitlab_token, gl.token_file) {
         (Some(t), _) => Some(t.clone()),
-        (None, Some(f)) => Some(read_secret(&f)?),
+        (None, Some(f)) => Some(read_secret("[gitlab] token_file", &f)?),
         _ => None,
     };
     let gitlab = match (gitlab_url, gitlab_token) {
@@ -286,6 +285,7 @@ impl App {
     }
 
     async fn build_boxed(config: Config, file: Option<ScalerFile>) -> anyhow::Result<Self> {
+        config.check_secrets()?;
         let file = match (file, &config.scaler_config) {
             (Some(f), _) => f,
             (None, Some(path)) => ScalerFile::load(path)

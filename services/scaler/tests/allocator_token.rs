@@ -16,7 +16,8 @@ use runyard_scaler::sizing::Allocator;
 use runyard_scaler::world::{Job, JobId};
 use runyard_testkit::{TestDb, TestNats, eventually, unique_namespace};
 
-const TOKEN: &str = "scaler-to-allocator";
+// As `openssl rand -hex 32` makes them (runyard refuses weak secrets).
+const TOKEN: &str = "99a0eb2535e8f42155c3dd6a71d26e525fd23a4863b5ecd7aca9dc293f40d7b7";
 
 fn job() -> Job {
     Job {

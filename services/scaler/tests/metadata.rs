@@ -20,7 +20,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 /// The key `support::Stack::config` gives the scaler.
-const KEY: &str = "test-instance-token-key";
+const KEY: &str = "e6ba5d7d4016a15dcba16e8905f88fea35bfdd5cfeeb02b8bb711d5885495b87";
 
 const HOUR: Duration = Duration::from_secs(3600);
 
@@ -757,4 +757,46 @@ async fn tls_settings_that_cannot_work_refuse_to_start() {
         e.contains("RUNYARD_ALLOCATOR_CLIENT_CERT") && e.contains("RUNYARD_ALLOCATOR_CLIENT_KEY"),
         "{e}"
     );
+}
+
+#[tokio::test]
+async fn weak_secrets_refuse_to_start_naming_the_variable() {
+    runyard_telemetry::install_crypto_provider();
+    let stack = Stack::new(&pool_toml(2, 0, "")).await;
+    let build = |config: runyard_scaler::Config| {
+        let file = ScalerFile::parse(&stack.file).expect("valid scaler file");
+        async move { Box::pin(App::build(config, Some(file))).await.map(drop) }
+    };
+    type Slot = fn(&mut runyard_scaler::Config) -> &mut Option<SecretString>;
+    let slots: [(&str, Slot); 2] = [
+        ("RUNYARD_SCALER_INSTANCE_TOKEN_KEY", |c| {
+            &mut c.scaler_instance_token_key
+        }),
+        ("RUNYARD_ALLOCATOR_CLIENT_TOKEN", |c| {
+            &mut c.allocator_client_token
+        }),
+    ];
+    for (var, slot) in slots {
+        for (value, why) in [
+            ("change-me", "is a known placeholder"),
+            ("Secret-1", "is a known placeholder"),
+            ("k7Q2mZ9xR4vB1nL8", "is 16 bytes long, shorter than 32"),
+            ("", "is empty"),
+        ] {
+            let mut config = stack.config();
+            *slot(&mut config) = Some(value.to_owned().into());
+            let e = format!("{:#}", build(config).await.expect_err("refused"));
+            assert!(e.contains(&format!("{var} {why}")), "{var}={value:?}: {e}");
+            assert!(e.contains("openssl rand -hex 32"), "{e}");
+        }
+    }
+    // RUNYARD_INSECURE_DEV=1 lets them through; forge tokens are never
+    // judged (the stack's GitHub token is short).
+    let mut config = stack.config();
+    config.scaler_instance_token_key = Some("change-me".to_owned().into());
+    config.insecure_dev = true;
+    build(config).await.expect("insecure dev starts");
+    build(stack.config())
+        .await
+        .expect("a short forge token starts");
 }

@@ -23,7 +23,7 @@ use serde_json::{Value, json};
 use support::{Stack, pool_toml, until, until_async};
 
 /// The key `support::Stack::config` gives the scaler.
-const KEY: &str = "test-instance-token-key";
+const KEY: &str = "e6ba5d7d4016a15dcba16e8905f88fea35bfdd5cfeeb02b8bb711d5885495b87";
 
 /// Host variables the tests let through (cargo sets them for every test
 /// run); `PATH`, `HOME` and the rest must stay behind.

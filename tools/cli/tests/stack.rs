@@ -19,11 +19,12 @@ use serde_json::Value;
 use tokio::sync::oneshot;
 
 const WAIT: Duration = Duration::from_secs(60);
-const GITHUB_SECRET: &str = "gh-secret";
-const GITLAB_TOKEN: &str = "gl-token";
-const USAGE_TOKEN: &str = "usage-token";
+// As `openssl rand -hex 32` makes them (runyard refuses weak secrets).
+const GITHUB_SECRET: &str = "e3eca9def0b915748e37856a5f22255bd7f99c4a563cb344bf3ad85f3c92fe17";
+const GITLAB_TOKEN: &str = "374f3aef87d01360e96a6f94db2a364da5ccc367bf0ba27a8cc22e6f7ad09bdd";
+const USAGE_TOKEN: &str = "bfbe986563665543276b7a64f56018f4d600aa7a95d53d079525895d6af2d2bd";
 /// The allocator wants it; the scaler and the CLI send it.
-const ALLOCATOR_TOKEN: &str = "allocator-token";
+const ALLOCATOR_TOKEN: &str = "3f287a4d3dc2eab10076d416f39a01a8bc03dffb54658f1c87555e68120c38c3";
 
 /// Where the CLI should look: every address it takes.
 #[derive(Debug, Clone)]
@@ -264,7 +265,11 @@ impl Stack {
                 scaler_tls_key: key.clone(),
                 scaler_tls_client_ca: ca.clone(),
                 scaler_metadata_listen: LOCAL,
-                scaler_instance_token_key: Some("test-instance-token-key".to_owned().into()),
+                scaler_instance_token_key: Some(
+                    "e6ba5d7d4016a15dcba16e8905f88fea35bfdd5cfeeb02b8bb711d5885495b87"
+                        .to_owned()
+                        .into(),
+                ),
                 ..runyard_scaler::Config::default()
             },
             Some(runyard_scaler::ScalerFile::parse(SCALER_FILE).unwrap()),

@@ -20,9 +20,10 @@ use serde_json::{Value, json};
 /// Deadline of every wait.
 pub const WAIT: Duration = Duration::from_secs(60);
 
-const GITLAB_TOKEN: &str = "gl-hook-token";
-const GITHUB_SECRET: &str = "gh-hook-secret";
-const USAGE_TOKEN: &str = "usage-token";
+// As `openssl rand -hex 32` makes them (runyard refuses weak secrets).
+const GITLAB_TOKEN: &str = "65218c905006bfb0ff508c1b3f6b073775cf9871cc05205961a9f5497f0f7a4f";
+const GITHUB_SECRET: &str = "aaf19c62844e58291e381f7225ce67a4a148b2708a08bbbd26cb580386204716";
+const USAGE_TOKEN: &str = "11e32cbacfd1b79895d00f1657982d6a6943c9c33f82f0634b854f612a35f1c2";
 
 /// A child process killed when dropped.
 struct Proc(Child);

@@ -194,7 +194,11 @@ command = ["/bin/sleep", "3600"]
             // Nothing listens there: sizing falls back to the first flavor.
             allocator_url: "http://127.0.0.1:1".into(),
             scaler_metadata_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-            scaler_instance_token_key: Some("test-instance-token-key".to_owned().into()),
+            scaler_instance_token_key: Some(
+                "e6ba5d7d4016a15dcba16e8905f88fea35bfdd5cfeeb02b8bb711d5885495b87"
+                    .to_owned()
+                    .into(),
+            ),
             ..Config::default()
         }
     }
