@@ -179,8 +179,9 @@ pub struct Engine {
     /// The trace each queued job's event carried: its runner's creation is
     /// a hop of that trace.
     traces: HashMap<JobId, TraceParent>,
-    /// Job attempts already said to be unserved (said once).
-    unserved: HashSet<(JobId, u32)>,
+    /// Jobs already said to be unserved, with the run attempt said (said
+    /// once per attempt).
+    unserved: HashMap<JobId, u32>,
 }
 
 /// An event read from the log, with the trace context it carried.
@@ -214,7 +215,7 @@ impl Engine {
             unreachable_pools: HashSet::new(),
             restarted: HashSet::new(),
             traces: HashMap::new(),
-            unserved: HashSet::new(),
+            unserved: HashMap::new(),
         }
     }
 
@@ -522,23 +523,34 @@ impl Engine {
             .filter(|p| self.owns(p))
             .cloned()
             .collect();
+        let specs = &self.shared.specs;
+        let queues = policy::queues(&self.world, specs, self.shared.timers.balance);
         let decisions = if owned.is_empty() {
             Vec::new()
         } else {
             let ops = &self.ops;
-            policy::decide(
-                &self.shared.specs,
+            policy::decide_queued(
+                specs,
                 &self.world,
+                &queues,
                 &|p| owned.contains(p),
                 &|n| ops.contains(n),
                 now,
                 &knobs,
             )
         };
+        // The policy runs on every event and most decide nothing: then
+        // this round's queues give the pools' numbers too.
+        let unchanged = decisions
+            .is_empty()
+            .then(|| policy::status_of(specs, &self.world, &queues));
+        drop(queues);
         for d in decisions {
             self.execute(d, now);
         }
-        let status = policy::status(&self.shared.specs, &self.world, self.shared.timers.balance);
+        let status = unchanged.unwrap_or_else(|| {
+            policy::status(&self.shared.specs, &self.world, self.shared.timers.balance)
+        });
         self.shared.metrics.record_pools(&status);
         if let Ok(mut s) = self.shared.status.write() {
             *s = status;
@@ -555,16 +567,17 @@ impl Engine {
     fn report_unserved(&mut self) {
         let specs = &self.shared.specs;
         let mut found = Vec::new();
+        // Runs on every decision over every queued job: the common answer
+        // (said already, or some pool takes it) costs no allocation.
         for job in self.world.jobs.values().filter(|j| j.is_queued()) {
             let Some(labels) = job.labels.as_deref() else {
                 continue;
             };
-            let instance_served = specs
-                .iter()
-                .any(|p| p.forge == job.id.forge && p.instance == job.id.instance);
-            if !instance_served
-                || self.unserved.contains(&(job.id.clone(), job.run_attempt))
-                || !policy::candidate_pools(specs, job, self.shared.timers.balance).is_empty()
+            if self.unserved.get(&job.id) == Some(&job.run_attempt)
+                || specs.iter().any(|p| policy::takes(p, job))
+                || !specs
+                    .iter()
+                    .any(|p| p.forge == job.id.forge && p.instance == job.id.instance)
             {
                 continue;
             }
@@ -601,9 +614,9 @@ impl Engine {
             found.push((job.clone(), reason, detail));
         }
         let world = &self.world;
-        self.unserved.retain(|(id, _)| world.jobs.contains_key(id));
+        self.unserved.retain(|id, _| world.jobs.contains_key(id));
         for (job, reason, detail) in found {
-            self.unserved.insert((job.id.clone(), job.run_attempt));
+            self.unserved.insert(job.id.clone(), job.run_attempt);
             let event = Event {
                 id: runyard_events::ids::unserved(
                     job.id.forge,

@@ -165,18 +165,7 @@ pub fn candidate_pools<'a>(
     job: &Job,
     balance: Balance,
 ) -> Vec<&'a PoolSpec> {
-    let Some(labels) = job.labels.as_deref() else {
-        return Vec::new();
-    };
-    let mut matching: Vec<&PoolSpec> = pools
-        .iter()
-        .filter(|p| {
-            p.forge == job.id.forge
-                && p.instance == job.id.instance
-                && labels_match(labels, &p.labels)
-                && p.admits(&job.project)
-        })
-        .collect();
+    let mut matching: Vec<&PoolSpec> = pools.iter().filter(|p| takes(p, job)).collect();
     matching.sort_by(|a, b| b.priority.cmp(&a.priority).then(a.name.cmp(&b.name)));
     if balance == Balance::Spread {
         for tied in matching.chunk_by_mut(|a, b| a.priority == b.priority) {
@@ -185,6 +174,18 @@ pub fn candidate_pools<'a>(
         }
     }
     matching
+}
+
+/// Whether `pool` may take `job`: the job's forge and instance, labels the
+/// pool's cover, a repository the pool's runner group admits.
+pub fn takes(pool: &PoolSpec, job: &Job) -> bool {
+    pool.forge == job.id.forge
+        && pool.instance == job.id.instance
+        && job
+            .labels
+            .as_deref()
+            .is_some_and(|labels| labels_match(labels, &pool.labels))
+        && pool.admits(&job.project)
 }
 
 /// The pool a job goes to when every pool has room: the first of
@@ -199,11 +200,7 @@ pub fn choose_pool<'a>(pools: &'a [PoolSpec], job: &Job, balance: Balance) -> Op
 /// (`max_runners` less its live runners, plus its free ones, less the jobs
 /// given to it before this one), or waits in the first candidate when none
 /// has room.
-fn queues<'a>(
-    world: &'a World,
-    pools: &[PoolSpec],
-    balance: Balance,
-) -> HashMap<String, Vec<&'a Job>> {
+pub fn queues<'a>(world: &'a World, pools: &[PoolSpec], balance: Balance) -> Queues<'a> {
     let mut jobs: Vec<&Job> = world.jobs.values().filter(|j| j.is_queued()).collect();
     jobs.sort_by(|a, b| a.queued_at.cmp(&b.queued_at).then(a.id.cmp(&b.id)));
     let candidates: Vec<Vec<&PoolSpec>> = jobs
@@ -219,7 +216,7 @@ fn queues<'a>(
                 q.entry(pool.name.clone()).or_default().push(job);
             }
         }
-        return q;
+        return Queues(q);
     }
     let queued: HashSet<&JobId> = jobs.iter().map(|j| &j.id).collect();
     let mut room: HashMap<&str, i64> = pools
@@ -264,7 +261,18 @@ fn queues<'a>(
         };
         q.entry(pool).or_default().push(job);
     }
-    q
+    Queues(q)
+}
+
+/// Each pool's queued jobs, oldest first ([`queues`]).
+#[derive(Debug, Default)]
+pub struct Queues<'a>(HashMap<String, Vec<&'a Job>>);
+
+impl<'a> Queues<'a> {
+    /// `pool`'s queued jobs, oldest first.
+    pub fn of(&self, pool: &str) -> &[&'a Job] {
+        self.0.get(pool).map_or(&[][..], Vec::as_slice)
+    }
 }
 
 /// Decides what to do for the pools this replica owns. `in_flight` says
@@ -277,10 +285,24 @@ pub fn decide(
     now: Clock,
     knobs: &Knobs,
 ) -> Vec<Decision> {
-    let mut out = Vec::new();
     let queues = queues(world, pools, knobs.balance);
+    decide_queued(pools, world, &queues, owned, in_flight, now, knobs)
+}
+
+/// [`decide`] with the queues of this round already made (the same ones
+/// serve [`status_of`] when nothing was decided).
+pub fn decide_queued(
+    pools: &[PoolSpec],
+    world: &World,
+    queues: &Queues<'_>,
+    owned: &dyn Fn(&str) -> bool,
+    in_flight: &dyn Fn(&str) -> bool,
+    now: Clock,
+    knobs: &Knobs,
+) -> Vec<Decision> {
+    let mut out = Vec::new();
     for pool in pools.iter().filter(|p| owned(&p.name)) {
-        let queue = queues.get(&pool.name).map_or(&[][..], Vec::as_slice);
+        let queue = queues.of(&pool.name);
         decide_pool(pool, queue, world, in_flight, now, knobs, &mut out);
     }
     out
@@ -469,7 +491,11 @@ fn decide_pool(
 
 /// Every pool's numbers.
 pub fn status(pools: &[PoolSpec], world: &World, balance: Balance) -> Vec<PoolStatus> {
-    let queues = queues(world, pools, balance);
+    status_of(pools, world, &queues(world, pools, balance))
+}
+
+/// [`status`] from this round's queues.
+pub fn status_of(pools: &[PoolSpec], world: &World, queues: &Queues<'_>) -> Vec<PoolStatus> {
     pools
         .iter()
         .map(|pool| {
@@ -488,8 +514,7 @@ pub fn status(pools: &[PoolSpec], world: &World, balance: Balance) -> Vec<PoolSt
                 }
             }
             s.actual = s.creating + s.idle + s.busy;
-            s.queued =
-                u32::try_from(queues.get(&pool.name).map_or(0, Vec::len)).unwrap_or(u32::MAX);
+            s.queued = u32::try_from(queues.of(&pool.name).len()).unwrap_or(u32::MAX);
             s.desired = (s.busy + s.queued + s.min_idle).min(s.max_runners);
             s
         })
