@@ -340,6 +340,44 @@ async fn a_token_for_another_job_project_or_ref_is_403_naming_the_field() {
 }
 
 #[tokio::test]
+async fn one_gitlab_token_files_one_report_whatever_attempt_it_names() {
+    let h = Harness::start(|_, _, _| {}).await;
+    let token = h.gitlab.sign(&gitlab_claims(&h.gitlab.url(), 4711));
+    // A GitLab job id is one attempt: other numbers would each be a new
+    // event id, so one token could file reports without end.
+    for attempt in [2u64, 3, 2_147_483_647] {
+        let mut body = gitlab_report(4711);
+        body["attempt"] = json!(attempt);
+        let (status, answer, _) = h.usage(Some(&token), &body).await;
+        assert_eq!(status, 403, "attempt {attempt}: {answer}");
+        assert_eq!(answer["field"], "attempt");
+        assert!(
+            answer["error"].as_str().unwrap().contains("must be 1"),
+            "{answer}"
+        );
+    }
+    assert!(h.events().await.is_empty(), "nothing refused was published");
+    let (status, first, _) = h.usage(Some(&token), &gitlab_report(4711)).await;
+    assert_eq!((status, &first["duplicate"]), (202, &json!(false)));
+    // The same attempt again, claiming another workload: one report.
+    let mut again = gitlab_report(4711);
+    again["workload"] = json!({"package": "py-torch"});
+    let (status, second, _) = h.usage(Some(&token), &again).await;
+    assert_eq!(
+        (status, &second["duplicate"]),
+        (202, &json!(true)),
+        "{second}"
+    );
+    let events = h.events().await;
+    assert_eq!(events.len(), 1);
+    assert_eq!(
+        usage(&events[0]).workload["package"],
+        "zlib",
+        "the first stays"
+    );
+}
+
+#[tokio::test]
 async fn rotated_keys_are_fetched_again_but_not_for_every_unknown_kid() {
     // Refetch on an unknown kid at once.
     let h = Harness::start(|c, _, _| c.usage_oidc_refetch = Duration::ZERO).await;
