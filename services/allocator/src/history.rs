@@ -53,7 +53,10 @@ pub async fn load(state: &State) -> Result<(HashSet<String>, time::OffsetDateTim
     // A sample trains only when the job's own (signed) webhook confirms
     // its ref: the projected job row exists and names the same ref, and
     // that ref is protected. A report whose job row is not projected yet
-    // loads unprotected (it still counts for OOM streaks).
+    // loads unprotected (it still counts for OOM streaks). One the job row
+    // contradicts — another project than the report's (an identity
+    // token's), or an attempt beyond the job's — is not loaded at all
+    // (see [`judge`]); the table holds one sample per job attempt.
     let mut rows = sqlx::query(
         "SELECT u.workload_key,
                 (j.ref IS NOT NULL AND j.ref = u.ref AND u.ref = ANY($1)) AS protected,
@@ -63,7 +66,10 @@ pub async fn load(state: &State) -> Result<(HashSet<String>, time::OffsetDateTim
          FROM usage_samples u
          LEFT JOIN jobs j
            ON j.forge = u.forge AND j.instance = u.instance AND j.job_id = u.job_id
-         WHERE u.reported_at >= $3 ORDER BY u.id",
+         WHERE u.reported_at >= $3
+           AND (u.project IS NULL OR j.project IS NULL OR lower(u.project) = lower(j.project))
+           AND (j.run_attempt IS NULL OR u.attempt <= j.run_attempt)
+         ORDER BY u.id",
     )
     .bind(&protected)
     .bind(recent_after)
@@ -267,6 +273,7 @@ pub async fn follow(
         skip: Mutex::new(skip),
         fed_through: AtomicU64::new(0),
         jobs: Mutex::default(),
+        pending: Mutex::default(),
     };
     tokio::select! {
         () = consumer.run(follower, stop) => {}
@@ -284,15 +291,22 @@ struct UsageFollower {
     /// (an ack that did not arrive), since a consumer delivers in order.
     fed_through: AtomicU64,
     /// Jobs seen, by `(forge, instance, job id)`.
-    jobs: Mutex<HashMap<(i32, String, u64), KnownJob>>,
+    jobs: Mutex<HashMap<JobRef, KnownJob>>,
+    /// Identity-token reports of jobs not seen yet, by job.
+    pending: Mutex<HashMap<JobRef, Vec<(UsageReported, Event)>>>,
 }
 
 /// Jobs remembered for judging their usage (all are forgotten past this
 /// many; the next start's load judges from the projection).
 const JOBS_KEPT: usize = 200_000;
 
+/// Reports of identity tokens waiting for their job's first webhook, at
+/// most (past it they are dropped here; the next start's load judges them
+/// from the projection).
+const PENDING_KEPT: usize = 50_000;
+
 /// What a job's (signed) webhooks say its usage is judged by.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct KnownJob {
     /// GitHub: `{repo, workflow, job}`, the key its usage is kept under;
     /// `None` on GitLab (the report's workload is the key) or before the
@@ -300,7 +314,96 @@ pub struct KnownJob {
     pub workload: Option<Workload>,
     /// The webhook's branch or tag.
     pub git_ref: String,
+    /// The webhook's project (`owner/repo`, GitLab `path_with_namespace`).
+    pub project: String,
+    /// The highest attempt the webhooks named (GitHub `run_attempt`,
+    /// GitLab `retries_count + 1`); 0 when none did.
+    pub run_attempt: u32,
+    /// Attempts whose report was fed already.
+    pub reported: Vec<u32>,
 }
+
+/// Why a report does not reach the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Contradiction {
+    /// The report's project (an identity token's claim) is not the job's.
+    Project,
+    /// The job's webhooks named fewer attempts.
+    Attempt,
+    /// That attempt was reported already.
+    Duplicate,
+}
+
+/// Judges a report against what its job's webhooks said: it is fed only
+/// when its project (when it names one) is the job's, its attempt is one
+/// the job had, and no report of that attempt was fed before.
+pub fn judge(job: &KnownJob, u: &UsageReported) -> Result<(), Contradiction> {
+    let attempt = u.attempt.max(1);
+    if job.reported.contains(&attempt) {
+        return Err(Contradiction::Duplicate);
+    }
+    if !u.project.is_empty()
+        && !job.project.is_empty()
+        && !u.project.eq_ignore_ascii_case(&job.project)
+    {
+        return Err(Contradiction::Project);
+    }
+    if job.run_attempt > 0 && attempt > job.run_attempt {
+        return Err(Contradiction::Attempt);
+    }
+    Ok(())
+}
+
+impl UsageFollower {
+    /// Remembers what a job's webhook says. A later observation that lacks
+    /// a value keeps the one an earlier one gave.
+    fn job_seen(&self, key: &JobRef, j: &runyard_events::JobObserved) {
+        let github = key.0 == runyard_events::Forge::Github as i32;
+        let workload = (github && !j.name.is_empty())
+            .then(|| runyard_store::workload::github(&j.project, &j.workflow_name, &j.name));
+        let mut jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
+        if jobs.len() >= JOBS_KEPT {
+            jobs.clear();
+        }
+        let known = jobs.entry(key.clone()).or_default();
+        if workload.is_some() {
+            known.workload = workload;
+        }
+        if !j.r#ref.is_empty() {
+            known.git_ref.clone_from(&j.r#ref);
+        }
+        if !j.project.is_empty() {
+            known.project.clone_from(&j.project);
+        }
+        known.run_attempt = known.run_attempt.max(j.run_attempt);
+    }
+
+    /// Feeds one report to the model, unless its job's webhooks contradict
+    /// it ([`judge`]).
+    fn feed(&self, key: &JobRef, u: &UsageReported, event: &Event) {
+        let job = {
+            let mut jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
+            match jobs.get_mut(key) {
+                Some(job) => {
+                    if let Err(why) = judge(job, u) {
+                        tracing::debug!(event_id = %event.id, ?why, "usage report not fed: its job's webhooks contradict it");
+                        self.state.metrics.samples_refused.inc();
+                        return;
+                    }
+                    job.reported.push(u.attempt.max(1));
+                    Some(job.clone())
+                }
+                None => None,
+            }
+        };
+        let (w, o) = observation(&self.state, u, event, job.as_ref());
+        self.state.model_write().observe(&w, o);
+        self.state.metrics.samples_observed.inc();
+    }
+}
+
+/// A job: `(forge, instance, job id)`.
+type JobRef = (i32, String, u64);
 
 impl Handler for UsageFollower {
     async fn handle(&self, batch: &[Delivery]) -> Result<Rejected, HandlerError> {
@@ -312,27 +415,16 @@ impl Handler for UsageFollower {
                 Some(Body::UsageReported(u)) => u,
                 Some(Body::JobObserved(j)) => {
                     if let Some(key) = &j.job {
-                        let github = key.forge() == runyard_events::Forge::Github;
-                        let workload = (github && !j.name.is_empty()).then(|| {
-                            runyard_store::workload::github(&j.project, &j.workflow_name, &j.name)
-                        });
-                        let mut jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
-                        if jobs.len() >= JOBS_KEPT {
-                            jobs.clear();
-                        }
-                        // A later observation that lacks a value keeps
-                        // the one an earlier one gave.
-                        let known = jobs
-                            .entry((key.forge, key.instance.clone(), key.job_id))
-                            .or_insert(KnownJob {
-                                workload: None,
-                                git_ref: String::new(),
-                            });
-                        if workload.is_some() {
-                            known.workload = workload;
-                        }
-                        if !j.r#ref.is_empty() {
-                            known.git_ref.clone_from(&j.r#ref);
+                        let key = (key.forge, key.instance.clone(), key.job_id);
+                        self.job_seen(&key, j);
+                        // Reports that waited for this job's webhook.
+                        let waiting = self
+                            .pending
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .remove(&key);
+                        for (u, event) in waiting.unwrap_or_default() {
+                            self.feed(&key, &u, &event);
                         }
                     }
                     continue;
@@ -345,16 +437,30 @@ impl Handler for UsageFollower {
                     continue;
                 }
             }
-            let job = u.job.as_ref().and_then(|k| {
-                self.jobs
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .get(&(k.forge, k.instance.clone(), k.job_id))
-                    .cloned()
-            });
-            let (w, o) = observation(&self.state, u, &d.event, job.as_ref());
-            self.state.model_write().observe(&w, o);
-            self.state.metrics.samples_observed.inc();
+            let Some(k) = u.job.as_ref() else {
+                continue;
+            };
+            let key = (k.forge, k.instance.clone(), k.job_id);
+            let known = self
+                .jobs
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .contains_key(&key);
+            let verified = u.identity.as_ref().is_some_and(|i| i.method == "oidc");
+            if !known && verified {
+                // A job's token speaks for it before its webhook may have
+                // come: judged once the webhook says what the job is.
+                let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+                if pending.len() >= PENDING_KEPT {
+                    pending.clear();
+                }
+                pending
+                    .entry(key)
+                    .or_default()
+                    .push((u.clone(), d.event.clone()));
+                continue;
+            }
+            self.feed(&key, u, &d.event);
         }
         self.state.model_metrics();
         Ok(Vec::new())

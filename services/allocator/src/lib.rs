@@ -91,6 +91,9 @@ struct AllocatorMetrics {
     /// `recommendations{api, basis}`, resolved once: `[api][basis]`.
     recommendations: [[Counter; BASES.len()]; APIS.len()],
     samples_observed: Counter,
+    /// Usage reports the job's webhooks contradict (see
+    /// [`history::judge`]).
+    samples_refused: Counter,
     allocations_dropped: Counter,
     allocations_rate_limited: Counter,
     workloads: Gauge,
@@ -122,6 +125,7 @@ impl AllocatorMetrics {
         let m = Self {
             recommendations,
             samples_observed: Counter::default(),
+            samples_refused: Counter::default(),
             allocations_dropped: Counter::default(),
             allocations_rate_limited: Counter::default(),
             workloads: Gauge::default(),
@@ -141,6 +145,11 @@ impl AllocatorMetrics {
                 "samples_observed",
                 "Usage samples fed to the model",
                 m.samples_observed.clone(),
+            );
+            r.register(
+                "samples_refused",
+                "Usage reports not fed to the model: their job's webhooks name another project or fewer attempts, or the attempt was reported already",
+                m.samples_refused.clone(),
             );
             r.register(
                 "allocations_dropped",

@@ -404,6 +404,189 @@ async fn usage_reports_through_the_stack_shape_the_recommendation() {
     stack.stop().await;
 }
 
+/// A report of GitLab job `job_id`, attempt `attempt`, sent with an
+/// identity token of `project` (as ingest publishes it), under event id
+/// `id`.
+fn verified_report(id: &str, job_id: u64, attempt: u32, project: &str, w: &Value) -> Event {
+    let now = time::OffsetDateTime::now_utc();
+    let instance = "gitlab.example.com".to_owned();
+    Event {
+        id: id.to_owned(),
+        occurred_at: Some(timestamp(now)),
+        received_at: Some(timestamp(now)),
+        source: Some(Source {
+            forge: Forge::Gitlab as i32,
+            instance: instance.clone(),
+            ..Default::default()
+        }),
+        body: Some(Body::UsageReported(UsageReported {
+            job: Some(JobKey {
+                forge: Forge::Gitlab as i32,
+                instance,
+                job_id,
+            }),
+            attempt,
+            r#ref: "develop".into(),
+            project: project.into(),
+            workload: w
+                .as_object()
+                .unwrap()
+                .iter()
+                .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_owned()))
+                .collect(),
+            peak_memory_bytes: 4_000_000_000,
+            memory_limit_bytes: Some(40_000_000_000),
+            cpu_seconds: 100.0,
+            wall_seconds: 100.0,
+            identity: Some(runyard_events::UsageIdentity {
+                method: "oidc".into(),
+                issuer: "https://gitlab.example.com".into(),
+                subject: String::new(),
+            }),
+            ..Default::default()
+        })),
+    }
+}
+
+/// The webhook of GitLab job `job_id` of `spack/spack` on `develop`, first
+/// attempt.
+fn spack_job(job_id: u64) -> Event {
+    let now = time::OffsetDateTime::now_utc();
+    let instance = "gitlab.example.com".to_owned();
+    Event {
+        id: format!("test-job:{job_id}"),
+        occurred_at: Some(timestamp(now)),
+        received_at: Some(timestamp(now)),
+        source: Some(Source {
+            forge: Forge::Gitlab as i32,
+            instance: instance.clone(),
+            ..Default::default()
+        }),
+        body: Some(Body::JobObserved(JobObserved {
+            job: Some(JobKey {
+                forge: Forge::Gitlab as i32,
+                instance,
+                job_id,
+            }),
+            project: "spack/spack".into(),
+            project_id: 22,
+            run_attempt: 1,
+            name: "build".into(),
+            status: JobStatus::Completed as i32,
+            r#ref: "develop".into(),
+            ..Default::default()
+        })),
+    }
+}
+
+#[tokio::test]
+async fn a_report_trains_only_what_its_job_s_webhooks_confirm() {
+    let stack = Stack::start().await;
+    let client = stack.client().await;
+    let w = json!({"package": "hdf5", "version": "1.14.3"});
+    let bus = Bus::connect(&stack.nats.url(), stack.ns.clone(), "test", false)
+        .await
+        .unwrap();
+    bus.ensure_streams(&StreamSettings::default())
+        .await
+        .unwrap();
+    let tp = TraceParent::new_root();
+    for job in 1..=4 {
+        bus.publish_event(&spack_job(job), &tp).await.unwrap();
+    }
+    let id = |job: u64, attempt: u32| ids::usage(Forge::Gitlab, "gitlab.example.com", job, attempt);
+    for e in [
+        // Trains.
+        verified_report(&id(1, 1), 1, 1, "spack/spack", &w),
+        // The same attempt again (past JetStream's duplicate window, so
+        // under another message id): not a second sample.
+        verified_report("usage:again:1", 1, 1, "spack/spack", &w),
+        // A token of another project than the job's webhook names.
+        verified_report(&id(2, 1), 2, 1, "someone/else", &w),
+        // An attempt the job never had.
+        verified_report(&id(3, 7), 3, 7, "spack/spack", &w),
+        // Trains.
+        verified_report(&id(4, 1), 4, 1, "spack/spack", &w),
+        // Before its job's webhook: waits for it, then trains.
+        verified_report(&id(5, 1), 5, 1, "spack/spack", &w),
+    ] {
+        bus.publish_event(&e, &tp).await.unwrap();
+    }
+    let samples = |grpc: SocketAddr, want: u32| {
+        let w = w.clone();
+        eventually(Duration::from_secs(10), move || {
+            let w = w.clone();
+            async move {
+                let mut c = AllocatorClient::connect(format!("http://{grpc}"))
+                    .await
+                    .ok()?;
+                // A fresh allocator answers UNAVAILABLE while it loads.
+                let r = c.recommend(request(&w, "develop")).await.ok()?.into_inner();
+                let n = r.basis.as_ref()?.samples;
+                (n == want).then_some(n)
+            }
+        })
+    };
+    assert_eq!(samples(stack.grpc, 2).await, Some(2), "jobs 1 and 4");
+    bus.publish_event(&spack_job(5), &tp).await.unwrap();
+    assert_eq!(
+        samples(stack.grpc, 3).await,
+        Some(3),
+        "job 5 once its webhook came"
+    );
+    drop(client);
+    let metrics = reqwest::get(format!("{}/metrics", stack.http))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("runyard_allocator_samples_refused_total 3"),
+        "{metrics}"
+    );
+
+    // A fresh allocator loads the projection and judges it the same way.
+    let projected = eventually(Duration::from_secs(10), || async {
+        let p = sqlx::PgPool::connect(&stack.db.url).await.ok()?;
+        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM jobs WHERE job_id = 5")
+            .fetch_one(&p)
+            .await
+            .ok()?;
+        let m: i64 = sqlx::query_scalar("SELECT count(*) FROM usage_samples")
+            .fetch_one(&p)
+            .await
+            .ok()?;
+        p.close().await;
+        (n == 1 && m == 5).then_some(())
+    })
+    .await;
+    assert!(projected.is_some(), "job-tracker projected five samples");
+    let other = App::build(Config {
+        nats_url: stack.nats.url(),
+        namespace: unique_namespace().to_string(),
+        database_url: stack.db.url.clone(),
+        allocator_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        allocator_http_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        ..Config::default()
+    })
+    .await
+    .unwrap();
+    let grpc = other.grpc_addr();
+    let stop_other = spawn_run(|rx| {
+        tokio::spawn(other.run(async move {
+            let _ = rx.await;
+        }))
+    });
+    assert_eq!(
+        samples(grpc, 3).await,
+        Some(3),
+        "the load trains the same three"
+    );
+    let _ = stop_other.send(());
+    stack.stop().await;
+}
+
 #[tokio::test]
 async fn a_new_usage_report_changes_the_answer_within_a_second() {
     let stack = Stack::start().await;
@@ -1016,14 +1199,15 @@ async fn the_stack_sizes_every_attempt_of_a_trace_as_the_simulation_does() {
     for (i, job) in trace.jobs.iter().enumerate() {
         let w = &trace.workloads[job.workload as usize];
         let git_ref = &trace.refs[job.git_ref as usize];
-        let job_id = 10_000 + i as u64;
-        stack.job_hook(job_id, git_ref).await;
         let ask = RecommendRequest {
             workload: w.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
             r#ref: git_ref.clone(),
         };
         let mut rec = client.recommend(ask.clone()).await.unwrap().into_inner();
         for attempt in 1u32.. {
+            // A GitLab retry is a new job (its webhook first), attempt 1.
+            let job_id = 10_000 + 16 * i as u64 + u64::from(attempt);
+            stack.job_hook(job_id, git_ref).await;
             online.push(rec.memory_limit_bytes);
             let basis = rec.basis.clone().unwrap();
             newcomers += u32::from(basis.statistic.contains("+newcomer"));
@@ -1032,7 +1216,7 @@ async fn the_stack_sizes_every_attempt_of_a_trace_as_the_simulation_does() {
             stack
                 .report_attempt(&Attempt {
                     job_id,
-                    attempt,
+                    attempt: 1,
                     git_ref,
                     workload: w,
                     job,

@@ -46,6 +46,12 @@ pub struct Config {
     /// a token signed with an unknown key at most this often.
     #[serde(with = "humantime_serde")]
     pub usage_oidc_refetch: Duration,
+    /// `RUNYARD_USAGE_OIDC_PROJECTS`: the projects each issuer's tokens may
+    /// report for (see [`crate::oidc::issuer::restrict`]).
+    pub usage_oidc_projects: String,
+    /// `RUNYARD_USAGE_OIDC_RATE`: reports per minute one project's tokens
+    /// may send (0 = no limit).
+    pub usage_oidc_rate: u32,
     /// `RUNYARD_GITHUB_INSTANCES`: the GitHub hosts deliveries are accepted
     /// from, comma-separated (default `github.com`); a GitHub Enterprise
     /// Server must be listed by its host name.
@@ -107,6 +113,8 @@ impl Default for Config {
             usage_token_file: None,
             usage_oidc: String::new(),
             usage_oidc_refetch: Duration::from_secs(60),
+            usage_oidc_projects: String::new(),
+            usage_oidc_rate: 600,
             github_instances: runyard_forge::GITHUB_DOT_COM.into(),
             ingest_max_body: ByteSize::mib(25),
             ingest_max_in_flight: 512,
@@ -139,6 +147,8 @@ const ENV_KEYS: &[&str] = &[
     "usage_token_file",
     "usage_oidc",
     "usage_oidc_refetch",
+    "usage_oidc_projects",
+    "usage_oidc_rate",
     "github_instances",
     "ingest_max_body",
     "ingest_max_in_flight",

@@ -39,6 +39,8 @@ struct Inner {
     /// `RUNYARD_USAGE_OIDC`: verifies CI identity tokens; `None` when no
     /// issuer is configured.
     oidc: Option<oidc::Verifier>,
+    /// `RUNYARD_USAGE_OIDC_RATE`.
+    usage_rate: oidc::rate::ProjectRate,
     /// `RUNYARD_GITHUB_INSTANCES`, lower-cased.
     github_instances: Vec<String>,
     max_body: usize,
@@ -71,7 +73,9 @@ impl App {
     pub async fn build(config: Config) -> anyhow::Result<Self> {
         config.check_secrets()?;
         let ns = Namespace::new(config.namespace.clone())?;
-        let issuers = oidc::issuer::parse(&config.usage_oidc).map_err(anyhow::Error::msg)?;
+        let mut issuers = oidc::issuer::parse(&config.usage_oidc).map_err(anyhow::Error::msg)?;
+        oidc::issuer::restrict(&mut issuers, &config.usage_oidc_projects)
+            .map_err(anyhow::Error::msg)?;
         let oidc = if issuers.is_empty() {
             None
         } else {
@@ -112,6 +116,7 @@ impl App {
             gitlab_token: config.gitlab_webhook_token,
             usage_token: config.usage_token,
             oidc,
+            usage_rate: oidc::rate::ProjectRate::new(config.usage_oidc_rate),
             github_instances,
             max_body: usize::try_from(config.ingest_max_body.as_u64()).unwrap_or(usize::MAX),
             registry,

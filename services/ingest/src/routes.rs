@@ -127,6 +127,12 @@ enum Outcome {
         field: Option<String>,
         message: String,
     },
+    /// Over a rate (`RUNYARD_USAGE_OIDC_RATE`): 429, retry after the
+    /// seconds given.
+    TooManyRequests {
+        message: String,
+        retry_after: u64,
+    },
     Unavailable(String),
 }
 
@@ -142,6 +148,7 @@ impl Outcome {
             Outcome::TooLarge(_) => "too_large",
             Outcome::UnsupportedMediaType(_) => "unsupported_media_type",
             Outcome::Invalid { .. } => "invalid",
+            Outcome::TooManyRequests { .. } => "rate_limited",
             Outcome::Unavailable(_) => "unavailable",
         }
     }
@@ -196,6 +203,15 @@ impl IntoResponse for Outcome {
                 Some("Content-Type".into()),
             ),
             Outcome::Invalid { field, message } => error(StatusCode::BAD_REQUEST, message, field),
+            Outcome::TooManyRequests {
+                message,
+                retry_after,
+            } => {
+                let mut r = error(StatusCode::TOO_MANY_REQUESTS, message, None);
+                r.headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from(retry_after));
+                r
+            }
             Outcome::Unavailable(msg) => {
                 let mut r = error(StatusCode::SERVICE_UNAVAILABLE, msg, None);
                 retry_after(&mut r);
@@ -558,7 +574,8 @@ fn finish(
         Outcome::Unavailable(_)
         | Outcome::NotConfigured(_)
         | Outcome::Unauthorized(_)
-        | Outcome::Forbidden { .. } => {
+        | Outcome::Forbidden { .. }
+        | Outcome::TooManyRequests { .. } => {
             // One line per kind and window, not per delivery: an outage or a
             // misconfigured sender refuses thousands a second.
             if let Some(suppressed) = state.quiet.admit(result) {
@@ -756,6 +773,11 @@ async fn usage_outcome(
         Ok(sender) => sender,
         Err(o) => return o,
     };
+    if let Sender::Oidc(identity) = &sender
+        && let Err(o) = admit_project(state, identity)
+    {
+        return o;
+    }
     let body = match read_body(headers, body, state.max_body, |_| ()).await {
         Ok(b) => b,
         Err(o) => return o,
@@ -849,6 +871,49 @@ async fn usage_auth(state: &AppState, headers: &HeaderMap) -> Result<Sender, Out
         ));
     }
     Ok(Sender::SharedToken)
+}
+
+/// The checks on the project a verified token names, before the body is
+/// read: it must be one `RUNYARD_USAGE_OIDC_PROJECTS` lists for the issuer
+/// (403), and under its rate, `RUNYARD_USAGE_OIDC_RATE` (429).
+fn admit_project(state: &AppState, id: &oidc::Identity) -> Result<(), Outcome> {
+    let allowed = state
+        .oidc
+        .as_ref()
+        .and_then(|v| v.issuer(&id.issuer))
+        .is_some_and(|i| i.allows(&id.project));
+    if !allowed {
+        state.metrics.usage_auth("oidc", "project_not_allowed");
+        return Err(Outcome::Forbidden {
+            field: "project".into(),
+            message: format!(
+                "project {} (claim {}) is not one {} accepts for issuer {}",
+                id.project,
+                if id.forge == runyard_events::Forge::Github {
+                    "repository"
+                } else {
+                    "project_path"
+                },
+                oidc::issuer::PROJECTS_VAR,
+                id.issuer
+            ),
+        });
+    }
+    if let Err(wait) = state
+        .usage_rate
+        .admit(&id.issuer, &id.project, std::time::Instant::now())
+    {
+        state.metrics.usage_auth("oidc", "rate_limited");
+        return Err(Outcome::TooManyRequests {
+            message: format!(
+                "project {} is over {}, the usage reports its jobs may send per minute; retry later",
+                id.project,
+                oidc::rate::VAR
+            ),
+            retry_after: (wait.as_secs_f64().ceil() as u64).max(1),
+        });
+    }
+    Ok(())
 }
 
 /// Records who sent the report in its event: with an identity token the

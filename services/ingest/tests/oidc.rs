@@ -341,6 +341,94 @@ async fn a_token_for_another_job_project_or_ref_is_403_naming_the_field() {
 }
 
 #[tokio::test]
+async fn one_gitlab_token_files_one_report_whatever_attempt_it_names() {
+    let h = Harness::start(|_, _, _| {}).await;
+    let token = h.gitlab.sign(&gitlab_claims(&h.gitlab.url(), 4711));
+    // A GitLab job id is one attempt: other numbers would each be a new
+    // event id, so one token could file reports without end.
+    for attempt in [2u64, 3, 2_147_483_647] {
+        let mut body = gitlab_report(4711);
+        body["attempt"] = json!(attempt);
+        let (status, answer, _) = h.usage(Some(&token), &body).await;
+        assert_eq!(status, 403, "attempt {attempt}: {answer}");
+        assert_eq!(answer["field"], "attempt");
+        assert!(
+            answer["error"].as_str().unwrap().contains("must be 1"),
+            "{answer}"
+        );
+    }
+    assert!(h.events().await.is_empty(), "nothing refused was published");
+    let (status, first, _) = h.usage(Some(&token), &gitlab_report(4711)).await;
+    assert_eq!((status, &first["duplicate"]), (202, &json!(false)));
+    // The same attempt again, claiming another workload: one report.
+    let mut again = gitlab_report(4711);
+    again["workload"] = json!({"package": "py-torch"});
+    let (status, second, _) = h.usage(Some(&token), &again).await;
+    assert_eq!(
+        (status, &second["duplicate"]),
+        (202, &json!(true)),
+        "{second}"
+    );
+    let events = h.events().await;
+    assert_eq!(events.len(), 1);
+    assert_eq!(
+        usage(&events[0]).workload["package"],
+        "zlib",
+        "the first stays"
+    );
+}
+
+#[tokio::test]
+async fn only_listed_projects_report_and_each_within_its_rate() {
+    let h = Harness::start(|c, gitlab, _| {
+        c.usage_oidc_projects = format!("{gitlab}=spack/*");
+        c.usage_oidc_rate = 2;
+    })
+    .await;
+    let iss = h.gitlab.url();
+    let other = |job: u64| {
+        let mut c = gitlab_claims(&iss, job);
+        c["project_path"] = json!("someone/else");
+        h.gitlab.sign(&c)
+    };
+    let (status, answer, _) = h.usage(Some(&other(1)), &gitlab_report(1)).await;
+    assert_eq!(status, 403, "{answer}");
+    assert_eq!(answer["field"], "project");
+    let message = answer["error"].as_str().unwrap();
+    assert!(
+        message.contains("someone/else") && message.contains("RUNYARD_USAGE_OIDC_PROJECTS"),
+        "{message}"
+    );
+    // spack/spack is listed (spack/*): two reports a minute, then 429.
+    for job in [2, 3] {
+        let token = h.gitlab.sign(&gitlab_claims(&iss, job));
+        let (status, answer, _) = h.usage(Some(&token), &gitlab_report(job)).await;
+        assert_eq!(status, 202, "{answer}");
+    }
+    let token = h.gitlab.sign(&gitlab_claims(&iss, 4));
+    let (status, answer, retry_after) = h.usage(Some(&token), &gitlab_report(4)).await;
+    assert_eq!(status, 429, "{answer}");
+    assert!(
+        answer["error"]
+            .as_str()
+            .unwrap()
+            .contains("RUNYARD_USAGE_OIDC_RATE"),
+        "{answer}"
+    );
+    let wait: u64 = retry_after.expect("Retry-After").parse().unwrap();
+    assert!((1..=30).contains(&wait), "{wait}");
+    let events = h.events().await;
+    assert_eq!(events.len(), 2, "only the two within the rate");
+    let metrics = h.metrics().await;
+    for series in [
+        r#"runyard_ingest_usage_auth_total{method="oidc",result="project_not_allowed"} 1"#,
+        r#"runyard_ingest_usage_auth_total{method="oidc",result="rate_limited"} 1"#,
+    ] {
+        assert!(metrics.contains(series), "{series} missing in {metrics}");
+    }
+}
+
+#[tokio::test]
 async fn rotated_keys_are_fetched_again_but_not_for_every_unknown_kid() {
     // Refetch on an unknown kid at once.
     let h = Harness::start(|c, _, _| c.usage_oidc_refetch = Duration::ZERO).await;
@@ -482,4 +570,15 @@ async fn a_bad_issuer_list_stops_ingest_naming_the_variable() {
     .await
     .unwrap_err();
     assert!(e.to_string().contains("RUNYARD_USAGE_OIDC"), "{e}");
+    // GitLab.com gives tokens to anyone: it needs a project list.
+    let e = App::build(Config {
+        nats_url: nats.url(),
+        namespace: unique_namespace().to_string(),
+        ingest_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        usage_oidc: "https://gitlab.com=runyard".into(),
+        ..Config::default()
+    })
+    .await
+    .unwrap_err();
+    assert!(e.to_string().contains("RUNYARD_USAGE_OIDC_PROJECTS"), "{e}");
 }

@@ -250,6 +250,66 @@ async fn gitlab_oom_kills_get_one_new_pipeline_each_with_more_memory_until_the_l
 }
 
 #[tokio::test]
+async fn five_kills_of_a_gitlab_job_that_names_no_workload_make_three_pipelines() {
+    let stack = Stack::start(GITLAB_ONLY).await;
+    // Each retry is a new pipeline with a new job id; the reports name no
+    // workload (odd rounds) or another one each time (even rounds).
+    let mut pipeline = 1234u64;
+    for n in 1..=5u64 {
+        let job = 4700 + n;
+        let mut r = report(job, 2_000_000_000, 2_000_000_000, true);
+        if n % 2 == 1 {
+            r.as_object_mut().expect("object").remove("workload");
+        } else {
+            r["workload"] = json!({"package": format!("pkg-{n}")});
+        }
+        stack
+            .gitlab_pipeline(
+                pipeline,
+                "failed",
+                &[(job, "failed", Some("script_failure"))],
+            )
+            .await;
+        stack.usage(&r).await;
+        let decided = eventually(WAIT, || async {
+            let posts = pipeline_posts(&stack);
+            if posts.len() >= n as usize {
+                return Some(posts.last().map(|p| p.0));
+            }
+            let refused = stack.retry_events().await.iter().any(|e| {
+                matches!(&e.body, Some(Body::RetryRefused(r))
+                    if r.jobs.iter().any(|j| j.job.as_ref().is_some_and(|k| k.job_id == job)))
+            });
+            refused.then_some(None)
+        })
+        .await
+        .unwrap_or_else(|| panic!("kill {n} decided\n{}", stack.log("scaler")));
+        if let Some(new) = decided {
+            pipeline = new;
+        }
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(pipeline_posts(&stack).len(), 3, "three retries, not five");
+    let refusals: Vec<String> = stack
+        .retry_events()
+        .await
+        .into_iter()
+        .filter_map(|e| match e.body {
+            Some(Body::RetryRefused(r)) => Some(format!("{} {}", r.reason, r.detail)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(refusals.len(), 2, "{refusals:?}");
+    assert!(
+        refusals
+            .iter()
+            .all(|r| r.starts_with("limit_reached") && r.contains("retry lineage")),
+        "{refusals:?}"
+    );
+    stack.stop().await;
+}
+
+#[tokio::test]
 async fn failures_that_are_not_oom_kills_are_refused_with_the_reason_and_never_retried() {
     let stack = Stack::start(GITLAB_ONLY).await;
     // Exit 1, a timeout, and one whose report never comes.

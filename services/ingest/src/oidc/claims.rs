@@ -101,6 +101,13 @@ pub struct Mismatch {
 
 impl std::fmt::Display for Mismatch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if (self.field, self.claim) == ("attempt", "job_id") {
+            return write!(
+                f,
+                "attempt: must be 1 with a GitLab identity token: a GitLab job id is one attempt \
+                 (a retry is a new job id, with a token of its own)"
+            );
+        }
         write!(
             f,
             "{}: not what the identity token says (claim {}); a report may only speak for the job it was sent from",
@@ -132,10 +139,12 @@ pub fn bind(id: &Identity, u: &mut UsageReported) -> Result<(), Mismatch> {
     if key.job_id != id.job_id {
         return mismatch("job_id", job_claim);
     }
-    if let Some(attempt) = id.attempt
-        && u.attempt != attempt
-    {
-        return mismatch("attempt", "run_attempt");
+    match id.attempt {
+        Some(attempt) if u.attempt != attempt => return mismatch("attempt", "run_attempt"),
+        // GitLab's token names no attempt because its job has only one:
+        // any other number would let one token file a report per number.
+        None if u.attempt != 1 => return mismatch("attempt", "job_id"),
+        _ => {}
     }
     if !u.project.is_empty() && u.project != id.project {
         return mismatch("project", project_claim);
@@ -269,6 +278,12 @@ mod tests {
         assert_eq!(
             field(&|u| u.job.as_mut().expect("key").forge = Forge::Github as i32),
             "forge"
+        );
+        let other_attempt = report(&|u| u.attempt = 2).expect_err("refused");
+        assert_eq!(other_attempt.field, "attempt");
+        assert!(
+            other_attempt.to_string().contains("must be 1"),
+            "{other_attempt}"
         );
     }
 }

@@ -6,6 +6,17 @@ use runyard_events::Forge;
 /// The variable the issuers are configured in, for messages.
 pub const VAR: &str = "RUNYARD_USAGE_OIDC";
 
+/// The variable that lists the projects each issuer's tokens may report
+/// for.
+pub const PROJECTS_VAR: &str = "RUNYARD_USAGE_OIDC_PROJECTS";
+
+/// Issuers whose tokens any user of the forge can get (GitHub.com's Actions
+/// issuer, GitLab.com): they must be given a project list.
+const SHARED_ISSUERS: &[&str] = &[
+    "https://token.actions.githubusercontent.com",
+    "https://gitlab.com",
+];
+
 /// GitHub.com's Actions token issuer host; GitHub Enterprise Cloud's
 /// per-enterprise issuers (`.../<enterprise>`) share it.
 const GITHUB_ACTIONS_HOST: &str = "token.actions.githubusercontent.com";
@@ -27,6 +38,67 @@ pub struct Issuer {
     /// The forge instance a verified report is about: `github.com` for
     /// GitHub's cloud issuer, else the issuer's host.
     pub instance: String,
+    /// `RUNYARD_USAGE_OIDC_PROJECTS` entries of this issuer, lower-cased:
+    /// `group/project`, or `group/*` for a namespace and everything below
+    /// it; empty = every project of the instance.
+    pub projects: Vec<String>,
+}
+
+impl Issuer {
+    /// Whether its tokens may report for `project` (`owner/repo`, a GitLab
+    /// `project_path`), compared case-insensitively.
+    pub fn allows(&self, project: &str) -> bool {
+        let project = project.to_ascii_lowercase();
+        self.projects.is_empty()
+            || self.projects.iter().any(|p| match p.strip_suffix("/*") {
+                Some(ns) => project
+                    .strip_prefix(ns)
+                    .is_some_and(|rest| rest.starts_with('/')),
+                None => *p == project,
+            })
+    }
+}
+
+/// Reads `RUNYARD_USAGE_OIDC_PROJECTS` into `issuers`: comma-separated
+/// `issuer=project` entries (an issuer may be named several times), a
+/// project being `group/project` or `group/*`. Every entry must name an
+/// issuer of `RUNYARD_USAGE_OIDC`; a shared issuer (GitHub.com's Actions
+/// issuer, GitLab.com) must have at least one, since any user of the forge
+/// can get its tokens.
+pub fn restrict(issuers: &mut [Issuer], list: &str) -> Result<(), String> {
+    for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let (url, project) = item
+            .rsplit_once('=')
+            .ok_or_else(|| format!("{PROJECTS_VAR}: {item:?} is not issuer=project"))?;
+        let url = url.trim().trim_end_matches('/');
+        let project = project.trim().trim_matches('/').to_ascii_lowercase();
+        let namespace = project.strip_suffix("/*").unwrap_or(&project);
+        let plausible = !namespace.is_empty()
+            && !namespace.contains('*')
+            && namespace.split('/').all(|part| !part.is_empty())
+            && (project.ends_with("/*") || project.contains('/'));
+        if !plausible {
+            return Err(format!(
+                "{PROJECTS_VAR}: {project:?} (issuer {url}) is neither group/project nor group/*"
+            ));
+        }
+        let issuer = issuers
+            .iter_mut()
+            .find(|i| i.url == url)
+            .ok_or_else(|| format!("{PROJECTS_VAR}: issuer {url} is not one of {VAR}"))?;
+        issuer.projects.push(project);
+    }
+    if let Some(open) = issuers
+        .iter()
+        .find(|i| i.projects.is_empty() && SHARED_ISSUERS.contains(&i.url.as_str()))
+    {
+        return Err(format!(
+            "{PROJECTS_VAR}: issuer {} gives tokens to every user of the forge; \
+             list the projects (group/project or group/*) whose reports are accepted",
+            open.url
+        ));
+    }
+    Ok(())
 }
 
 /// Parses `RUNYARD_USAGE_OIDC`: comma-separated `issuer=audience` pairs,
@@ -67,6 +139,7 @@ pub fn parse(list: &str) -> Result<Vec<Issuer>, String> {
             audience,
             forge,
             instance,
+            projects: Vec::new(),
         });
     }
     Ok(issuers)
@@ -151,6 +224,53 @@ mod tests {
             parse("http://127.0.0.1:9/_services/token=a").expect("loopback")[0].instance,
             "127.0.0.1"
         );
+    }
+
+    #[test]
+    fn project_lists_restrict_their_issuer() {
+        let mut issuers =
+            parse("https://gitlab.com=ry,https://gitlab.example.com=ry").expect("valid");
+        restrict(
+            &mut issuers,
+            "https://gitlab.com=Spack/*, https://gitlab.com/=acme/app",
+        )
+        .expect("valid");
+        let (com, own) = (&issuers[0], &issuers[1]);
+        assert!(com.allows("spack/spack") && com.allows("spack/ci/packages"));
+        assert!(com.allows("ACME/app"));
+        assert!(!com.allows("spack") && !com.allows("spackish/spack"));
+        assert!(!com.allows("acme/app2") && !com.allows("evil/spack"));
+        assert!(own.allows("anyone/anything"), "no list: the whole instance");
+        for (list, needle) in [
+            (
+                "https://gitlab.com=acme",
+                "neither group/project nor group/*",
+            ),
+            ("https://gitlab.com=*", "neither"),
+            ("https://gitlab.com=a//b", "neither"),
+            ("acme/app", "not issuer=project"),
+            (
+                "https://other.example=acme/app",
+                "not one of RUNYARD_USAGE_OIDC",
+            ),
+        ] {
+            let mut issuers = parse("https://gitlab.com=ry").expect("valid");
+            let e = restrict(&mut issuers, list).expect_err(list);
+            assert!(
+                e.starts_with(PROJECTS_VAR) && e.contains(needle),
+                "{list}: {e}"
+            );
+        }
+        for shared in [
+            "https://gitlab.com",
+            "https://token.actions.githubusercontent.com",
+        ] {
+            let mut issuers = parse(&format!("{shared}=ry")).expect("valid");
+            let e = restrict(&mut issuers, "").expect_err(shared);
+            assert!(e.contains("every user of the forge"), "{e}");
+        }
+        let mut own = parse("https://gitlab.example.com=ry").expect("valid");
+        assert_eq!(restrict(&mut own, ""), Ok(()));
     }
 
     #[test]

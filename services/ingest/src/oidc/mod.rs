@@ -7,6 +7,7 @@
 pub mod claims;
 pub mod issuer;
 mod keys;
+pub mod rate;
 
 use std::time::Duration;
 
@@ -133,6 +134,11 @@ impl Verifier {
             http,
             refetch,
         })
+    }
+
+    /// The configured issuer `url`.
+    pub fn issuer(&self, url: &str) -> Option<&Issuer> {
+        self.issuers.iter().map(|(i, _)| i).find(|i| i.url == url)
     }
 
     /// Verifies `token` — issuer, key, algorithm, signature, `exp`/`nbf`

@@ -11,6 +11,16 @@
 //! reach the log; a successful attempt ends it. The 1st..=`max_retries`th
 //! kill of a streak each get one retry; a later one is refused
 //! (`limit_reached`).
+//!
+//! The workload is the report's word, so it cannot be what bounds the
+//! retries: a job that sends no workload, or another one each time, would
+//! start a new streak on every kill. A failed job's **lineage** bounds them
+//! whatever its reports say: the retries runyard already issued that led to
+//! it, read from its own `RetryIssued` events (a GitLab pipeline made by a
+//! retry → the pipeline it retried; a GitLab job made by a retry → the job
+//! it retried), and the retries issued for the job as the forge names it
+//! (project, ref, job name) since that job last succeeded. A kill whose
+//! lineage already holds `max_retries` retries is refused.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
@@ -35,6 +45,24 @@ pub const GITHUB_RERUN_WINDOW: Duration = Duration::from_secs(30 * 24 * 3600);
 
 /// GitHub allows at most this many attempts of one run.
 pub const GITHUB_MAX_ATTEMPTS: u32 = 50;
+
+/// How far back a lineage is followed (the links come from runyard's own
+/// events, so a loop cannot happen; the bound only keeps the walk finite).
+const LINEAGE_DEPTH: u32 = 64;
+
+/// A job as the forge names it: `(forge, instance, project, ref, job name)`,
+/// the project lower-cased. Retries of a job keep it.
+type Identity = (Forge, String, String, String, String);
+
+fn identity(forge: Forge, instance: &str, project: &str, git_ref: &str, name: &str) -> Identity {
+    (
+        forge,
+        instance.to_owned(),
+        project.to_ascii_lowercase(),
+        git_ref.to_owned(),
+        name.to_owned(),
+    )
+}
 
 /// A job attempt that ended in failure (or a timeout).
 #[derive(Debug, Clone, PartialEq)]
@@ -78,6 +106,8 @@ pub struct Report {
     pub limit: Option<u64>,
     /// Exit code.
     pub exit_code: Option<i32>,
+    /// The project the report names (an identity token's), when it does.
+    pub project: String,
 }
 
 /// How a failed job attempt is judged.
@@ -265,6 +295,13 @@ pub struct Book {
     /// Requested retries not (yet) followed by an issue or a refusal:
     /// unit key → the request's event.
     in_flight: BTreeMap<String, Event>,
+    /// GitLab pipelines a `pipeline` retry made → the pipeline it retried.
+    retried_pipelines: HashMap<UnitRef, u64>,
+    /// GitLab jobs a `job` retry made → the job it retried.
+    retried_jobs: HashMap<JobRef, JobRef>,
+    /// Retries issued for a job as the forge names it, since it last
+    /// succeeded.
+    identity_retries: HashMap<Identity, u32>,
 }
 
 fn job_ref(key: &JobKey) -> JobRef {
@@ -355,6 +392,10 @@ impl Book {
         match j.conclusion() {
             Conclusion::Success | Conclusion::Neutral | Conclusion::Skipped => {
                 self.failed.remove(&key);
+                if !j.name.is_empty() {
+                    self.identity_retries
+                        .remove(&identity(key.0, &key.1, &j.project, &j.r#ref, &j.name));
+                }
                 self.succeeded.insert(key);
             }
             conclusion @ (Conclusion::Failure | Conclusion::TimedOut | Conclusion::Cancelled) => {
@@ -406,6 +447,7 @@ impl Book {
             peak: u.peak_memory_bytes,
             limit: u.memory_limit_bytes,
             exit_code: u.exit_code,
+            project: u.project.clone(),
         };
         self.reports.insert((job, attempt), report);
     }
@@ -434,8 +476,9 @@ impl Book {
                 self.covered.extend(jobs);
                 self.in_flight.entry(unit).or_insert_with(|| event.clone());
             }
-            Body::RetryIssued(_) => {
+            Body::RetryIssued(issued) => {
                 self.acted.insert(unit.clone());
+                self.link(target, issued);
                 self.covered.extend(jobs);
                 self.in_flight.remove(&unit);
             }
@@ -446,6 +489,86 @@ impl Book {
             }
             _ => {}
         }
+    }
+
+    /// Records what an issued retry made (see "lineage" in the module
+    /// documentation).
+    fn link(&mut self, target: &RetryTarget, issued: &runyard_events::RetryIssued) {
+        let forge = target.forge();
+        for j in &issued.jobs {
+            let id = identity(
+                forge,
+                &target.instance,
+                &target.project,
+                &target.r#ref,
+                &j.name,
+            );
+            *self.identity_retries.entry(id).or_default() += 1;
+        }
+        if forge != Forge::Gitlab {
+            return;
+        }
+        match issued.strategy.as_str() {
+            "pipeline" if issued.new_pipeline_id != 0 => {
+                self.retried_pipelines.insert(
+                    (forge, target.instance.clone(), issued.new_pipeline_id),
+                    target.pipeline_id,
+                );
+            }
+            "job" => {
+                if let Some(old) = issued.jobs.first().and_then(|j| j.job.as_ref()) {
+                    for new in &issued.new_job_ids {
+                        self.retried_jobs
+                            .insert((forge, target.instance.clone(), *new), job_ref(old));
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The pipeline a child pipeline's retries go through (itself when it
+    /// has no parent).
+    fn root(&self, pipeline: &UnitRef) -> UnitRef {
+        match self.pipelines.get(pipeline).map_or(0, |f| f.parent) {
+            0 => pipeline.clone(),
+            parent => (pipeline.0, pipeline.1.clone(), parent),
+        }
+    }
+
+    /// How many retries runyard already issued in the lineage of a failed
+    /// job attempt: the chain of GitLab retries (pipelines and jobs) that
+    /// made it, or the retries of the job as the forge names it since it
+    /// last succeeded, whichever is longer. Its reports play no part.
+    pub fn lineage(&self, job: &FailedJob) -> u32 {
+        let (forge, instance, _) = &job.job;
+        let by_name = self
+            .identity_retries
+            .get(&identity(
+                *forge,
+                instance,
+                &job.project,
+                &job.git_ref,
+                &job.name,
+            ))
+            .copied()
+            .unwrap_or(0);
+        let mut chain = 0;
+        let mut at = job.job.clone();
+        while chain < LINEAGE_DEPTH
+            && let Some(before) = self.retried_jobs.get(&at)
+        {
+            chain += 1;
+            at = before.clone();
+        }
+        let mut pipeline = self.root(&(*forge, instance.clone(), job.pipeline_id));
+        while chain < LINEAGE_DEPTH
+            && let Some(before) = self.retried_pipelines.get(&pipeline)
+        {
+            chain += 1;
+            pipeline = self.root(&(*forge, instance.clone(), *before));
+        }
+        by_name.max(chain)
     }
 
     /// A pipeline's status read from the API.
@@ -480,7 +603,12 @@ impl Book {
         ) {
             return Class::NotOom(format!("timed out ({})", job.failure_reason));
         }
-        match self.report_for(&job.job, job.attempt) {
+        // A report naming another project than the job's webhook is not
+        // about this job.
+        let report = self
+            .report_for(&job.job, job.attempt)
+            .filter(|r| r.project.is_empty() || r.project.eq_ignore_ascii_case(&job.project));
+        match report {
             Some(r) if r.oom => Class::Oom(r.clone()),
             Some(r) => Class::NotOom(match r.exit_code {
                 Some(code) => format!("failed with exit code {code}, not OOM-killed"),
@@ -543,6 +671,20 @@ impl Book {
                         format!(
                             "OOM kill {} in a row of workload {}; at most {} are retried",
                             report.streak, report.workload_key, settings.max_retries
+                        ),
+                        Some(&report),
+                    ));
+                }
+                Class::Oom(report) if self.lineage(job) >= settings.max_retries => {
+                    plans.push(refuse(
+                        "limit_reached",
+                        format!(
+                            "{} retries already issued for job {:?} of {} (its retry lineage); \
+                             at most {} are, whatever its usage reports say",
+                            self.lineage(job),
+                            job.name,
+                            job.project,
+                            settings.max_retries
                         ),
                         Some(&report),
                     ));
@@ -699,6 +841,7 @@ impl Book {
         let eligible: Vec<(&FailedJob, &Report)> = failed
             .iter()
             .filter(|(j, _)| !self.covered.contains(&j.job))
+            .filter(|(j, _)| self.lineage(j) < settings.max_retries)
             .filter_map(|(j, c)| match c {
                 Class::Oom(r) if r.streak <= settings.max_retries => Some((j, r)),
                 _ => None,

@@ -492,3 +492,264 @@ fn github_limits_are_refusals() {
         "{d:?}"
     );
 }
+
+/// What a job's report says of its workload in round `n` of a kill loop:
+/// nothing, or another workload each round.
+#[derive(Clone, Copy, Debug)]
+enum Claimed {
+    Nothing,
+    Another,
+}
+
+impl Claimed {
+    fn workload(self, n: u64) -> std::collections::HashMap<String, String> {
+        match self {
+            Claimed::Nothing => Default::default(),
+            Claimed::Another => [("package".to_owned(), format!("pkg-{n}"))].into(),
+        }
+    }
+}
+
+/// The OOM-killed report of job `job` (attempt 1, as `runyard-report` says
+/// on GitLab) with `claimed`'s workload of round `n`.
+fn kill_report(forge: Forge, instance: &str, job: u64, attempt: u32, w: Claimed, n: u64) -> Event {
+    envelope(
+        &format!("usage:{}:{instance}:{job}:{attempt}", forge_token(forge)),
+        forge,
+        Body::UsageReported(UsageReported {
+            job: Some(JobKey {
+                forge: forge as i32,
+                instance: instance.into(),
+                job_id: job,
+            }),
+            attempt,
+            workload: w.workload(n),
+            peak_memory_bytes: 1_000,
+            memory_limit_bytes: Some(1_000),
+            oom_killed: true,
+            exit_code: Some(137),
+            cgroup: "v2".into(),
+            ..UsageReported::default()
+        }),
+    )
+}
+
+/// Job `job` of GitLab pipeline `pipeline` (attempt `attempt`), always
+/// named `build py-torch`, failed.
+fn gl_killed(job: u64, pipeline: u64, attempt: u32) -> Event {
+    let mut e = gl_failed(job, Conclusion::Failure, "script_failure");
+    e.id = format!("gitlab:d:{job}:{pipeline}:failed");
+    if let Some(Body::JobObserved(j)) = e.body.as_mut() {
+        j.pipeline_id = pipeline;
+        j.run_attempt = attempt;
+        j.name = "build py-torch".into();
+    }
+    e
+}
+
+fn issued(
+    target: &RetryTarget,
+    strategy: &str,
+    jobs: Vec<RetryJob>,
+    edit: impl FnOnce(&mut runyard_events::RetryIssued),
+) -> Event {
+    let forge = target.forge();
+    let mut i = runyard_events::RetryIssued {
+        target: Some(target.clone()),
+        strategy: strategy.into(),
+        jobs,
+        ..Default::default()
+    };
+    edit(&mut i);
+    envelope(
+        &ids::retry(forge, &target.instance, &target.unit, "issued"),
+        forge,
+        Body::RetryIssued(i),
+    )
+}
+
+fn refused(plan: &Plan) -> Event {
+    let Plan::Refuse {
+        id,
+        target,
+        reason,
+        detail,
+        jobs,
+    } = plan
+    else {
+        panic!("{plan:?}")
+    };
+    envelope(
+        id,
+        target.forge(),
+        Body::RetryRefused(runyard_events::RetryRefused {
+            target: Some(target.clone()),
+            reason: (*reason).into(),
+            detail: detail.clone(),
+            jobs: jobs.clone(),
+            ..Default::default()
+        }),
+    )
+}
+
+/// Five OOM kills in a row of one GitLab job through its retries, each
+/// report claiming `w`: the retries the book issues (each fed back in as
+/// `RetryIssued`, as the shell does) and the refusals' details.
+fn gitlab_kill_loop(strategy: Strategy, w: Claimed) -> (usize, Vec<String>) {
+    let mut s = settings();
+    s.gitlab_strategy = strategy;
+    let mut b = Book::default();
+    let (mut job, mut pl, mut attempt) = (4701u64, 1234u64, 1u32);
+    let (mut retries, mut refusals) = (0, Vec::new());
+    for n in 1..=5u64 {
+        for e in [
+            gl_killed(job, pl, attempt),
+            kill_report(Forge::Gitlab, GL, job, 1, w, n),
+        ] {
+            b.observe(&e);
+        }
+        let mut p = pipeline("failed");
+        p.id = format!("gitlab:p:{pl}:failed");
+        if let Some(Body::PipelineObserved(po)) = p.body.as_mut() {
+            po.pipeline_id = pl;
+        }
+        b.observe(&p);
+        let plans = b.plan(&s, NOW);
+        assert_eq!(plans.len(), 1, "round {n}: {plans:?}");
+        match &plans[0] {
+            Plan::GitLabPipeline { target, jobs } => {
+                retries += 1;
+                let new = 9000 + n;
+                b.observe(&issued(target, "pipeline", jobs.clone(), |i| {
+                    i.new_pipeline_id = new;
+                }));
+                (job, pl) = (job + 100, new);
+            }
+            Plan::GitLabJob { target, job: j } => {
+                retries += 1;
+                let new = job + 100;
+                b.observe(&issued(target, "job", vec![j.clone()], |i| {
+                    i.new_job_ids = vec![new];
+                }));
+                (job, attempt) = (new, attempt + 1);
+            }
+            refusal @ Plan::Refuse { detail, .. } => {
+                refusals.push(detail.clone());
+                b.observe(&refused(refusal));
+                // The forge's own retry (a person's): another job, new id.
+                job += 100;
+                attempt += 1;
+            }
+            other => panic!("round {n}: {other:?}"),
+        }
+    }
+    (retries, refusals)
+}
+
+#[test]
+fn five_gitlab_kills_get_three_retries_whatever_the_reports_claim() {
+    for strategy in [Strategy::Pipeline, Strategy::Job] {
+        for w in [Claimed::Nothing, Claimed::Another] {
+            let (retries, refusals) = gitlab_kill_loop(strategy, w);
+            assert_eq!(retries, 3, "{strategy:?}, {w:?}: {refusals:?}");
+            assert_eq!(refusals.len(), 2, "{strategy:?}, {w:?}");
+            assert!(
+                refusals[0].contains("3 retries already issued"),
+                "{strategy:?}, {w:?}: {}",
+                refusals[0]
+            );
+        }
+    }
+}
+
+#[test]
+fn five_github_kills_get_three_reruns_whatever_the_reports_claim() {
+    for w in [Claimed::Nothing, Claimed::Another] {
+        let mut b = Book::default();
+        let mut retries = 0;
+        for n in 1..=5u32 {
+            // Each re-run is a new job id in the next attempt of run 9.
+            let job = 100 + u64::from(n);
+            let mut failed = gh_failed(job, n);
+            if let Some(Body::JobObserved(j)) = failed.body.as_mut() {
+                j.name = "build".into();
+                j.r#ref = "main".into();
+            }
+            // The report first (the job's last step runs before GitHub
+            // says the job completed; an earlier webhook may be lost).
+            b.observe(&kill_report(
+                Forge::Github,
+                "github.com",
+                job,
+                n,
+                w,
+                n.into(),
+            ));
+            b.observe(&failed);
+            for plan in b.plan(&settings(), NOW) {
+                if let refusal @ Plan::Refuse { .. } = &plan {
+                    b.observe(&refused(refusal));
+                }
+            }
+            let mut listed = listed(job, n, "failure");
+            listed.name = "build".into();
+            match b.decide_run(&run("completed", n), &[listed], &settings(), NOW) {
+                RunDecision::RerunFailed { target, jobs } => {
+                    retries += 1;
+                    b.observe(&issued(&target, "rerun_failed_jobs", jobs, |i| {
+                        i.new_run_attempt = n + 1;
+                    }));
+                }
+                RunDecision::Settled => {}
+                other => panic!("round {n}: {other:?}"),
+            }
+        }
+        assert_eq!(retries, 3, "{w:?}");
+    }
+}
+
+#[test]
+fn a_success_of_the_job_ends_its_lineage_by_name() {
+    let mut b = Book::default();
+    let mut s = settings();
+    s.gitlab_strategy = Strategy::Job;
+    let target = job_target(&FailedJob {
+        job: (Forge::Gitlab, GL.into(), 1),
+        attempt: 1,
+        name: "build py-torch".into(),
+        project: "acme/spack".into(),
+        project_id: 34,
+        pipeline_id: 500,
+        git_ref: "develop".into(),
+        sha: "abc".into(),
+        conclusion: Conclusion::Failure,
+        failure_reason: String::new(),
+        failed_at: NOW,
+    });
+    for n in 0..3 {
+        let mut t = target.clone();
+        t.unit = format!("job:{n}:1");
+        let job = RetryJob {
+            name: "build py-torch".into(),
+            ..RetryJob::default()
+        };
+        b.observe(&issued(&t, "pipeline", vec![job], |i| {
+            i.new_pipeline_id = 0
+        }));
+    }
+    let killed = gl_killed(77, 700, 1);
+    b.observe(&killed);
+    b.observe(&kill_report(Forge::Gitlab, GL, 77, 1, Claimed::Nothing, 1));
+    assert_eq!(reasons(&b.plan(&s, NOW)), ["limit_reached"]);
+    let mut ok = gl_killed(78, 701, 1);
+    if let Some(Body::JobObserved(j)) = ok.body.as_mut() {
+        j.conclusion = Conclusion::Success as i32;
+    }
+    let mut b2 = b;
+    b2.observe(&ok);
+    let plans = b2.plan(&s, NOW);
+    assert!(
+        matches!(plans.as_slice(), [Plan::GitLabJob { .. }]),
+        "{plans:?}"
+    );
+}
