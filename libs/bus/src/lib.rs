@@ -631,6 +631,22 @@ impl Bus {
         Ok(())
     }
 
+    /// Creates the event stream only where it is missing, leaving an
+    /// existing one alone: what a consumer does at start. It needs (and,
+    /// under the shipped NATS permissions, may create) the event stream
+    /// alone; the raw-delivery stream is ingest's.
+    pub async fn create_events_stream_if_missing(
+        &self,
+        settings: &StreamSettings,
+    ) -> Result<(), BusError> {
+        let [events, _raw] = self.stream_configs(settings);
+        self.js
+            .get_or_create_stream(events)
+            .await
+            .map_err(|e| nats_err("creating stream", e))?;
+        Ok(())
+    }
+
     async fn reconcile_stream(&self, wanted: stream::Config) -> Result<(), BusError> {
         let mut existing = self
             .js
