@@ -106,17 +106,30 @@ if docker compose version > /dev/null 2>&1; then
   fi
 fi
 
-# 3. NATS configurations.
+# 3. NATS configurations, each next to the nats-auth.conf it includes (an
+# overlay's comes from the base, as its ConfigMap merges), with the
+# passwords' variables set as the server's environment sets them.
 nats="$(nats_server_bin)"
+nats_env=(SERVER_NAME=nats-0)
+for var in $(grep -o '\$RUNYARD_NATS_[A-Z_]*_PASSWORD' deploy/nats-auth.conf | tr -d '$' | sort -u); do
+  nats_env+=("$var=check-deploy")
+done
 for conf in deploy/nats.conf deploy/k8s/base/nats.conf deploy/k8s/overlays/*/nats.conf; do
   [[ -f "$conf" ]] || continue
-  if ! SERVER_NAME=nats-0 "$nats" -t -c "$conf" > "$tools/nats.log" 2>&1; then
+  auth="$(dirname "$conf")/nats-auth.conf"
+  [[ -f "$auth" ]] || auth=deploy/k8s/base/nats-auth.conf
+  mkdir -p "$work/nats"
+  cp "$conf" "$work/nats/nats.conf"
+  cp "$auth" "$work/nats/nats-auth.conf"
+  if ! env "${nats_env[@]}" "$nats" -t -c "$work/nats/nats.conf" > "$tools/nats.log" 2>&1; then
     fail "$conf: $(cat "$tools/nats.log")"
   fi
+  grep -q '^include ./nats-auth.conf' "$conf" || fail "$conf does not include ./nats-auth.conf: NATS would let anyone in"
 done
 
 # 4. Files compose and the base share.
-for pair in "deploy/nats.conf deploy/k8s/base/nats.conf" "deploy/scaler.toml deploy/k8s/base/scaler.toml"; do
+for pair in "deploy/nats.conf deploy/k8s/base/nats.conf" "deploy/nats-auth.conf deploy/k8s/base/nats-auth.conf" \
+  "deploy/scaler.toml deploy/k8s/base/scaler.toml"; do
   # shellcheck disable=SC2086 # two paths
   cmp -s $pair || fail "$pair differ: they must stay identical (compose mounts the first, kustomize packs the second)"
 done
@@ -333,10 +346,72 @@ for svc, spec in compose["services"].items():
         if name in env and compose_value(env[name]) != str(value):
             errors.append("%s: %s=%s, deploy/k8s/base has %s" % (where, name, compose_value(env[name]), value))
     published = {int(str(p).split(":")[-1]) for p in spec.get("ports", [])}
-    if published != ports:
-        errors.append("%s: ports %s, deploy/k8s/base declares %s" % (where, sorted(published), sorted(ports)))
+    if not published <= ports:
+        errors.append("%s: publishes ports %s, deploy/k8s/base declares %s" % (where, sorted(published), sorted(ports)))
 for binary in sorted(set(base_settings) - {binary_of(s.get("command")) for s in compose["services"].values()}):
     errors.append("docker-compose.yml: no service runs %s, which deploy/k8s/base deploys" % binary)
+
+# --- what compose publishes, and NATS logins ---------------------------------
+# By default only what the outside must reach is published: ingest's port
+# (webhooks, usage reports) and the scaler's metadata API (the runners);
+# the observability profile's services on loopback only.
+PUBLISHED = {"runyard-ingest": {8080}, "runyard-scaler": {8084}}
+for svc, spec in compose["services"].items():
+    command = spec.get("command")
+    command = command.split() if isinstance(command, str) else command
+    binary = binary_of(command)
+    for port in spec.get("ports", []):
+        port = str(port)
+        if spec.get("profiles"):
+            if not port.startswith("127.0.0.1:"):
+                errors.append("docker-compose.yml service %s (profile %s): publish %s on 127.0.0.1 only" % (svc, ",".join(spec["profiles"]), port))
+        elif int(port.split(":")[-1]) not in PUBLISHED.get(binary, set()):
+            errors.append("docker-compose.yml service %s publishes %s: only ingest's 8080 and the scaler's 8084 are published by default" % (svc, port))
+
+# Every runyard service logs in to NATS as a user of nats-auth.conf with
+# the password variable that user's password comes from, in compose and
+# in every rendered manifest; the NATS server gets each of those variables.
+auth_users = dict(re.findall(r"user:\s*([A-Za-z0-9_-]+)\s*\n\s*password:\s*\$([A-Z0-9_]+)", (ROOT / "deploy/nats-auth.conf").read_text()))
+if len(auth_users) < 5:
+    errors.append("deploy/nats-auth.conf: fewer than 5 users with a password from the environment")
+for svc, spec in compose["services"].items():
+    command = spec.get("command")
+    command = command.split() if isinstance(command, str) else command
+    env = spec.get("environment") or {}
+    if binary_of(command):
+        user = env.get("RUNYARD_NATS_USER")
+        password = re.findall(r"\$\{([A-Z0-9_]+)", str(env.get("RUNYARD_NATS_PASSWORD", "")))
+        if user not in auth_users:
+            errors.append("docker-compose.yml service %s: RUNYARD_NATS_USER %r is not a user of deploy/nats-auth.conf" % (svc, user))
+        elif password != [auth_users[user]]:
+            errors.append("docker-compose.yml service %s: RUNYARD_NATS_PASSWORD must be ${%s:?...}, %s's password" % (svc, auth_users[user], user))
+nats_env = (compose["services"].get("nats") or {}).get("environment") or {}
+for var in sorted(set(auth_users.values()) - set(nats_env)):
+    errors.append("docker-compose.yml service nats: %s (read by nats-auth.conf) is not set" % var)
+for rendered in sys.argv[1:]:
+    label = pathlib.Path(rendered).stem
+    docs = [d for d in yaml.safe_load_all(open(rendered)) if d]
+    for d in docs:
+        if d["kind"] not in WORKLOADS:
+            continue
+        spec = d["spec"]["jobTemplate"]["spec"] if d["kind"] == "CronJob" else d["spec"]
+        for c in spec["template"]["spec"].get("containers", []):
+            where = "%s %s/%s container %s" % (label, d["kind"], d["metadata"]["name"], c["name"])
+            env = {e["name"]: e for e in c.get("env", [])}
+            if d["metadata"]["name"] == "nats":
+                for var in sorted(set(auth_users.values()) - set(env)):
+                    errors.append("%s: %s (read by nats-auth.conf) is not set" % (where, var))
+                continue
+            if "RUNYARD_NATS_USER" not in env:
+                if binary_of(c.get("command")) and "migrate" not in (c.get("command") or []):
+                    errors.append("%s: no RUNYARD_NATS_USER: it would connect to NATS as nobody" % where)
+                continue
+            user = env["RUNYARD_NATS_USER"].get("value")
+            key = (((env.get("RUNYARD_NATS_PASSWORD") or {}).get("valueFrom") or {}).get("secretKeyRef") or {}).get("key")
+            if user not in auth_users:
+                errors.append("%s: RUNYARD_NATS_USER %r is not a user of deploy/nats-auth.conf" % (where, user))
+            elif key != auth_users[user]:
+                errors.append("%s: RUNYARD_NATS_PASSWORD must come from secret key %s, %s's password" % (where, auth_users[user], user))
 
 # --- metric names in alerts, dashboards and the operations guide ---------------
 families = set()

@@ -6,7 +6,12 @@
 # State (logs, pids, the JetStream store, the secrets) lives in .runyard/
 # (git-ignored). The secrets are random ones scripts/gen-secrets.sh makes on
 # the first `up` into .runyard/dev/secrets.env, reused by every later `up`
-# (a variable already exported wins). RUNYARD_INSECURE_DEV=1 is set, so the
+# (a variable already exported wins; one a newer runyard added is made and
+# appended). They include a NATS password per service: nats-server runs
+# the shipped accounts and permissions (deploy/nats-auth.conf, adapted to
+# RUNYARD_NAMESPACE), each service logs in as its own user, nobody gets in
+# without a password. The private PostgreSQL (when no other answers) wants
+# RUNYARD_POSTGRES_PASSWORD over TCP. RUNYARD_INSECURE_DEV=1 is set, so the
 # services also start with a weak secret you export (each says so in a
 # WARN); export RUNYARD_INSECURE_DEV=0 to run the dev stack with the checks
 # production has.
@@ -39,10 +44,47 @@ load_secrets() {
     log "made random secrets for the dev stack: $STATE/secrets.env"
   fi
   local name value
+  # Secrets added since this file was made (the NATS and Postgres
+  # passwords, say): fresh values, appended.
+  while IFS='=' read -r name value; do
+    grep -q "^${name}=" "$STATE/secrets.env" || echo "$name=$value" >> "$STATE/secrets.env"
+  done < <(bash scripts/gen-secrets.sh)
   while IFS='=' read -r name value; do
     [[ -n "$name" && "$name" != \#* ]] || continue
     [[ -n "${!name:-}" ]] || export "$name=$value"
   done < "$STATE/secrets.env"
+  export EMBEDDED_POSTGRES_PASSWORD="$RUNYARD_POSTGRES_PASSWORD"
+}
+
+# Runs a command logged in to NATS as USER with the password in
+# $PASSWORD_VAR (as the deployments do: RUNYARD_NATS_USER and
+# RUNYARD_NATS_PASSWORD). The services are started the same way, with
+# `env` itself, so that `$!` is the service's own pid (what `down` stops).
+as_nats_user() { # USER PASSWORD_VAR COMMAND...
+  local user="$1" var="$2"
+  shift 2
+  env RUNYARD_NATS_USER="$user" RUNYARD_NATS_PASSWORD="${!var}" "$@"
+}
+
+# deploy/nats-auth.conf for $RUNYARD_NAMESPACE: its subjects, streams and
+# buckets are written for the namespace `runyard`.
+nats_auth_for_namespace() {
+  local ns="$RUNYARD_NAMESPACE" upper
+  upper="$(tr '[:lower:]' '[:upper:]' <<<"$ns")"
+  sed -E -e "s/\"runyard\./\"${ns}./g" \
+    -e "s/RUNYARD_(EVENTS|RAW|LEASES|CLAIMS|INSTANCES)/${upper}_\1/g" deploy/nats-auth.conf \
+    > "$STATE/nats-auth.conf"
+  echo "$STATE/nats-auth.conf"
+}
+
+# A URL fit to print: its password replaced by ***.
+shown() {
+  python3 -c '
+import sys, urllib.parse as u
+p = u.urlsplit(sys.argv[1])
+if p.password:
+    p = p._replace(netloc=p.netloc.replace(":" + p.password + "@", ":***@"))
+print(u.urlunsplit(p))' "$1"
 }
 
 running() { [[ -f "$STATE/$1.pid" ]] && kill -0 "$(cat "$STATE/$1.pid")" 2>/dev/null; }
@@ -104,8 +146,8 @@ demo() {
         -H "Authorization: Bearer $RUNYARD_USAGE_TOKEN" --data-binary @- -w '  → HTTP %{http_code}\n'
   done
   log "the event log now holds (runyard events tail):"
-  "$BIN/runyard" events tail
-  log "job-tracker projected it into Postgres ($RUNYARD_DATABASE_URL):"
+  as_nats_user cli RUNYARD_NATS_CLI_PASSWORD "$BIN/runyard" events tail
+  log "job-tracker projected it into Postgres ($(shown "$RUNYARD_DATABASE_URL")):"
   for _ in $(seq 1 50); do
     [[ "$(psql "$RUNYARD_DATABASE_URL" -Atqc 'SELECT count(*) FROM usage_samples' 2>/dev/null)" -ge 5 ]] && break
     sleep 0.2
@@ -137,25 +179,28 @@ up() {
   cargo build --quiet --bin runyard-ingest --bin runyard --bin runyard-job-tracker --bin runyard-allocator \
     --bin runyard-scaler --bin runyard-fake-github
   if ! running nats; then
-    start_nats "$NATS_PORT" "$STATE/nats"
+    start_nats "$NATS_PORT" "$STATE/nats" "$(nats_auth_for_namespace)"
     echo "$NATS_PID" > "$STATE/nats.pid"
-    log "nats-server on $RUNYARD_NATS_URL"
+    log "nats-server on $RUNYARD_NATS_URL (a user per service, passwords in $STATE/secrets.env)"
   fi
   if ! running ingest; then
-    RUNYARD_INGEST_LISTEN="$INGEST_ADDR" "$BIN/runyard-ingest" > "$STATE/ingest.log" 2>&1 &
+    RUNYARD_INGEST_LISTEN="$INGEST_ADDR" env RUNYARD_NATS_USER=ingest \
+      RUNYARD_NATS_PASSWORD="$RUNYARD_NATS_INGEST_PASSWORD" "$BIN/runyard-ingest" > "$STATE/ingest.log" 2>&1 &
     echo $! > "$STATE/ingest.pid"
     wait_http "http://${INGEST_ADDR}/readyz"
     log "runyard-ingest on http://${INGEST_ADDR} (log: $STATE/ingest.log)"
   fi
   ensure_postgres RUNYARD_DATABASE_URL dev
   if ! running job-tracker; then
-    RUNYARD_TRACKER_HTTP_LISTEN="$TRACKER_ADDR" "$BIN/runyard-job-tracker" > "$STATE/job-tracker.log" 2>&1 &
+    RUNYARD_TRACKER_HTTP_LISTEN="$TRACKER_ADDR" env RUNYARD_NATS_USER=job-tracker \
+      RUNYARD_NATS_PASSWORD="$RUNYARD_NATS_TRACKER_PASSWORD" "$BIN/runyard-job-tracker" > "$STATE/job-tracker.log" 2>&1 &
     echo $! > "$STATE/job-tracker.pid"
     wait_http "http://${TRACKER_ADDR}/readyz"
-    log "runyard-job-tracker projecting into $RUNYARD_DATABASE_URL (log: $STATE/job-tracker.log)"
+    log "runyard-job-tracker projecting into $(shown "$RUNYARD_DATABASE_URL") (log: $STATE/job-tracker.log)"
   fi
   if ! running allocator; then
     RUNYARD_ALLOCATOR_LISTEN="$ALLOC_GRPC" RUNYARD_ALLOCATOR_HTTP_LISTEN="$ALLOC_HTTP" \
+      env RUNYARD_NATS_USER=allocator RUNYARD_NATS_PASSWORD="$RUNYARD_NATS_ALLOCATOR_PASSWORD" \
       "$BIN/runyard-allocator" > "$STATE/allocator.log" 2>&1 &
     echo $! > "$STATE/allocator.pid"
     wait_http "http://${ALLOC_HTTP}/readyz"
@@ -192,13 +237,15 @@ TOML
     RUNYARD_SCALER_HTTP_LISTEN="$SCALER_ADDR" RUNYARD_SCALER_CONFIG="$STATE/scaler.toml" \
       RUNYARD_SCALER_METADATA_LISTEN="$SCALER_METADATA_ADDR" \
       RUNYARD_SCALER_METADATA_URL="http://${SCALER_METADATA_ADDR}" \
-      RUNYARD_ALLOCATOR_URL="http://${ALLOC_GRPC}" "$BIN/runyard-scaler" > "$STATE/scaler.log" 2>&1 &
+      RUNYARD_ALLOCATOR_URL="http://${ALLOC_GRPC}" env RUNYARD_NATS_USER=scaler \
+      RUNYARD_NATS_PASSWORD="$RUNYARD_NATS_SCALER_PASSWORD" "$BIN/runyard-scaler" > "$STATE/scaler.log" 2>&1 &
     echo $! > "$STATE/scaler.pid"
     wait_http "http://${SCALER_ADDR}/readyz"
     log "runyard-scaler on http://${SCALER_ADDR} (pools: $STATE/scaler.toml; log: $STATE/scaler.log)"
   fi
   demo
-  log "secrets (the CLI's allocator token among them): $STATE/secrets.env"
+  log "secrets (the CLI's allocator token and NATS password among them): $STATE/secrets.env"
+  log "the CLI logs in to NATS as cli: RUNYARD_NATS_USER=cli RUNYARD_NATS_PASSWORD=\$RUNYARD_NATS_CLI_PASSWORD"
   log "stack is up; stop it with: bash scripts/dev.sh down"
 }
 

@@ -11,10 +11,14 @@
 # the forge's credentials, comments) is left for the operator to fill in.
 # Each value is 32 random bytes in hex, what `openssl rand -hex 32` makes.
 # RUNYARD_ALLOCATOR_CLIENT_TOKEN gets the value of RUNYARD_ALLOCATOR_TOKENS:
-# the scaler presents the token the allocator accepts.
+# the scaler presents the token the allocator accepts. The NATS passwords
+# are `n` and the hex (nats-server needs them to start with a letter).
 set -euo pipefail
 
-# The operator-chosen secrets (the services refuse weak ones at start).
+# The operator-chosen secrets: the services refuse weak ones of their own
+# at start; the NATS users' passwords (deploy/nats-auth.conf) and the
+# Postgres password (docker-compose.yml's postgres) are checked by NATS and
+# Postgres.
 CHOSEN=(
   RUNYARD_GITHUB_WEBHOOK_SECRET
   RUNYARD_GITLAB_WEBHOOK_TOKEN
@@ -22,6 +26,12 @@ CHOSEN=(
   RUNYARD_SCALER_INSTANCE_TOKEN_KEY
   RUNYARD_ALLOCATOR_TOKENS
   RUNYARD_ALLOCATOR_CLIENT_TOKEN
+  RUNYARD_NATS_INGEST_PASSWORD
+  RUNYARD_NATS_TRACKER_PASSWORD
+  RUNYARD_NATS_ALLOCATOR_PASSWORD
+  RUNYARD_NATS_SCALER_PASSWORD
+  RUNYARD_NATS_CLI_PASSWORD
+  RUNYARD_POSTGRES_PASSWORD
 )
 
 random_hex() {
@@ -36,6 +46,10 @@ allocator_token="$(random_hex)"
 value_of() {
   case "$1" in
     RUNYARD_ALLOCATOR_TOKENS | RUNYARD_ALLOCATOR_CLIENT_TOKEN) echo "$allocator_token" ;;
+    # nats-server reads a password variable as a configuration value: one
+    # starting with a digit is taken for a number and the server refuses
+    # its configuration. A letter first keeps it a string.
+    RUNYARD_NATS_*_PASSWORD) echo "n$(random_hex)" ;;
     *) random_hex ;;
   esac
 }

@@ -25,10 +25,13 @@ free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
 }
 
-# start_nats PORT DIR: starts nats-server with JetStream, store under DIR;
-# sets NATS_PID. Waits until it accepts connections.
+# start_nats PORT DIR [AUTH]: starts nats-server with JetStream, store under
+# DIR; sets NATS_PID. Waits until it accepts connections. With AUTH (an
+# accounts-and-users file such as deploy/nats-auth.conf, copied next to the
+# server's config and included), only its users get in; the passwords'
+# variables it names must be in the environment.
 start_nats() {
-  local port="$1" dir="$2" bin
+  local port="$1" dir="$2" auth="${3:-}" bin
   bin="$(nats_server_bin)"
   mkdir -p "$dir"
   cat > "$dir/nats.conf" <<CONF
@@ -40,6 +43,10 @@ max_payload: 32MB
 # against max_file_store: room for the many namespaces of a test run.
 jetstream { store_dir: "${dir}/jetstream", max_file_store: 1P }
 CONF
+  if [[ -n "$auth" ]]; then
+    cp "$auth" "$dir/nats-auth.conf"
+    echo "include ./nats-auth.conf" >> "$dir/nats.conf"
+  fi
   "$bin" -c "$dir/nats.conf" > "$dir/nats.log" 2>&1 &
   NATS_PID=$!
   for _ in $(seq 1 100); do
@@ -148,11 +155,32 @@ embedded_postgres_start() {
   as_postgres_user "$bin/pg_ctl" -D "$data" -l "$dir/postgres.log" -w -t 60 \
     -o "-h 127.0.0.1 -p ${port} -k ${data} -c fsync=off -c max_connections=300 ${tls}" start >/dev/null ||
     { tail -20 "$dir/postgres.log" >&2; return 1; }
+  if [[ -n "${EMBEDDED_POSTGRES_PASSWORD:-}" ]]; then
+    embedded_postgres_password "$bin" "$data" "$port" || return 1
+  fi
   echo "$port" > "$dir/port"
   echo "$port" > "$dir/last-port"
   echo "$bin" > "$dir/bin"
   log "private PostgreSQL ${EMBEDDED_POSTGRES_VERSION} on 127.0.0.1:${port} (data: $data)"
   echo "$port"
+}
+
+# embedded_postgres_password BIN DATA PORT: gives the superuser `postgres`
+# the password $EMBEDDED_POSTGRES_PASSWORD and makes TCP connections prove
+# it (scram-sha-256); the cluster's own socket (in DATA) stays trust, for
+# its administration. Idempotent: also turns a trust cluster made before
+# into one that wants the password.
+embedded_postgres_password() {
+  local bin="$1" data="$2" port="$3"
+  # Hex from scripts/gen-secrets.sh: nothing to quote inside the literal.
+  [[ "$EMBEDDED_POSTGRES_PASSWORD" =~ ^[A-Za-z0-9_-]+$ ]] ||
+    { echo "EMBEDDED_POSTGRES_PASSWORD: only letters, digits, - and _" >&2; return 1; }
+  as_postgres_user "$bin/psql" -h "$data" -p "$port" -U postgres -d postgres -qAtc \
+    "ALTER ROLE postgres PASSWORD '${EMBEDDED_POSTGRES_PASSWORD}'" >/dev/null || return 1
+  if grep -Eq '^host[[:space:]].*[[:space:]]trust[[:space:]]*$' "$data/pg_hba.conf"; then
+    as_postgres_user sed -i -E 's/^(host[[:space:]].*[[:space:]])trust[[:space:]]*$/\1scram-sha-256/' "$data/pg_hba.conf"
+    as_postgres_user "$bin/pg_ctl" -D "$data" reload >/dev/null
+  fi
 }
 
 # embedded_postgres_stop NAME [MODE]: stops the private cluster NAME if it
@@ -172,8 +200,10 @@ embedded_postgres_stop() {
 # A local cluster that is only stopped is started; when no server answers
 # and none can be started, a private one (embedded_postgres_start NAME)
 # takes its place, its binaries (psql) go first on PATH and $VAR is
-# rewritten to point at it. Sets EMBEDDED_POSTGRES_STARTED=1 when this call
-# started that private cluster (rather than finding it running).
+# rewritten to point at it (with $EMBEDDED_POSTGRES_PASSWORD as the
+# password when that is set: embedded_postgres_start gives it to the
+# cluster). Sets EMBEDDED_POSTGRES_STARTED=1 when this call started that
+# private cluster (rather than finding it running).
 ensure_postgres() {
   local var="${1:-}" name="${2:-}" host port url
   if [[ -n "$var" ]]; then url="${!var}"; else url="postgres://postgres@127.0.0.1:5432/postgres"; fi
@@ -201,7 +231,9 @@ print(p.hostname or "127.0.0.1", p.port or 5432)' "$url")
 import sys, urllib.parse as u
 p = u.urlsplit(sys.argv[1])
 user = p.username or "postgres"
-print(u.urlunsplit((p.scheme, f"{user}@127.0.0.1:{sys.argv[2]}", p.path, p.query, p.fragment)))' "$url" "$port")"
+password = sys.argv[3]
+login = f"{user}:{password}" if password else user
+print(u.urlunsplit((p.scheme, f"{login}@127.0.0.1:{sys.argv[2]}", p.path, p.query, p.fragment)))' "$url" "$port" "${EMBEDDED_POSTGRES_PASSWORD:-}")"
   printf -v "$var" '%s' "$url"
   export "${var?}"
 }

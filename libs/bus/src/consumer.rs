@@ -453,7 +453,7 @@ impl Consumer {
                 // Missing (nothing has created it yet) or unreachable: create
                 // it where missing, never changing an existing one.
                 self.bus
-                    .create_streams_if_missing(&StreamSettings::default())
+                    .create_events_stream_if_missing(&StreamSettings::default())
                     .await?;
                 js.get_stream(&name)
                     .await

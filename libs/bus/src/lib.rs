@@ -9,6 +9,7 @@ use async_nats::jetstream::{self, message::PublishMessage, stream};
 use bytes::Bytes;
 use prost::Message as _;
 use runyard_events::{Event, Namespace, event_type};
+use secrecy::{ExposeSecret as _, SecretString};
 
 pub mod consumer;
 mod trace;
@@ -199,13 +200,25 @@ impl From<Outgoing> for Prepared {
     }
 }
 
-/// How to reach a NATS that wants more than a URL: a `.creds` file
-/// (JWT and NKey seed), a bare NKey seed, and the CA of a server with TLS.
-/// User and password, or a token, ride in the URL itself
-/// (`nats://user:pw@host`, `nats://token@host`); `tls://` asks for TLS with
-/// the system's roots.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// How to reach a NATS that wants more than a URL: a user and password
+/// given apart from the URL, a `.creds` file (JWT and NKey seed), a bare
+/// NKey seed, and the CA of a server with TLS. User and password, or a
+/// token, may also ride in the URL itself (`nats://user:pw@host`,
+/// `nats://token@host`); `tls://` asks for TLS with the system's roots.
+///
+/// Whichever way they come, credentials go to the client as connect
+/// options and never as part of a server address: the client logs its
+/// addresses (at debug, on every connection attempt).
+#[derive(Debug, Clone, Default)]
 pub struct NatsAccess {
+    /// `RUNYARD_NATS_USER`: the user to log in as, with
+    /// [`NatsAccess::password`] or [`NatsAccess::password_file`].
+    pub user: Option<String>,
+    /// `RUNYARD_NATS_PASSWORD`: that user's password.
+    pub password: Option<SecretString>,
+    /// `RUNYARD_NATS_PASSWORD_FILE`: a file holding it (trailing
+    /// whitespace dropped); the value itself wins when both are set.
+    pub password_file: Option<std::path::PathBuf>,
     /// `RUNYARD_NATS_CREDS`: a `.creds` file.
     pub creds: Option<std::path::PathBuf>,
     /// `RUNYARD_NATS_NKEY`: a file holding a user's NKey seed (`SU…`), for
@@ -216,6 +229,12 @@ pub struct NatsAccess {
     pub tls_ca: Option<std::path::PathBuf>,
 }
 
+/// The variable naming the NATS user.
+pub const NATS_USER_VAR: &str = "RUNYARD_NATS_USER";
+/// The variable holding the NATS user's password.
+pub const NATS_PASSWORD_VAR: &str = "RUNYARD_NATS_PASSWORD";
+/// The variable naming a file with the NATS user's password.
+pub const NATS_PASSWORD_FILE_VAR: &str = "RUNYARD_NATS_PASSWORD_FILE";
 /// The variable naming a `.creds` file.
 pub const NATS_CREDS_VAR: &str = "RUNYARD_NATS_CREDS";
 /// The variable naming a file with an NKey seed.
@@ -223,19 +242,74 @@ pub const NATS_NKEY_VAR: &str = "RUNYARD_NATS_NKEY";
 /// The variable naming the CA of a TLS NATS.
 pub const NATS_TLS_CA_VAR: &str = "RUNYARD_NATS_TLS_CA";
 
+/// The prefix of reply subjects (`_INBOX.<user>.…`) for a connection as
+/// `user`: each service's replies — JetStream acks, KV reads, pulled
+/// messages — come to subjects only its own user may subscribe to, so no
+/// other user can read them (the shipped NATS permissions give each user
+/// `_INBOX.<user>.>` alone). Without a user, or with one that is not a
+/// plain subject token, the client's default `_INBOX`.
+pub fn inbox_prefix(user: Option<&str>) -> String {
+    match user {
+        Some(u)
+            if !u.is_empty()
+                && u.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') =>
+        {
+            format!("_INBOX.{u}")
+        }
+        _ => "_INBOX".to_owned(),
+    }
+}
+
 impl NatsAccess {
+    /// `RUNYARD_NATS_USER`, `RUNYARD_NATS_PASSWORD` (or `_FILE`),
     /// `RUNYARD_NATS_CREDS`, `RUNYARD_NATS_NKEY` and `RUNYARD_NATS_TLS_CA`
     /// from the process environment (empty = unset).
     pub fn from_env() -> Self {
+        // Each variable named at its `env::var` call, as
+        // scripts/check-deploy.sh finds what a service reads.
+        let set = |v: Result<String, std::env::VarError>| v.ok().filter(|v| !v.is_empty());
         let path = |var| {
             std::env::var_os(var)
                 .filter(|v| !v.is_empty())
                 .map(std::path::PathBuf::from)
         };
         Self {
+            user: set(std::env::var(NATS_USER_VAR)),
+            password: set(std::env::var(NATS_PASSWORD_VAR)).map(SecretString::from),
+            password_file: set(std::env::var(NATS_PASSWORD_FILE_VAR)).map(std::path::PathBuf::from),
             creds: path(NATS_CREDS_VAR),
             nkey: path(NATS_NKEY_VAR),
             tls_ca: path(NATS_TLS_CA_VAR),
+        }
+    }
+
+    /// The user and password given apart from the URL, if any; a user
+    /// without a password (or the reverse) is an error naming the
+    /// variables.
+    fn login(&self) -> Result<Option<Login>, BusError> {
+        let password = match (&self.password, &self.password_file) {
+            (Some(p), _) => Some(p.clone()),
+            (None, Some(path)) => Some(
+                runyard_telemetry::secrets::read_file(NATS_PASSWORD_FILE_VAR, path)
+                    .map_err(|e| BusError::Settings(e.to_string()))?,
+            ),
+            (None, None) => None,
+        };
+        match (&self.user, password) {
+            (Some(user), Some(password)) => Ok(Some(Login::UserPassword(
+                user.clone(),
+                password.expose_secret().to_owned(),
+            ))),
+            (None, None) => Ok(None),
+            (Some(_), None) => Err(BusError::Settings(format!(
+                "{NATS_USER_VAR} is set but neither {NATS_PASSWORD_VAR} nor \
+                 {NATS_PASSWORD_FILE_VAR}: give the user's password"
+            ))),
+            (None, Some(_)) => Err(BusError::Settings(format!(
+                "a NATS password is set ({NATS_PASSWORD_VAR} or {NATS_PASSWORD_FILE_VAR}) \
+                 but no {NATS_USER_VAR}: name the user"
+            ))),
         }
     }
 
@@ -283,17 +357,18 @@ impl NatsAccess {
     }
 }
 
-/// Credentials taken from a NATS URL's userinfo.
+/// Credentials taken from a NATS URL's userinfo or from [`NatsAccess`].
 enum Login {
-    /// `nats://user:password@host`.
+    /// `nats://user:password@host`, or `RUNYARD_NATS_USER` and
+    /// `RUNYARD_NATS_PASSWORD`.
     UserPassword(String, String),
     /// `nats://token@host`.
     Token(String),
 }
 
-/// The servers of `url` (several: comma-separated) and the credentials
-/// the first one with userinfo carries (percent-decoded): the client takes
-/// neither from a URL by itself.
+/// The servers of `url` (several: comma-separated) with their userinfo
+/// taken out, and the credentials the first one with userinfo carried
+/// (percent-decoded).
 fn server_addrs(url: &str) -> Result<(Vec<async_nats::ServerAddr>, Option<Login>), BusError> {
     let decode = |s: &str| {
         percent_encoding::percent_decode_str(s)
@@ -314,7 +389,7 @@ fn server_addrs(url: &str) -> Result<(Vec<async_nats::ServerAddr>, Option<Login>
                 None => Login::Token(decode(user)),
             });
         }
-        addrs.push(addr);
+        addrs.push(without_userinfo(addr)?);
     }
     if addrs.is_empty() {
         return Err(BusError::Settings(
@@ -322,6 +397,62 @@ fn server_addrs(url: &str) -> Result<(Vec<async_nats::ServerAddr>, Option<Login>
         ));
     }
     Ok((addrs, login))
+}
+
+/// `addr` without user and password: the client would log them with the
+/// address, and it takes them from the connect options anyway.
+fn without_userinfo(addr: async_nats::ServerAddr) -> Result<async_nats::ServerAddr, BusError> {
+    if !addr.has_user_pass() && addr.password().is_none() {
+        return Ok(addr);
+    }
+    let mut url = addr.into_inner();
+    let cleared = url.set_username("").is_ok() && url.set_password(None).is_ok();
+    if !cleared {
+        return Err(BusError::Settings(
+            "RUNYARD_NATS_URL: a server address that cannot carry credentials".to_owned(),
+        ));
+    }
+    async_nats::ServerAddr::from_url(url)
+        .map_err(|e| BusError::Settings(format!("RUNYARD_NATS_URL: {e}")))
+}
+
+/// The servers of `url` without any credentials, for a client that must
+/// connect as nobody (`runyard doctor`'s check that NATS refuses that).
+pub fn anonymous_addrs(url: &str) -> Result<Vec<async_nats::ServerAddr>, BusError> {
+    server_addrs(url).map(|(addrs, _)| addrs)
+}
+
+/// The connect options and server addresses for `url` and `access`, as
+/// every runyard process connects: credentials (from the URL or from
+/// `access`, never both) as options, the servers without userinfo, the
+/// user's own reply subjects ([`inbox_prefix`]) and the connection
+/// `name`. Callers add their own timeouts and reconnect behaviour.
+pub async fn connect_options(
+    url: &str,
+    name: &str,
+    access: &NatsAccess,
+) -> Result<(async_nats::ConnectOptions, Vec<async_nats::ServerAddr>), BusError> {
+    let (addrs, in_url) = server_addrs(url)?;
+    let apart = access.login()?;
+    let login = match (in_url, apart) {
+        (Some(_), Some(_)) => {
+            return Err(BusError::Settings(format!(
+                "credentials in both RUNYARD_NATS_URL and {NATS_USER_VAR}: give them one way"
+            )));
+        }
+        (a, b) => a.or(b),
+    };
+    let mut opts = async_nats::ConnectOptions::new().name(name);
+    match login {
+        Some(Login::UserPassword(user, password)) => {
+            opts = opts
+                .custom_inbox_prefix(inbox_prefix(Some(&user)))
+                .user_and_password(user, password);
+        }
+        Some(Login::Token(token)) => opts = opts.token(token),
+        None => {}
+    }
+    Ok((access.apply(opts).await?, addrs))
 }
 
 /// A connection to the event log of one namespace.
@@ -355,8 +486,8 @@ impl Bus {
         wait_for_server: bool,
         access: &NatsAccess,
     ) -> Result<Self, BusError> {
-        let mut opts = async_nats::ConnectOptions::new()
-            .name(name)
+        let (opts, addrs) = connect_options(url, name, access).await?;
+        let mut opts = opts
             .connection_timeout(Duration::from_secs(5))
             // Reconnect forever with a capped back-off: a service must outlive
             // a NATS restart without being restarted itself.
@@ -372,15 +503,6 @@ impl Bus {
         if wait_for_server {
             opts = opts.retry_on_initial_connect();
         }
-        let (addrs, login) = server_addrs(url)?;
-        match login {
-            Some(Login::UserPassword(user, password)) => {
-                opts = opts.user_and_password(user, password);
-            }
-            Some(Login::Token(token)) => opts = opts.token(token),
-            None => {}
-        }
-        let opts = access.apply(opts).await?;
         let client = opts
             .connect(addrs)
             .await
@@ -506,6 +628,22 @@ impl Bus {
                 .await
                 .map_err(|e| nats_err("creating stream", e))?;
         }
+        Ok(())
+    }
+
+    /// Creates the event stream only where it is missing, leaving an
+    /// existing one alone: what a consumer does at start. It needs (and,
+    /// under the shipped NATS permissions, may create) the event stream
+    /// alone; the raw-delivery stream is ingest's.
+    pub async fn create_events_stream_if_missing(
+        &self,
+        settings: &StreamSettings,
+    ) -> Result<(), BusError> {
+        let [events, _raw] = self.stream_configs(settings);
+        self.js
+            .get_or_create_stream(events)
+            .await
+            .map_err(|e| nats_err("creating stream", e))?;
         Ok(())
     }
 
@@ -727,6 +865,68 @@ mod redaction_tests {
             "nats://a:***@n1:4222,nats://a:***@n2:4222"
         );
         assert_eq!(redact_url("nats://127.0.0.1:4222"), "nats://127.0.0.1:4222");
+    }
+
+    #[test]
+    fn server_addresses_go_to_the_client_without_credentials() {
+        let (addrs, login) =
+            server_addrs("nats://ingest:pa%40ss-w0rd@n1:4222,nats://t0ken@n2:4222").unwrap();
+        // The client logs its addresses with `{:?}` on every attempt.
+        let shown = format!("{addrs:?}");
+        for addr in &addrs {
+            assert_eq!((addr.username(), addr.password()), (None, None), "{shown}");
+        }
+        assert!(
+            !shown.contains("pa%40ss") && !shown.contains("t0ken"),
+            "{shown}"
+        );
+        assert_eq!(addrs[0].host(), "n1");
+        assert_eq!(addrs[1].port(), 4222);
+        // The first userinfo is the login, percent-decoded.
+        assert!(
+            matches!(login, Some(Login::UserPassword(ref u, ref p)) if u == "ingest" && p == "pa@ss-w0rd")
+        );
+    }
+
+    #[test]
+    fn each_user_takes_its_replies_under_its_own_inbox() {
+        assert_eq!(inbox_prefix(Some("job-tracker")), "_INBOX.job-tracker");
+        assert_eq!(inbox_prefix(Some("scaler")), "_INBOX.scaler");
+        // Not a subject token: the default.
+        assert_eq!(inbox_prefix(Some("a.b")), "_INBOX");
+        assert_eq!(inbox_prefix(Some("a b")), "_INBOX");
+        assert_eq!(inbox_prefix(Some("")), "_INBOX");
+        assert_eq!(inbox_prefix(None), "_INBOX");
+    }
+
+    #[tokio::test]
+    async fn credentials_come_one_way_and_whole() {
+        let apart = NatsAccess {
+            user: Some("scaler".into()),
+            password: Some(SecretString::from("pw")),
+            ..NatsAccess::default()
+        };
+        let both = connect_options("nats://ingest:pw@h:4222", "t", &apart)
+            .await
+            .expect_err("credentials in the URL and apart");
+        assert!(both.to_string().contains("RUNYARD_NATS_USER"), "{both}");
+        let no_password = NatsAccess {
+            user: Some("scaler".into()),
+            ..NatsAccess::default()
+        };
+        let e = connect_options("nats://h:4222", "t", &no_password)
+            .await
+            .expect_err("a user without a password");
+        assert!(e.to_string().contains("RUNYARD_NATS_PASSWORD"), "{e}");
+        let no_user = NatsAccess {
+            password: Some(SecretString::from("pw")),
+            ..NatsAccess::default()
+        };
+        let e = connect_options("nats://h:4222", "t", &no_user)
+            .await
+            .expect_err("a password without a user");
+        assert!(e.to_string().contains("RUNYARD_NATS_USER"), "{e}");
+        assert!(connect_options("nats://h:4222", "t", &apart).await.is_ok());
     }
 
     #[tokio::test]

@@ -106,6 +106,56 @@ async fn user_and_password_ride_in_the_url_and_a_wrong_one_is_refused_unlogged()
 }
 
 #[tokio::test]
+async fn user_and_password_apart_from_the_url_or_from_a_file_log_in() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_server, port) = server(
+        dir.path(),
+        "authorization { user: runyard, password: \"pa55-w0rd\" }",
+    )
+    .await;
+    let url = format!("nats://127.0.0.1:{port}");
+    let given = NatsAccess {
+        user: Some("runyard".into()),
+        password: Some("pa55-w0rd".to_owned().into()),
+        ..NatsAccess::default()
+    };
+    let bus = connect(&url, &given).await.unwrap();
+    bus.ensure_streams(&StreamSettings::default())
+        .await
+        .unwrap();
+    // From a file, with the newline an editor leaves.
+    let file = dir.path().join("nats-password");
+    std::fs::write(&file, "pa55-w0rd\n").unwrap();
+    let from_file = NatsAccess {
+        user: Some("runyard".into()),
+        password_file: Some(file.clone()),
+        ..NatsAccess::default()
+    };
+    connect(&url, &from_file).await.unwrap();
+    let wrong = NatsAccess {
+        user: Some("runyard".into()),
+        password: Some("guessed-pw".to_owned().into()),
+        ..NatsAccess::default()
+    };
+    let err = connect(&url, &wrong)
+        .await
+        .expect_err("wrong password refused");
+    let text = format!("{err} / {err:?}");
+    assert!(!text.contains("guessed-pw"), "{text}");
+    // A file that is not there is named with its variable.
+    let missing = NatsAccess {
+        user: Some("runyard".into()),
+        password_file: Some(dir.path().join("nope")),
+        ..NatsAccess::default()
+    };
+    let err = connect(&url, &missing).await.expect_err("no file");
+    assert!(
+        err.to_string().contains("RUNYARD_NATS_PASSWORD_FILE"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
 async fn a_token_rides_in_the_url_percent_encoded_like_any_userinfo() {
     let dir = tempfile::tempdir().unwrap();
     let (_server, port) = server(dir.path(), "authorization { token: \"t0k/en+1\" }").await;

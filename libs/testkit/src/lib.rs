@@ -345,6 +345,7 @@ pub fn decode_events(msgs: &[async_nats::jetstream::Message]) -> Vec<runyard_eve
 pub mod fake_github;
 pub mod fake_gitlab;
 pub mod fake_oidc;
+pub mod nats_auth;
 pub mod nats_jwt;
 pub mod otlp;
 pub mod pki;

@@ -208,3 +208,25 @@ async fn insecure_dev_lets_a_weak_token_through_with_a_warning_naming_it() {
     );
     assert!(!lines.iter().any(|l| l.contains("change-me")), "{lines:#?}");
 }
+
+#[tokio::test]
+async fn no_nats_password_in_the_debug_log() {
+    let nats = runyard_testkit::nats_auth::SecuredNats::start().await;
+    let log = runyard_testkit::nats_auth::debug_log_of(
+        &nats,
+        std::path::Path::new(env!("CARGO_BIN_EXE_runyard-allocator")),
+        "allocator",
+        &[
+            // The history load may fail and retry: start-up logs come first.
+            (
+                "RUNYARD_DATABASE_URL",
+                "postgres://postgres@127.0.0.1:1/none",
+            ),
+            ("RUNYARD_ALLOCATOR_LISTEN", "127.0.0.1:0"),
+            ("RUNYARD_ALLOCATOR_HTTP_LISTEN", "127.0.0.1:0"),
+        ],
+        "allocator listening",
+    )
+    .await;
+    runyard_testkit::nats_auth::assert_no_password(&nats, "allocator", &log);
+}

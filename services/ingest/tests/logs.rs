@@ -196,3 +196,22 @@ async fn insecure_dev_starts_with_a_weak_secret_and_warns_naming_it() {
     });
     assert!(listening.is_some(), "ingest starts: {seen:?}");
 }
+
+#[tokio::test]
+async fn no_nats_password_in_the_debug_log() {
+    let nats = runyard_testkit::nats_auth::SecuredNats::start().await;
+    let log = runyard_testkit::nats_auth::debug_log_of(
+        &nats,
+        std::path::Path::new(env!("CARGO_BIN_EXE_runyard-ingest")),
+        "ingest",
+        &[
+            ("RUNYARD_INGEST_LISTEN", "127.0.0.1:0"),
+            ("RUNYARD_USAGE_TOKEN", USAGE_TOKEN),
+        ],
+        "event log streams ready",
+    )
+    .await;
+    runyard_testkit::nats_auth::assert_no_password(&nats, "ingest", &log);
+    // It got as far as its streams: the log shows it working, not refused.
+    assert!(log.contains("event log streams ready"), "{log}");
+}

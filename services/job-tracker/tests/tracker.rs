@@ -2424,3 +2424,24 @@ async fn a_swap_that_fails_half_way_renames_nothing() {
     admin_pool.close().await;
     live.drop_db().await;
 }
+
+#[tokio::test]
+async fn no_nats_password_in_the_debug_log() {
+    let nats = runyard_testkit::nats_auth::SecuredNats::start().await;
+    let db = TestDb::new();
+    let log = runyard_testkit::nats_auth::debug_log_of(
+        &nats,
+        std::path::Path::new(env!("CARGO_BIN_EXE_runyard-job-tracker")),
+        "job-tracker",
+        &[
+            ("RUNYARD_DATABASE_URL", &db.url),
+            ("RUNYARD_TRACKER_HTTP_LISTEN", "127.0.0.1:0"),
+        ],
+        "consumer bound",
+    )
+    .await;
+    db.drop_db().await;
+    runyard_testkit::nats_auth::assert_no_password(&nats, "job-tracker", &log);
+    // Its durable consumer is bound under its own user's permissions.
+    assert!(log.contains("consumer bound"), "{log}");
+}

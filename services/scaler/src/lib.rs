@@ -653,7 +653,7 @@ async fn follow(
         }
         let ready = bus.is_connected()
             && bus
-                .create_streams_if_missing(&StreamSettings::default())
+                .create_events_stream_if_missing(&StreamSettings::default())
                 .await
                 .is_ok();
         let start = time::OffsetDateTime::now_utc() - shared.timers.lookback;

@@ -881,3 +881,26 @@ async fn a_job_no_pool_matches_is_said_once_and_gets_no_runner() {
     second.stop().await;
     scaler.stop().await;
 }
+
+#[tokio::test]
+async fn no_nats_password_in_the_debug_log() {
+    let nats = runyard_testkit::nats_auth::SecuredNats::start().await;
+    let log = runyard_testkit::nats_auth::debug_log_of(
+        &nats,
+        std::path::Path::new(env!("CARGO_BIN_EXE_runyard-scaler")),
+        "scaler",
+        &[
+            (
+                "RUNYARD_DATABASE_URL",
+                "postgres://postgres@127.0.0.1:1/none",
+            ),
+            ("RUNYARD_SCALER_HTTP_LISTEN", "127.0.0.1:0"),
+            ("RUNYARD_SCALER_METADATA_LISTEN", "127.0.0.1:0"),
+        ],
+        "scaler listening",
+    )
+    .await;
+    runyard_testkit::nats_auth::assert_no_password(&nats, "scaler", &log);
+    // It opened its buckets under its own user's permissions first.
+    assert!(log.contains("scaler listening"), "{log}");
+}

@@ -45,6 +45,9 @@ pub enum Outcome {
     Ok,
     /// Broken: see the detail and the fix.
     Fail,
+    /// Works, but open to misuse: see the detail and the fix. Not a
+    /// failure (the exit code stays 0).
+    Warn,
     /// Not run: something it needs failed first.
     Skipped,
 }
@@ -76,6 +79,15 @@ fn fail(id: impl Into<String>, detail: impl Into<String>, fix: impl Into<String>
     Check {
         id: id.into(),
         outcome: Outcome::Fail,
+        detail: detail.into(),
+        fix: Some(fix.into()),
+    }
+}
+
+fn warn(id: impl Into<String>, detail: impl Into<String>, fix: impl Into<String>) -> Check {
+    Check {
+        id: id.into(),
+        outcome: Outcome::Warn,
         detail: detail.into(),
         fix: Some(fix.into()),
     }
@@ -140,10 +152,12 @@ pub async fn run(global: &Global, args: &DoctorArgs) -> Result<u8, Failure> {
         checks.push(allocator_grpc(global).await);
     }
     let failed = checks.iter().filter(|c| c.outcome == Outcome::Fail).count();
+    let warned = checks.iter().filter(|c| c.outcome == Outcome::Warn).count();
     if global.json {
         out_json(&json!({
             "healthy": failed == 0,
             "failed": failed,
+            "warnings": warned,
             "checks": checks,
         }));
     } else {
@@ -153,6 +167,7 @@ pub async fn run(global: &Global, args: &DoctorArgs) -> Result<u8, Failure> {
                 let mark = match c.outcome {
                     Outcome::Ok => "ok",
                     Outcome::Fail => "FAIL",
+                    Outcome::Warn => "WARN",
                     Outcome::Skipped => "skip",
                 };
                 vec![mark.to_owned(), c.id.clone(), c.detail.clone()]
@@ -170,7 +185,9 @@ pub async fn run(global: &Global, args: &DoctorArgs) -> Result<u8, Failure> {
                 ));
             }
         }
-        text.push_str(&if failed == 0 {
+        text.push_str(&if failed == 0 && warned > 0 {
+            format!("\nAll checks passed, with {warned} warning(s).\n")
+        } else if failed == 0 {
             "\nAll checks passed.\n".to_owned()
         } else {
             format!("\n{failed} check(s) failed.\n")
@@ -178,6 +195,69 @@ pub async fn run(global: &Global, args: &DoctorArgs) -> Result<u8, Failure> {
         out(&text);
     }
     Ok(if failed == 0 { EXIT_OK } else { EXIT_FAILED })
+}
+
+/// The checks that need a NATS connection, skipped when there is none.
+fn unreachable_checks(checks: &mut Vec<Check>, ns: &runyard_events::Namespace) {
+    checks.extend(
+        ["nats.version", "nats.jetstream", "nats.max_payload"]
+            .map(|id| skipped(id, "NATS is not reachable")),
+    );
+    checks.extend(
+        [ns.events_stream(), ns.raw_stream()]
+            .map(|s| skipped(format!("stream.{s}"), "NATS is not reachable")),
+    );
+}
+
+/// Whether NATS lets in a client with no credentials at all: such a
+/// client could read the event log, publish events past every check of
+/// ingest and, given JetStream, read the scaler's buckets (the instances'
+/// JIT configs and runner tokens). A warning, not a failure: a NATS that
+/// nothing but runyard's own processes can reach may be run that way.
+async fn anonymous(global: &Global, access: &runyard_bus::NatsAccess) -> Check {
+    let Ok(addrs) = runyard_bus::anonymous_addrs(&global.nats_url) else {
+        return skipped("nats.anonymous", "the NATS URL cannot be read");
+    };
+    // Only the CA of a TLS NATS is kept: no user, password, token or key.
+    let mut opts = async_nats::ConnectOptions::new()
+        .name("runyard-doctor-anonymous")
+        .connection_timeout(global.timeout());
+    if let Some(ca) = &access.tls_ca {
+        opts = opts.add_root_certificates(ca.clone()).require_tls(true);
+    }
+    match tokio::time::timeout(global.timeout() * 2, opts.connect(addrs)).await {
+        Ok(Ok(client)) => {
+            drop(client);
+            warn(
+                "nats.anonymous",
+                "NATS accepts a connection without credentials: anyone who reaches it can \
+                 read and write the event log and the scaler's buckets",
+                "give every service its own NATS user (the shipped deploy/nats-auth.conf; \
+                 docs/operations.md, \"NATS users and permissions\") and leave no \
+                 `no_auth_user` in the server's configuration",
+            )
+        }
+        Ok(Err(e))
+            if matches!(
+                e.kind(),
+                async_nats::ConnectErrorKind::AuthorizationViolation
+                    | async_nats::ConnectErrorKind::Authentication
+            ) =>
+        {
+            ok(
+                "nats.anonymous",
+                "NATS refuses connections without credentials",
+            )
+        }
+        Ok(Err(e)) => skipped(
+            "nats.anonymous",
+            format!("a connection without credentials failed for another reason: {e}"),
+        ),
+        Err(_) => skipped(
+            "nats.anonymous",
+            "a connection without credentials did not answer in time",
+        ),
+    }
 }
 
 /// `2.12.8` → (2, 12); anything unreadable → None.
@@ -192,23 +272,51 @@ fn major_minor(version: &str) -> Option<(u64, u64)> {
 async fn nats(global: &Global, ns: &runyard_events::Namespace, max_body: u64) -> Vec<Check> {
     let url = redact(&global.nats_url);
     let mut checks = Vec::new();
-    let connect = async_nats::ConnectOptions::new()
-        .name("runyard-doctor")
-        .connection_timeout(global.timeout())
-        .connect(&global.nats_url);
+    let access = runyard_bus::NatsAccess::from_env();
+    let (opts, addrs) =
+        match runyard_bus::connect_options(&global.nats_url, "runyard-doctor", &access).await {
+            Ok(got) => got,
+            Err(e) => {
+                checks.push(fail(
+                    "nats.reachable",
+                    format!("NATS settings: {e}"),
+                    "fix the NATS settings named (--nats-url / RUNYARD_NATS_URL, \
+                     RUNYARD_NATS_USER and RUNYARD_NATS_PASSWORD, RUNYARD_NATS_CREDS, ...)",
+                ));
+                checks.push(skipped("nats.anonymous", "NATS is not reachable"));
+                unreachable_checks(&mut checks, ns);
+                return checks;
+            }
+        };
+    let connect = opts.connection_timeout(global.timeout()).connect(addrs);
     // The checks that need a connection, when there is none.
     let unreachable = |checks: &mut Vec<Check>| {
-        checks.extend(
-            ["nats.version", "nats.jetstream", "nats.max_payload"]
-                .map(|id| skipped(id, "NATS is not reachable")),
-        );
-        checks.extend(
-            [ns.events_stream(), ns.raw_stream()]
-                .map(|s| skipped(format!("stream.{s}"), "NATS is not reachable")),
-        );
+        checks.push(skipped("nats.anonymous", "NATS is not reachable"));
+        unreachable_checks(checks, ns);
     };
     let client = match tokio::time::timeout(global.timeout() * 2, connect).await {
         Ok(Ok(c)) => c,
+        Ok(Err(e))
+            if matches!(
+                e.kind(),
+                async_nats::ConnectErrorKind::AuthorizationViolation
+                    | async_nats::ConnectErrorKind::Authentication
+            ) =>
+        {
+            checks.push(fail(
+                "nats.reachable",
+                format!("NATS at {url} refused the credentials given (or their absence): {e}"),
+                "log in as the CLI's NATS user: RUNYARD_NATS_USER=cli and RUNYARD_NATS_PASSWORD \
+                 (or _FILE) with RUNYARD_NATS_CLI_PASSWORD's value (docs/operations.md, \
+                 \"NATS users and permissions\")",
+            ));
+            checks.push(ok(
+                "nats.anonymous",
+                "NATS refuses connections without credentials",
+            ));
+            unreachable_checks(&mut checks, ns);
+            return checks;
+        }
         Ok(Err(e)) => {
             checks.push(fail(
                 "nats.reachable",
@@ -238,6 +346,7 @@ async fn nats(global: &Global, ns: &runyard_events::Namespace, max_body: u64) ->
         "nats.reachable",
         format!("connected to {url} (server {})", info.server_name),
     ));
+    checks.push(anonymous(global, &access).await);
     checks.push(match major_minor(&info.version) {
         Some(v) if v >= MIN_NATS => ok("nats.version", format!("nats-server {}", info.version)),
         _ => fail(

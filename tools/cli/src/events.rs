@@ -100,17 +100,10 @@ pub async fn tail(global: &Global, args: &TailArgs) -> Result<u8, Failure> {
             )));
         }
     }
-    let client = async_nats::ConnectOptions::new()
-        .name("runyard-cli")
-        .connection_timeout(global.timeout())
-        .connect(&global.nats_url)
+    let client = global
+        .nats_client("runyard-cli")
         .await
-        .map_err(|e| {
-            Failure::Failed(format!(
-                "connecting to NATS at {}: {e}",
-                crate::redact(&global.nats_url)
-            ))
-        })?;
+        .map_err(Failure::Failed)?;
     let js = jetstream::new(client);
     let name = if args.raw {
         ns.raw_stream()

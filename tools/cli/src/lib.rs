@@ -175,6 +175,27 @@ impl Global {
         Ok(())
     }
 
+    /// A NATS client named `name`, logged in as the environment says
+    /// (`RUNYARD_NATS_USER` and `RUNYARD_NATS_PASSWORD`, the URL's
+    /// userinfo, `RUNYARD_NATS_CREDS`, ...: [`runyard_bus::NatsAccess`]),
+    /// the way the services connect. The error names the server with its
+    /// credentials redacted.
+    pub async fn nats_client(&self, name: &str) -> Result<async_nats::Client, String> {
+        let access = runyard_bus::NatsAccess::from_env();
+        let (opts, addrs) = runyard_bus::connect_options(&self.nats_url, name, &access)
+            .await
+            .map_err(|e| e.to_string())?;
+        opts.connection_timeout(self.timeout())
+            .connect(addrs)
+            .await
+            .map_err(|e| {
+                format!(
+                    "connecting to NATS at {}: {e}",
+                    runyard_bus::redact_url(&self.nats_url)
+                )
+            })
+    }
+
     /// The per-call timeout.
     pub fn timeout(&self) -> Duration {
         Duration::from_secs(self.timeout.max(1))

@@ -395,11 +395,25 @@ async fn doctor_passes_on_a_healthy_stack() {
             "{id}: {checks:#?}"
         );
     }
+    // The tests' NATS lets anyone in: a warning, not a failure.
+    let (outcome, detail, fix) = &checks["nats.anonymous"];
+    assert_eq!(outcome, "warn", "{detail}");
+    assert!(detail.contains("without credentials"), "{detail}");
+    assert!(fix.contains("nats-auth.conf"), "{fix}");
+    assert_eq!(report["warnings"], 1);
     // For people: one line per check and the verdict.
     let o = runyard(&stack.target, &["doctor"]).await;
     assert_eq!(code(&o), 0);
     let text = stdout(&o);
-    assert!(text.contains("All checks passed."), "{text}");
+    assert!(
+        text.contains("All checks passed, with 1 warning(s)."),
+        "{text}"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("WARN ") && l.contains("nats.anonymous")),
+        "{text}"
+    );
     assert!(
         text.lines()
             .any(|l| l.starts_with("ok ") && l.contains("postgres.migrations")),
