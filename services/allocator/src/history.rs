@@ -543,12 +543,9 @@ mod tests {
         db.drop_db().await;
     }
 
-    #[tokio::test]
-    async fn a_missing_usage_table_fails_the_load_rather_than_loading_nothing() {
-        let nats = TestNats::get().await;
-        let db = TestDb::new();
-        runyard_store::migrate(&db.url).await.unwrap();
-        let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
+    /// Jobs 1..=n of `develop`, each one zlib sample (a second apart) and
+    /// the job row that confirms its ref.
+    async fn develop_zlib_samples(pool: &sqlx::PgPool, n: i64) {
         sqlx::query(
             "INSERT INTO usage_samples (forge, instance, job_id, attempt, event_id, ref, workload,
                 workload_key, peak_memory_bytes, memory_limit_bytes, cpu_seconds, wall_seconds,
@@ -556,12 +553,22 @@ mod tests {
              SELECT 'gitlab', 'ci.example', j, 1, 'usage:gitlab:ci.example:' || j || ':1',
                 'develop', '{\"package\": \"zlib\"}', 'package=zlib', 1000000000 + j * 1000000,
                 4000000000, 60, 30, false, now() - (j || ' seconds')::interval
-             FROM generate_series(1, 3) AS j",
+             FROM generate_series(1, $1) AS j",
         )
-        .execute(&pool)
+        .bind(n)
+        .execute(pool)
         .await
         .unwrap();
-        confirm_jobs(&pool, 1..=3, "develop").await;
+        confirm_jobs(pool, 1..=n, "develop").await;
+    }
+
+    #[tokio::test]
+    async fn a_missing_usage_table_fails_the_load_rather_than_loading_nothing() {
+        let nats = TestNats::get().await;
+        let db = TestDb::new();
+        runyard_store::migrate(&db.url).await.unwrap();
+        let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
+        develop_zlib_samples(&pool, 3).await;
         sqlx::query("ALTER TABLE usage_samples RENAME TO usage_samples_elsewhere")
             .execute(&pool)
             .await
@@ -595,19 +602,7 @@ mod tests {
         let db = TestDb::new();
         runyard_store::migrate(&db.url).await.unwrap();
         let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
-        sqlx::query(
-            "INSERT INTO usage_samples (forge, instance, job_id, attempt, event_id, ref, workload,
-                workload_key, peak_memory_bytes, memory_limit_bytes, cpu_seconds, wall_seconds,
-                oom_killed, reported_at)
-             SELECT 'gitlab', 'ci.example', j, 1, 'usage:gitlab:ci.example:' || j || ':1',
-                'develop', '{\"package\": \"zlib\"}', 'package=zlib', 1000000000 + j * 1000000,
-                4000000000, 60, 30, false, now() - (j || ' seconds')::interval
-             FROM generate_series(1, 12) AS j",
-        )
-        .execute(&pool)
-        .await
-        .unwrap();
-        confirm_jobs(&pool, 1..=12, "develop").await;
+        develop_zlib_samples(&pool, 12).await;
         pool.close().await;
         let app = app(&nats, &db, Config::default()).await;
         let state = &app.state;

@@ -76,18 +76,23 @@ fn ok(id: impl Into<String>, detail: impl Into<String>) -> Check {
 }
 
 fn fail(id: impl Into<String>, detail: impl Into<String>, fix: impl Into<String>) -> Check {
-    Check {
-        id: id.into(),
-        outcome: Outcome::Fail,
-        detail: detail.into(),
-        fix: Some(fix.into()),
-    }
+    finding(Outcome::Fail, id, detail, fix)
 }
 
 fn warn(id: impl Into<String>, detail: impl Into<String>, fix: impl Into<String>) -> Check {
+    finding(Outcome::Warn, id, detail, fix)
+}
+
+/// A check that found something, with what to do about it.
+fn finding(
+    outcome: Outcome,
+    id: impl Into<String>,
+    detail: impl Into<String>,
+    fix: impl Into<String>,
+) -> Check {
     Check {
         id: id.into(),
-        outcome: Outcome::Warn,
+        outcome,
         detail: detail.into(),
         fix: Some(fix.into()),
     }
