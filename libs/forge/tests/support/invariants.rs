@@ -391,7 +391,8 @@ fn gitlab_job(e: &Event, j: &JobObserved, key: &str, rx: OffsetDateTime) {
 /// GitLab's status words, as the normalizer maps them.
 fn gitlab_status(word: &str) -> (JobStatus, Conclusion) {
     match word {
-        "created" | "pending" => (JobStatus::Queued, Conclusion::Unspecified),
+        // Only `pending` is runnable; `created` waits for its stage.
+        "pending" => (JobStatus::Queued, Conclusion::Unspecified),
         "running" => (JobStatus::InProgress, Conclusion::Unspecified),
         "success" => (JobStatus::Completed, Conclusion::Success),
         "failed" => (JobStatus::Completed, Conclusion::Failure),
