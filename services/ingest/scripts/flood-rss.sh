@@ -14,7 +14,7 @@ bin="$1"; shift
 dir="$(mktemp -d)"; port="$(free_port)"; start_nats "$port" "$dir" >/dev/null 2>&1
 hport="$(free_port)"
 env RUNYARD_NATS_URL="nats://127.0.0.1:$port" RUNYARD_NAMESPACE="rss$$" RUNYARD_INGEST_LISTEN="127.0.0.1:$hport" \
-    RUNYARD_GITHUB_WEBHOOK_SECRET=s RUST_LOG=warn RUNYARD_LOG_FORMAT=json "$@" "$bin" 2>"$dir/ingest.log" &
+    RUNYARD_GITHUB_WEBHOOK_SECRET="$(openssl rand -hex 32)" RUST_LOG=warn RUNYARD_LOG_FORMAT=json "$@" "$bin" 2>"$dir/ingest.log" &
 ipid=$!
 for _ in $(seq 100); do curl -fs "http://127.0.0.1:$hport/readyz" >/dev/null && break; sleep 0.1; done
 head -c $((24*1024*1024)) /dev/zero | tr '\0' ' ' > "$dir/body"
@@ -25,7 +25,7 @@ for round in 1 2 3; do
   for i in $(seq 16); do
     curl -s -o /dev/null -w '%{http_code}\n' -X POST "http://127.0.0.1:$hport/webhooks/github" \
       -H 'X-GitHub-Event: workflow_job' -H "X-GitHub-Delivery: f-$round-$i" \
-      -H 'X-Hub-Signature-256: sha256=00' -H 'Content-Type: application/json' \
+      -H "X-Hub-Signature-256: sha256=$(printf '0%.0s' $(seq 64))" -H 'Content-Type: application/json' \
       --data-binary @"$dir/body" >> "$codes" &
     pids+=($!)
   done

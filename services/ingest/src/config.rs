@@ -61,10 +61,20 @@ pub struct Config {
     /// `RUNYARD_INGEST_MAX_IN_FLIGHT`: deliveries handled at once; one more
     /// is answered 503 with `Retry-After` at once.
     pub ingest_max_in_flight: usize,
-    /// `RUNYARD_INGEST_MAX_IN_FLIGHT_BYTES`: body bytes (as declared by
-    /// `Content-Length`, else the body limit) of the deliveries handled at
-    /// once; a delivery alone is always let through.
+    /// `RUNYARD_INGEST_MAX_IN_FLIGHT_BYTES`: body memory (the buffers as
+    /// the bodies arrive, not their declared `Content-Length`) of the
+    /// deliveries handled at once; a delivery alone is always let through.
     pub ingest_max_in_flight_bytes: ByteSize,
+    /// `RUNYARD_INGEST_MAX_UNVERIFIED_PER_PEER`: GitHub bodies whose
+    /// signature is not checked yet (it covers the whole body) that one
+    /// client address (an IPv6 /64) may send at once; one more cuts that
+    /// address's oldest short with 408.
+    pub ingest_max_unverified_per_peer: usize,
+    /// `RUNYARD_INGEST_BODY_TIMEOUT`: how long a body may take to arrive
+    /// once its headers are in (the forges send theirs within their own
+    /// 10 s delivery timeout); a slower one is answered 408.
+    #[serde(with = "humantime_serde")]
+    pub ingest_body_timeout: Duration,
     /// `RUNYARD_INGEST_ACK_TIMEOUT`: how long a delivery waits for
     /// JetStream before answering 503 (below the forges' 10 s delivery
     /// timeout).
@@ -119,6 +129,8 @@ impl Default for Config {
             ingest_max_body: ByteSize::mib(25),
             ingest_max_in_flight: 512,
             ingest_max_in_flight_bytes: ByteSize::mib(64),
+            ingest_max_unverified_per_peer: 32,
+            ingest_body_timeout: Duration::from_secs(10),
             ingest_ack_timeout: Duration::from_secs(5),
             events_max_age: Duration::from_secs(90 * 24 * 3600),
             raw_max_age: Duration::from_secs(7 * 24 * 3600),
@@ -153,6 +165,8 @@ const ENV_KEYS: &[&str] = &[
     "ingest_max_body",
     "ingest_max_in_flight",
     "ingest_max_in_flight_bytes",
+    "ingest_max_unverified_per_peer",
+    "ingest_body_timeout",
     "ingest_ack_timeout",
     "events_max_age",
     "raw_max_age",

@@ -44,6 +44,8 @@ struct Inner {
     /// `RUNYARD_GITHUB_INSTANCES`, lower-cased.
     github_instances: Vec<String>,
     max_body: usize,
+    /// `RUNYARD_INGEST_BODY_TIMEOUT`.
+    body_timeout: Duration,
     registry: Metrics,
     metrics: IngestMetrics,
     /// Set once the streams are known to exist; cleared when a publish fails
@@ -119,6 +121,7 @@ impl App {
             usage_rate: oidc::rate::ProjectRate::new(config.usage_oidc_rate),
             github_instances,
             max_body: usize::try_from(config.ingest_max_body.as_u64()).unwrap_or(usize::MAX),
+            body_timeout: config.ingest_body_timeout,
             registry,
             metrics,
             streams_ready: AtomicBool::new(false),
@@ -126,6 +129,7 @@ impl App {
             load: shed::Load::new(
                 config.ingest_max_in_flight,
                 usize::try_from(config.ingest_max_in_flight_bytes.as_u64()).unwrap_or(usize::MAX),
+                config.ingest_max_unverified_per_peer,
             ),
         });
         // Give a server that is up a moment to answer, so a freshly built app
@@ -164,10 +168,14 @@ impl App {
             stop.clone(),
         ));
         let router = routes::router(self.state.clone());
-        axum::serve(self.listener, router)
-            .with_graceful_shutdown(shutdown)
-            .await
-            .context("serving http")?;
+        // The peer address: unverified bodies are bounded per client.
+        axum::serve(
+            self.listener,
+            router.into_make_service_with_connect_info::<runyard_tls::Peer>(),
+        )
+        .with_graceful_shutdown(shutdown)
+        .await
+        .context("serving http")?;
         stop.cancel();
         let _ = keeper.await;
         // Everything answered 202 is already acked; flush anything else.

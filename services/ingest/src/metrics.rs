@@ -3,6 +3,7 @@
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use runyard_telemetry::Metrics;
 
@@ -13,7 +14,8 @@ pub struct DeliveryLabels {
     pub forge: &'static str,
     /// `accepted`, `duplicate`, `ignored`, `unauthorized`, `invalid`,
     /// `too_large`, `unsupported_media_type`, `not_configured`, `unavailable`,
-    /// `overloaded` (shed at the door, see [`crate::shed`]).
+    /// `overloaded` (shed at the door, see [`crate::shed`]), `too_slow` (the
+    /// body missed `RUNYARD_INGEST_BODY_TIMEOUT`, or gave way unverified).
     pub result: &'static str,
 }
 
@@ -43,6 +45,10 @@ pub struct IngestMetrics {
     pub raw_skipped: Counter,
     /// How usage reports authenticated, and with what result.
     pub usage_auth: Family<UsageAuthLabels, Counter>,
+    /// Deliveries in flight (set when scraped).
+    pub in_flight: Gauge,
+    /// Body memory they hold (set when scraped).
+    pub in_flight_bytes: Gauge,
 }
 
 impl IngestMetrics {
@@ -53,6 +59,8 @@ impl IngestMetrics {
             publish_latency: Histogram::new(exponential_buckets(0.0002, 2.0, 16)),
             raw_skipped: Counter::default(),
             usage_auth: Family::default(),
+            in_flight: Gauge::default(),
+            in_flight_bytes: Gauge::default(),
         };
         registry.register(|r| {
             let r = r.sub_registry_with_prefix("ingest");
@@ -75,6 +83,16 @@ impl IngestMetrics {
                 "usage_auth",
                 "Usage report authentications by method (oidc, token, none) and result",
                 m.usage_auth.clone(),
+            );
+            r.register(
+                "in_flight",
+                "Deliveries admitted and not yet answered",
+                m.in_flight.clone(),
+            );
+            r.register(
+                "in_flight_bytes",
+                "Body memory held by the deliveries in flight",
+                m.in_flight_bytes.clone(),
             );
         });
         m

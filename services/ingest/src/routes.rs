@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::State;
+use axum::extract::{ConnectInfo, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -25,7 +25,7 @@ use time::OffsetDateTime;
 use tracing::Instrument as _;
 
 use crate::limits::{self, Shape};
-use crate::{AppState, oidc};
+use crate::{AppState, oidc, shed};
 
 /// Seconds a client should wait before retrying a 503.
 const RETRY_AFTER_SECS: u64 = 5;
@@ -35,7 +35,10 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/webhooks/github", post(github))
         .route("/webhooks/gitlab", post(gitlab))
         .route("/v1/usage", post(usage))
-        .route_layer(axum::middleware::from_fn_with_state(state.clone(), shed));
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            nats_down,
+        ));
     Router::new()
         .merge(deliveries)
         .route("/healthz", get(healthz))
@@ -50,45 +53,21 @@ pub(crate) fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
-/// The door before the door: a delivery that would pass the in-flight
-/// bounds, or that arrives while NATS is known to be down, is answered 503
-/// with `Retry-After` at once, before its body is read.
-async fn shed(
+/// The door before the door: a delivery that arrives while NATS is known
+/// to be down is answered 503 with `Retry-After` at once, before its body is
+/// read. Room in the in-flight budget is taken later, by each handler, once
+/// what the headers can prove is checked ([`admit`]).
+async fn nats_down(
     State(state): State<AppState>,
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
-    let forge = match request.uri().path() {
-        "/webhooks/github" => "github",
-        "/webhooks/gitlab" => "gitlab",
-        _ => "usage",
-    };
-    let declared = header_str(request.headers(), header::CONTENT_LENGTH.as_str())
-        .and_then(|v| v.parse::<usize>().ok());
-    // An undeclared (chunked) body may be as large as the limit; a declared
-    // one over the limit is refused by the handler without being read.
-    let bytes = declared.unwrap_or(state.max_body).min(state.max_body);
-    let Some(_admitted) = state.load.try_admit(bytes) else {
-        state.metrics.delivery(forge, "overloaded");
-        if let Some(suppressed) = state.quiet.admit("overloaded") {
-            let (requests, held) = state.load.in_flight();
-            tracing::warn!(
-                forge,
-                requests,
-                bytes = held,
-                suppressed,
-                "delivery shed: ingest at capacity"
-            );
-        }
-        let mut r = error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "ingest is at capacity, retry later",
-            None,
-        );
-        retry_after(&mut r);
-        return r;
-    };
     if !state.bus.is_connected() {
+        let forge = match request.uri().path() {
+            "/webhooks/github" => "github",
+            "/webhooks/gitlab" => "gitlab",
+            _ => "usage",
+        };
         state.metrics.delivery(forge, "unavailable");
         if let Some(suppressed) = state.quiet.admit("unavailable") {
             tracing::warn!(forge, suppressed, "delivery refused: nats is down");
@@ -102,6 +81,30 @@ async fn shed(
         return r;
     }
     next.run(request).await
+}
+
+/// Room for one delivery from `peer` in the in-flight budget
+/// ([`crate::shed`]); `unverified` when its credential can only be checked
+/// once the whole body is in (a GitHub signature).
+fn admit(
+    state: &AppState,
+    forge: &'static str,
+    peer: std::net::IpAddr,
+    unverified: bool,
+) -> Result<shed::Admitted, Outcome> {
+    state.load.try_admit(peer, unverified).ok_or_else(|| {
+        if let Some(suppressed) = state.quiet.admit("overloaded") {
+            let (requests, held) = state.load.in_flight();
+            tracing::warn!(
+                forge,
+                requests,
+                bytes = held,
+                suppressed,
+                "delivery shed: ingest at capacity"
+            );
+        }
+        Outcome::Overloaded
+    })
 }
 
 /// Every answer ingest gives, mapped to a status in one place.
@@ -134,6 +137,11 @@ enum Outcome {
         retry_after: u64,
     },
     Unavailable(String),
+    /// The in-flight budget is spent ([`crate::shed`]): 503, retry later.
+    Overloaded,
+    /// The body did not arrive in time, or (unverified) gave way to newer
+    /// deliveries: 408.
+    TooSlow(String),
 }
 
 impl Outcome {
@@ -150,6 +158,8 @@ impl Outcome {
             Outcome::Invalid { .. } => "invalid",
             Outcome::TooManyRequests { .. } => "rate_limited",
             Outcome::Unavailable(_) => "unavailable",
+            Outcome::Overloaded => "overloaded",
+            Outcome::TooSlow(_) => "too_slow",
         }
     }
 }
@@ -215,6 +225,21 @@ impl IntoResponse for Outcome {
             Outcome::Unavailable(msg) => {
                 let mut r = error(StatusCode::SERVICE_UNAVAILABLE, msg, None);
                 retry_after(&mut r);
+                r
+            }
+            Outcome::Overloaded => {
+                let mut r = error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "ingest is at capacity, retry later",
+                    None,
+                );
+                retry_after(&mut r);
+                r
+            }
+            Outcome::TooSlow(msg) => {
+                let mut r = error(StatusCode::REQUEST_TIMEOUT, msg, Some("body".into()));
+                r.headers_mut()
+                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
                 r
             }
         }
@@ -329,32 +354,54 @@ fn payload_outcome(e: PayloadError) -> Outcome {
     }
 }
 
-/// Reads the body up to `limit` bytes: a declared length over the limit is
-/// refused without reading anything, a chunked body as soon as it passes it.
-/// Reads the whole body, refusing it past `limit`; `seen` is shown every
-/// chunk as it arrives (GitHub's signature is hashed in the same pass).
+/// Reads the whole body as the frames it arrives in, each held from
+/// `admitted`'s budget as it comes (a body that trickles in holds what it
+/// sent, whatever it declared), refusing it past `state`'s body limit (a
+/// declared length over it without reading anything), past its body
+/// deadline, or when it is cut to make room (unverified bodies). `seen` is
+/// shown every chunk as it arrives (GitHub's signature is hashed in the
+/// same pass); [`Frames::join`] makes one buffer of them once the body is
+/// known to be wanted, so a body refused by its signature is never copied.
 async fn read_body(
+    state: &AppState,
     headers: &HeaderMap,
     body: Body,
-    limit: usize,
+    admitted: &shed::Admitted,
     mut seen: impl FnMut(&[u8]),
-) -> Result<Bytes, Outcome> {
+) -> Result<Frames, Outcome> {
+    let limit = state.max_body;
     let declared =
         header_str(headers, header::CONTENT_LENGTH.as_str()).and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(Outcome::TooLarge(TooLarge::Body { limit }));
     }
-    // Into one buffer of the declared size: collecting the frames and then
-    // joining them would hold every body twice at its peak.
-    let capacity = declared.map_or(0, |n| usize::try_from(n).unwrap_or(limit).min(limit));
-    let mut buf = bytes::BytesMut::with_capacity(capacity);
+    let timeout = state.body_timeout;
+    let deadline = tokio::time::Instant::now() + timeout;
+    let cut = admitted.cut();
+    tokio::pin!(cut);
+    let mut frames = Frames::default();
     let mut body = http_body_util::Limited::new(body, limit);
-    while let Some(frame) = body.frame().await {
+    loop {
+        let frame = tokio::select! {
+            biased;
+            () = &mut cut => return Err(held_refusal(shed::Refused::Cut)),
+            () = tokio::time::sleep_until(deadline) => return Err(Outcome::TooSlow(format!(
+                "body: not received within {timeout:?} (RUNYARD_INGEST_BODY_TIMEOUT)"
+            ))),
+            frame = body.frame() => frame,
+        };
+        let Some(frame) = frame else {
+            return Ok(frames);
+        };
         match frame {
             Ok(frame) => {
                 if let Ok(data) = frame.into_data() {
+                    admitted
+                        .hold(frames.len + data.len())
+                        .map_err(held_refusal)?;
                     seen(&data);
-                    buf.extend_from_slice(&data);
+                    frames.len += data.len();
+                    frames.parts.push(data);
                 }
             }
             Err(e) if e.is::<http_body_util::LengthLimitError>() => {
@@ -368,7 +415,55 @@ async fn read_body(
             }
         }
     }
-    Ok(buf.freeze())
+}
+
+/// A body as the frames it arrived in.
+#[derive(Debug, Default)]
+struct Frames {
+    parts: Vec<Bytes>,
+    len: usize,
+}
+
+impl Frames {
+    /// The body in one buffer: the one frame as it is, else a copy, held
+    /// from the budget next to the frames while it is made.
+    fn join(mut self, admitted: &shed::Admitted) -> Result<Bytes, Outcome> {
+        if self.parts.len() <= 1 {
+            return Ok(self.parts.pop().unwrap_or_default());
+        }
+        admitted.hold(self.len * 2).map_err(held_refusal)?;
+        let mut buf = bytes::BytesMut::with_capacity(self.len);
+        for part in self.parts {
+            buf.extend_from_slice(&part);
+        }
+        admitted.hold(buf.len()).map_err(held_refusal)?;
+        Ok(buf.freeze())
+    }
+}
+
+/// Admits a delivery whose credential its headers proved, and reads its
+/// body: the budget share is held until the answer.
+async fn read_authenticated(
+    state: &AppState,
+    forge: &'static str,
+    peer: std::net::IpAddr,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<(shed::Admitted, Bytes), Outcome> {
+    let admitted = admit(state, forge, peer, false)?;
+    let body = read_body(state, headers, body, &admitted, |_| ())
+        .await?
+        .join(&admitted)?;
+    Ok((admitted, body))
+}
+
+fn held_refusal(refused: shed::Refused) -> Outcome {
+    match refused {
+        shed::Refused::Full => Outcome::Overloaded,
+        shed::Refused::Cut => {
+            Outcome::TooSlow("body: sent too slowly; its place went to another delivery".into())
+        }
+    }
 }
 
 /// The raw delivery as kept in `<NS>_RAW`: the request headers of an
@@ -593,20 +688,26 @@ fn finish(
     response
 }
 
-async fn github(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+async fn github(
+    State(state): State<AppState>,
+    ConnectInfo(peer): ConnectInfo<runyard_tls::Peer>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
     traced(
         &state,
         &headers,
         "github",
         "ingest GitHub webhook",
         header_str(&headers, "x-github-delivery"),
-        |trace| github_outcome(&state, &headers, body, trace),
+        |trace| github_outcome(&state, peer.addr.ip(), &headers, body, trace),
     )
     .await
 }
 
 async fn github_outcome(
     state: &AppState,
+    peer: std::net::IpAddr,
     headers: &HeaderMap,
     body: Body,
     trace: TraceParent,
@@ -624,17 +725,28 @@ async fn github_outcome(
         Ok(s) => s,
         Err(e) => return refused(e),
     };
-    let body = match read_body(headers, body, state.max_body, |chunk| {
+    // Room in the budget only now, and as an unverified body that gives
+    // way to newer deliveries until its last byte proves the signature.
+    let admitted = match admit(state, "github", peer, true) {
+        Ok(a) => a,
+        Err(o) => return o,
+    };
+    let frames = match read_body(state, headers, body, &admitted, |chunk| {
         signature.update(chunk)
     })
     .await
     {
-        Ok(b) => b,
+        Ok(f) => f,
         Err(o) => return o,
     };
     if let Err(e) = signature.verify() {
         return refused(e);
     }
+    admitted.verified();
+    let body = match frames.join(&admitted) {
+        Ok(b) => b,
+        Err(o) => return o,
+    };
     let delivery = GithubDelivery {
         event: header_str(headers, "x-github-event"),
         delivery_id: header_str(headers, "x-github-delivery"),
@@ -668,20 +780,26 @@ async fn github_outcome(
     }
 }
 
-async fn gitlab(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+async fn gitlab(
+    State(state): State<AppState>,
+    ConnectInfo(peer): ConnectInfo<runyard_tls::Peer>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
     traced(
         &state,
         &headers,
         "gitlab",
         "ingest GitLab webhook",
         header_str(&headers, "idempotency-key").or(header_str(&headers, "x-gitlab-event-uuid")),
-        |trace| gitlab_outcome(&state, &headers, body, trace),
+        |trace| gitlab_outcome(&state, peer.addr.ip(), &headers, body, trace),
     )
     .await
 }
 
 async fn gitlab_outcome(
     state: &AppState,
+    peer: std::net::IpAddr,
     headers: &HeaderMap,
     body: Body,
     trace: TraceParent,
@@ -696,8 +814,8 @@ async fn gitlab_outcome(
     ) {
         return Outcome::Unauthorized("X-Gitlab-Token: missing or wrong".into());
     }
-    let body = match read_body(headers, body, state.max_body, |_| ()).await {
-        Ok(b) => b,
+    let (_admitted, body) = match read_authenticated(state, "gitlab", peer, headers, body).await {
+        Ok(read) => read,
         Err(o) => return o,
     };
     let delivery = GitlabDelivery {
@@ -750,20 +868,26 @@ async fn gitlab_outcome(
     }
 }
 
-async fn usage(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+async fn usage(
+    State(state): State<AppState>,
+    ConnectInfo(peer): ConnectInfo<runyard_tls::Peer>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
     traced(
         &state,
         &headers,
         "usage",
         "ingest usage report",
         header_str(&headers, "idempotency-key"),
-        |trace| usage_outcome(&state, &headers, body, trace),
+        |trace| usage_outcome(&state, peer.addr.ip(), &headers, body, trace),
     )
     .await
 }
 
 async fn usage_outcome(
     state: &AppState,
+    peer: std::net::IpAddr,
     headers: &HeaderMap,
     body: Body,
     trace: TraceParent,
@@ -778,8 +902,8 @@ async fn usage_outcome(
     {
         return o;
     }
-    let body = match read_body(headers, body, state.max_body, |_| ()).await {
-        Ok(b) => b,
+    let (_admitted, body) = match read_authenticated(state, "usage", peer, headers, body).await {
+        Ok(read) => read,
         Err(o) => return o,
     };
     let content_type = header_str(headers, header::CONTENT_TYPE.as_str());
@@ -968,6 +1092,10 @@ async fn readyz(State(state): State<AppState>) -> Response {
 }
 
 async fn metrics(State(state): State<AppState>) -> Response {
+    let (requests, bytes) = state.load.in_flight();
+    let gauge = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+    state.metrics.in_flight.set(gauge(requests));
+    state.metrics.in_flight_bytes.set(gauge(bytes));
     (
         [(
             header::CONTENT_TYPE,

@@ -2265,14 +2265,30 @@ async fn hold_delivery(
     signature: &str,
     len: usize,
 ) -> tokio::net::TcpStream {
-    use tokio::io::AsyncWriteExt as _;
-    let mut held = tokio::net::TcpStream::connect(addr).await.expect("connect");
     let head = format!(
         "POST /webhooks/github HTTP/1.1\r\nHost: {addr}\r\nX-GitHub-Event: workflow_job\r\n\
          X-GitHub-Delivery: {delivery}\r\nX-Hub-Signature-256: {signature}\r\n\
-         Content-Type: application/json\r\nContent-Length: {len}\r\n\
-         Expect: 100-continue\r\n\r\n"
+         Content-Type: application/json\r\nContent-Length: {len}\r\n"
     );
+    hold_request(addr, &head).await
+}
+
+/// The same for a GitLab Job Hook carrying the right token.
+async fn hold_gitlab(addr: &str, key: &str, len: usize) -> tokio::net::TcpStream {
+    let head = format!(
+        "POST /webhooks/gitlab HTTP/1.1\r\nHost: {addr}\r\nX-Gitlab-Event: Job Hook\r\n\
+         Idempotency-Key: {key}\r\nX-Gitlab-Token: {GL_TOKEN}\r\n\
+         Content-Type: application/json\r\nContent-Length: {len}\r\n"
+    );
+    hold_request(addr, &head).await
+}
+
+/// Sends `head` (a request line and headers, without the blank line) with
+/// `Expect: 100-continue` and waits for the `100 Continue`.
+async fn hold_request(addr: &str, head: &str) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt as _;
+    let mut held = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let head = format!("{head}Expect: 100-continue\r\n\r\n");
     held.write_all(head.as_bytes()).await.expect("write head");
     let mut buf = Vec::new();
     let interim = read_head(&mut held, &mut buf).await;
@@ -2284,9 +2300,30 @@ async fn hold_delivery(
 async fn release(mut held: tokio::net::TcpStream, body: &[u8]) -> String {
     use tokio::io::AsyncWriteExt as _;
     held.write_all(body).await.expect("write body");
+    answer_of(held).await
+}
+
+/// The status line the server answers on `held` (after its `100 Continue`).
+async fn answer_of(mut held: tokio::net::TcpStream) -> String {
     let mut buf = Vec::new();
     let head = read_head(&mut held, &mut buf).await;
     head.lines().next().unwrap_or_default().to_owned()
+}
+
+/// A metric's value in ingest's `/metrics` (0 when it has none yet).
+async fn metric(h: &Harness, series: &str) -> u64 {
+    let text = h
+        .http
+        .get(format!("{}/metrics", h.base))
+        .send()
+        .await
+        .expect("metrics answered")
+        .text()
+        .await
+        .expect("metrics read");
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or(0)
 }
 
 #[tokio::test]
@@ -2298,17 +2335,14 @@ async fn a_full_ingest_sheds_deliveries_at_once_with_retry_after() {
     .await;
     let addr = h.base.trim_start_matches("http://").to_owned();
     let body = fixture("github_workflow_job_queued.json");
-    let sig = github_signature(GH_SECRET, body.as_bytes());
+    let job = fixture("gitlab_job_pending.json");
 
-    // Two deliveries in flight: the third is shed, without reading it.
-    let a = hold_delivery(&addr, "held-a", &sig, body.len()).await;
-    let b = hold_delivery(&addr, "held-b", &sig, body.len()).await;
+    // Two authenticated deliveries in flight: a third is shed, without
+    // reading it, whoever sends it.
+    let a = hold_gitlab(&addr, "held-a", job.len()).await;
+    let b = hold_gitlab(&addr, "held-b", job.len()).await;
     let resp = h
-        .http
-        .post(format!("{}/webhooks/github", h.base))
-        .header("X-GitHub-Event", "workflow_job")
-        .header("X-GitHub-Delivery", "shed-1")
-        .header("X-Hub-Signature-256", &sig)
+        .github_post("workflow_job", "shed-1", body.as_bytes())
         .body(body.clone())
         .send()
         .await
@@ -2320,29 +2354,42 @@ async fn a_full_ingest_sheds_deliveries_at_once_with_retry_after() {
         answer["error"].as_str().unwrap().contains("capacity"),
         "{answer}"
     );
-    // Usage reports share the budget.
+    // Usage reports and GitLab share the budget.
     assert_eq!(h.usage(&fixture("usage_report.json")).await.0, 503);
-    assert!(release(a, body.as_bytes()).await.contains(" 202 "));
-    assert!(release(b, body.as_bytes()).await.contains(" 202 "));
+    assert_eq!(h.gitlab("Job Hook", "shed-2", &job).await.0, 503);
+    // A credential that is wrong is told so, even at capacity.
+    assert_eq!(h.usage_with("wrong", "{}").await.0, 401);
+    assert!(release(a, job.as_bytes()).await.contains(" 202 "));
+    assert!(release(b, job.as_bytes()).await.contains(" 202 "));
 
-    // Bytes: one delivery declaring 900 KiB leaves room for a small one,
-    // not for another 200 KiB.
-    let big = hold_delivery(&addr, "held-big", &sig, 900 * 1024).await;
+    // Bytes are the memory bodies hold as they arrive: a delivery that has
+    // sent 900 KiB of its 1000 leaves room for a small one, not for another
+    // 200 KiB.
+    let mut big = hold_gitlab(&addr, "held-big", 1000 * 1024).await;
+    {
+        use tokio::io::AsyncWriteExt as _;
+        big.write_all(&vec![b' '; 900 * 1024]).await.unwrap();
+    }
+    eventually(Duration::from_secs(10), || async {
+        (metric(&h, "runyard_ingest_in_flight_bytes").await >= 900 * 1024).then_some(())
+    })
+    .await
+    .expect("the 900 KiB are held");
     let (s, a) = h
         .github(
             "workflow_job",
-            "shed-2",
+            "shed-3",
             &format!("{body}{}", " ".repeat(200 * 1024)),
         )
         .await;
     assert_eq!(s, 503, "{a}");
     let (s, a) = h.github("workflow_job", "small-1", &body).await;
     assert_eq!(s, 202, "{a}");
-    // The held one's body does not match its signature: 401, nothing kept.
+    // The held one's body is no Job Hook: 400, nothing kept.
     assert!(
-        release(big, &vec![b' '; 900 * 1024])
+        release(big, &vec![b' '; 100 * 1024])
             .await
-            .contains(" 401 ")
+            .contains(" 400 ")
     );
 
     let mut ids: Vec<_> = decode_events(&h.events().await)
@@ -2350,21 +2397,134 @@ async fn a_full_ingest_sheds_deliveries_at_once_with_retry_after() {
         .map(|e| e.id)
         .collect();
     ids.sort();
-    assert_eq!(ids, ["github:held-a", "github:held-b", "github:small-1"]);
-    let metrics = h
-        .http
-        .get(format!("{}/metrics", h.base))
-        .send()
-        .await
-        .unwrap()
-        .text()
+    assert_eq!(
+        ids,
+        [
+            "github:small-1",
+            "gitlab:held-a:4711:pending",
+            "gitlab:held-b:4711:pending"
+        ]
+    );
+    assert_eq!(
+        metric(
+            &h,
+            r#"runyard_ingest_deliveries_total{forge="github",result="overloaded"}"#
+        )
+        .await,
+        2
+    );
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn slow_bodies_keep_no_real_delivery_out() {
+    use tokio::io::AsyncWriteExt as _;
+    // The shipped limits: 512 deliveries, 64 MiB, 32 unverified per peer.
+    let mut h = Harness::start().await;
+    let addr = h.base.trim_start_matches("http://").to_owned();
+    let body = fixture("github_workflow_job_queued.json");
+    let wrong = github_signature("not the secret", body.as_bytes());
+
+    // Bodies declared at the whole byte budget (25 + 25 + 14 MiB), signed
+    // well-formed but wrong, trickling one byte: they hold next to nothing.
+    let mut slow = Vec::new();
+    for (i, mib) in [25, 25, 14].into_iter().enumerate() {
+        let mut held = hold_delivery(&addr, &format!("big-{i}"), &wrong, mib << 20).await;
+        held.write_all(b"{").await.unwrap();
+        slow.push(held);
+    }
+    // Without the right token or bearer, nothing is admitted at all: the
+    // answer comes before any body byte.
+    for path in ["/webhooks/gitlab", "/v1/usage"] {
+        let mut conn = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nHost: {addr}\r\nX-Gitlab-Event: Job Hook\r\n\
+             X-Gitlab-Token: wrong\r\nAuthorization: Bearer wrong\r\n\
+             Content-Length: {}\r\nExpect: 100-continue\r\n\r\n",
+            25 << 20
+        );
+        conn.write_all(head.as_bytes()).await.unwrap();
+        let mut buf = Vec::new();
+        let answer = read_head(&mut conn, &mut buf).await;
+        assert!(answer.starts_with("HTTP/1.1 401 "), "{path}: {answer}");
+    }
+    assert!(metric(&h, "runyard_ingest_in_flight_bytes").await < 1 << 20);
+
+    // 600 slow small bodies from the same address.
+    for i in 0..600 {
+        let mut held = hold_delivery(&addr, &format!("small-{i}"), &wrong, body.len()).await;
+        held.write_all(b"{").await.unwrap();
+        slow.push(held);
+    }
+
+    // Real deliveries go in at once: GitHub (from the same address as the
+    // slow ones), GitLab and a usage report.
+    let started = Instant::now();
+    let (s, a) = h.github("workflow_job", "real-1", &body).await;
+    assert_eq!(s, 202, "{a}");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    let (s, a) = h
+        .gitlab("Job Hook", "real-2", &fixture("gitlab_job_pending.json"))
+        .await;
+    assert_eq!(s, 202, "{a}");
+    let (s, a) = h.usage(&fixture("usage_report.json")).await;
+    assert_eq!(s, 202, "{a}");
+
+    // Each unverified body past the address's 32 cut its oldest short:
+    // 603 + the real one - 32.
+    let cut = eventually(Duration::from_secs(10), || async {
+        let n = metric(
+            &h,
+            r#"runyard_ingest_deliveries_total{forge="github",result="too_slow"}"#,
+        )
+        .await;
+        (n == 572).then_some(n)
+    })
+    .await;
+    assert_eq!(cut, Some(572));
+    // The first ones were told why, and the connection closed.
+    let first = slow.remove(0);
+    let answer = answer_of(first).await;
+    assert!(answer.contains(" 408 "), "{answer}");
+    assert_eq!(decode_events(&h.events().await).len(), 3);
+    drop(slow);
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn a_body_that_does_not_arrive_in_time_is_answered_408() {
+    use tokio::io::AsyncWriteExt as _;
+    let mut h = Harness::start_with(TestNats::get().await, |c| {
+        c.ingest_body_timeout = Duration::from_secs(1);
+    })
+    .await;
+    let addr = h.base.trim_start_matches("http://").to_owned();
+    let job = fixture("gitlab_job_pending.json");
+    // Authenticated, but sending half its body and then nothing.
+    let mut held = hold_gitlab(&addr, "late-1", job.len()).await;
+    held.write_all(&job.as_bytes()[..job.len() / 2])
         .await
         .unwrap();
-    assert!(
-        metrics
-            .contains(r#"runyard_ingest_deliveries_total{forge="github",result="overloaded"} 2"#),
-        "{metrics}"
-    );
+    let started = Instant::now();
+    let mut buf = Vec::new();
+    let answer = read_head(&mut held, &mut buf).await;
+    assert!(answer.starts_with("HTTP/1.1 408 "), "{answer}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    {
+        use tokio::io::AsyncReadExt as _;
+        let _ = tokio::time::timeout(Duration::from_secs(2), held.read_to_end(&mut buf)).await;
+    }
+    let text = String::from_utf8_lossy(&buf);
+    assert!(text.contains("RUNYARD_INGEST_BODY_TIMEOUT"), "{text}");
+    // The same body in time goes in; the late one left nothing behind.
+    let (s, a) = h.gitlab("Job Hook", "late-2", &job).await;
+    assert_eq!(s, 202, "{a}");
+    assert_eq!(decode_events(&h.events().await).len(), 1);
+    assert_eq!(metric(&h, "runyard_ingest_in_flight").await, 0);
     h.stop().await;
 }
 
