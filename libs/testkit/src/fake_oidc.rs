@@ -72,6 +72,7 @@ struct IssuerState {
     issuer: OnceLock<String>,
     published: Mutex<Vec<SigningKey>>,
     down: AtomicBool,
+    silent: AtomicBool,
     key_fetches: AtomicU64,
 }
 
@@ -94,6 +95,7 @@ impl FakeIssuer {
             issuer: OnceLock::new(),
             published: Mutex::new(vec![key.clone()]),
             down: AtomicBool::new(false),
+            silent: AtomicBool::new(false),
             key_fetches: AtomicU64::new(0),
         });
         let router = Router::new()
@@ -148,6 +150,12 @@ impl FakeIssuer {
         self.state.down.store(down, Ordering::SeqCst);
     }
 
+    /// While silent, discovery takes the request and never answers (an
+    /// issuer behind a network that drops packets).
+    pub fn set_silent(&self, silent: bool) {
+        self.state.silent.store(silent, Ordering::SeqCst);
+    }
+
     /// How often the key set was fetched.
     pub fn key_fetches(&self) -> u64 {
         self.state.key_fetches.load(Ordering::SeqCst)
@@ -155,6 +163,9 @@ impl FakeIssuer {
 }
 
 async fn discovery(State(state): State<Arc<IssuerState>>) -> Response {
+    while state.silent.load(Ordering::SeqCst) {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
     if state.down.load(Ordering::SeqCst) {
         return StatusCode::SERVICE_UNAVAILABLE.into_response();
     }

@@ -495,10 +495,15 @@ async fn an_issuer_whose_keys_cannot_be_fetched_means_503_not_401() {
             .contains("could not be fetched")
     );
     assert!(!answer.to_string().contains(&token));
-    // Back up: the same report goes in.
+    // Back up: the same report goes in once the failure's back-off (a
+    // second) has passed.
     h.gitlab.set_down(false);
-    let (status, answer, _) = h.usage(Some(&token), &gitlab_report(4711)).await;
-    assert_eq!(status, 202, "{answer}");
+    let accepted = runyard_testkit::eventually(Duration::from_secs(5), || async {
+        let (status, _, _) = h.usage(Some(&token), &gitlab_report(4711)).await;
+        (status == 202).then_some(())
+    })
+    .await;
+    assert!(accepted.is_some(), "accepted once the issuer is back");
 
     // An issuer nobody answers for at all.
     let closed = runyard_testkit::free_port();
@@ -508,6 +513,92 @@ async fn an_issuer_whose_keys_cannot_be_fetched_means_503_not_401() {
     let (status, answer, retry_after) = h.usage(Some(&token), &gitlab_report(4711)).await;
     assert_eq!((status, retry_after.is_some()), (503, true), "{answer}");
     assert!(h.events().await.is_empty());
+}
+
+/// An issuer that accepts connections and never answers; counts them.
+async fn silent_issuer() -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = accepted.clone();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((conn, _)) = listener.accept().await {
+            count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            held.push(conn);
+        }
+    });
+    (url, accepted)
+}
+
+#[tokio::test]
+async fn an_issuer_that_does_not_answer_costs_one_wait_then_reports_fail_fast() {
+    let (issuer, asked) = silent_issuer().await;
+    let h = Harness::start(|c, _, _| {
+        c.usage_oidc = format!("{issuer}={AUDIENCE}");
+        c.usage_oidc_refetch = Duration::ZERO;
+    })
+    .await;
+    let token = h.gitlab.sign(&gitlab_claims(&issuer, 4711));
+    let started = std::time::Instant::now();
+    // Eight reports at once share one fetch of the keys: one wait of at
+    // most its 5 s deadline, not eight in a row.
+    let answers = futures::future::join_all(
+        (0..8).map(|_| async { h.usage(Some(&token), &gitlab_report(4711)).await }),
+    )
+    .await;
+    for (status, answer, retry_after) in &answers {
+        assert_eq!((*status, retry_after.is_some()), (503, true), "{answer}");
+    }
+    let waited = started.elapsed();
+    assert!(waited < Duration::from_secs(9), "{waited:?}");
+    assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 1);
+    // While the failure is fresh, reports — with keys made up or not — are
+    // answered at once and the issuer is not asked again.
+    let stranger = SigningKey::generate("made-up").sign(&gitlab_claims(&issuer, 2));
+    let started = std::time::Instant::now();
+    for token in [&token, &stranger, &token] {
+        let (status, answer, _) = h.usage(Some(token), &gitlab_report(4711)).await;
+        assert_eq!(status, 503, "{answer}");
+    }
+    assert!(
+        started.elapsed() < Duration::from_millis(900),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert!(h.events().await.is_empty());
+}
+
+#[tokio::test]
+async fn a_known_key_verifies_while_a_made_up_one_is_looked_for() {
+    let h = Harness::start(|c, _, _| c.usage_oidc_refetch = Duration::ZERO).await;
+    let claims = |job| gitlab_claims(&h.gitlab.url(), job);
+    let (status, _, _) = h
+        .usage(Some(&h.gitlab.sign(&claims(1))), &gitlab_report(1))
+        .await;
+    assert_eq!(status, 202);
+    // The issuer goes silent: a token naming an unknown key starts a fetch
+    // that hangs; reports signed with the cached key do not wait for it.
+    h.gitlab.set_silent(true);
+    let stranger = SigningKey::generate("made-up").sign(&claims(2));
+    let report = gitlab_report(2);
+    let looking = h.usage(Some(&stranger), &report);
+    let known = async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let started = std::time::Instant::now();
+        let (status, answer, _) = h
+            .usage(Some(&h.gitlab.sign(&claims(3))), &gitlab_report(3))
+            .await;
+        (status, answer, started.elapsed())
+    };
+    let ((unknown, _, _), (status, answer, took)) = tokio::join!(looking, known);
+    assert_eq!(status, 202, "{answer}");
+    assert!(
+        took < Duration::from_secs(2),
+        "waited {took:?} on the fetch"
+    );
+    assert_eq!(unknown, 503, "the fetch for the unknown key failed");
 }
 
 #[tokio::test]

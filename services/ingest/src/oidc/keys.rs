@@ -5,7 +5,11 @@
 //! cannot make ingest hammer the issuer.
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::time::Instant;
 
 use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, JwkSet, KeyAlgorithm, PublicKeyUse};
 use jsonwebtoken::{Algorithm, DecodingKey};
@@ -35,12 +39,45 @@ impl std::fmt::Debug for Key {
     }
 }
 
-/// One issuer's keys by `kid`, and when they were fetched.
-#[derive(Debug, Default)]
+/// One issuer's keys by `kid`, and how their last fetch went. Lookups
+/// never wait on the issuer while holding the cache: one fetch at a time
+/// runs on its own, and a lookup that has no key waits for that one fetch
+/// (not for a queue of them). A failed fetch is remembered and not tried
+/// again before its back-off has passed (1 s, doubling to a minute), so
+/// while an issuer is down a report fails at once instead of waiting on
+/// it.
+#[derive(Debug)]
 pub(crate) struct Cache {
-    keys: HashMap<String, Key>,
-    fetched: Option<Instant>,
+    state: Mutex<State>,
+    /// Counts finished fetches; lookups waiting for one watch it.
+    finished: watch::Sender<u64>,
 }
+
+#[derive(Debug, Default)]
+struct State {
+    keys: HashMap<String, Key>,
+    /// When the keys were last fetched.
+    fetched: Option<Instant>,
+    /// The last fetch failed: not tried again before its back-off.
+    failure: Option<Failure>,
+    /// A fetch is under way.
+    fetching: bool,
+}
+
+#[derive(Debug)]
+struct Failure {
+    at: Instant,
+    backoff: Duration,
+    why: String,
+}
+
+/// The first wait after a failed fetch; it doubles with each failure in a
+/// row, up to [`MAX_BACKOFF`].
+const FIRST_BACKOFF: Duration = Duration::from_secs(1);
+const MAX_BACKOFF: Duration = Duration::from_secs(60);
+
+/// The most one fetch (discovery and key set together) may take.
+pub(crate) const FETCH_DEADLINE: Duration = Duration::from_secs(5);
 
 /// What became of a lookup.
 #[derive(Debug)]
@@ -54,43 +91,108 @@ pub(crate) enum Lookup {
     Unavailable(String),
 }
 
+impl Default for Cache {
+    fn default() -> Self {
+        Self {
+            state: Mutex::default(),
+            finished: watch::Sender::new(0),
+        }
+    }
+}
+
 impl Cache {
-    /// The key `kid` of `issuer`, fetching the key set first when there is
-    /// none, when it is older than [`MAX_AGE`], or when it lacks `kid` and
-    /// was fetched longer than `refetch` ago.
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The key `kid` of `issuer`. The key set is fetched (in the
+    /// background) when there is none, when it is older than [`MAX_AGE`],
+    /// or when it lacks `kid` and was fetched longer than `refetch` ago —
+    /// never while the last failure's back-off runs. A cached key answers
+    /// at once, stale or not; a lookup without one waits for a fetch under
+    /// way, unless the last fetch failed.
     pub(crate) async fn lookup(
-        &mut self,
+        self: &Arc<Self>,
         http: &reqwest::Client,
         issuer: &str,
         kid: &str,
         refetch: Duration,
     ) -> Lookup {
-        let age = self.fetched.map(|at| at.elapsed());
-        let stale = age.is_none_or(|a| a >= MAX_AGE);
-        let missing = !self.keys.contains_key(kid) && age.is_none_or(|a| a >= refetch);
-        if stale || missing {
-            match fetch(http, issuer).await {
+        let mut waited = false;
+        loop {
+            let mut finished = {
+                let mut state = self.lock();
+                let now = Instant::now();
+                let age = state.fetched.map(|at| now.duration_since(at));
+                let stale = age.is_none_or(|a| a >= MAX_AGE);
+                let missing = !state.keys.contains_key(kid);
+                let wanted = stale || (missing && age.is_none_or(|a| a >= refetch));
+                let backing_off = state
+                    .failure
+                    .as_ref()
+                    .is_some_and(|f| now < f.at + f.backoff);
+                if wanted && !backing_off && !state.fetching && !waited {
+                    state.fetching = true;
+                    tokio::spawn(self.clone().fetch(http.clone(), issuer.to_owned()));
+                }
+                if let Some(key) = state.keys.get(kid) {
+                    return Lookup::Found(key.clone());
+                }
+                if let Some(failure) = &state.failure {
+                    return Lookup::Unavailable(failure.why.clone());
+                }
+                if !state.fetching || waited {
+                    return Lookup::Unknown;
+                }
+                self.finished.subscribe()
+            };
+            waited = true;
+            // The fetch is bounded by its deadline; this only guards
+            // against a fetch task that never reports.
+            let _ = tokio::time::timeout(FETCH_DEADLINE * 2, finished.changed()).await;
+        }
+    }
+
+    /// Fetches `issuer`'s keys into the cache, then wakes the lookups
+    /// waiting for them.
+    async fn fetch(self: Arc<Self>, http: reqwest::Client, issuer: String) {
+        let result = tokio::time::timeout(FETCH_DEADLINE, fetch(&http, &issuer))
+            .await
+            .unwrap_or_else(|_| Err(format!("no answer within {FETCH_DEADLINE:?}")));
+        {
+            let mut state = self.lock();
+            state.fetching = false;
+            match result {
                 Ok(keys) => {
                     tracing::info!(issuer, keys = keys.len(), "identity token keys fetched");
-                    self.keys = keys;
-                    self.fetched = Some(Instant::now());
+                    state.keys = keys;
+                    state.fetched = Some(Instant::now());
+                    state.failure = None;
                 }
                 Err(error) => {
-                    tracing::warn!(issuer, %error, "identity token keys could not be fetched");
+                    let backoff = state
+                        .failure
+                        .as_ref()
+                        .map_or(FIRST_BACKOFF, |f| (f.backoff * 2).min(MAX_BACKOFF));
+                    tracing::warn!(
+                        issuer,
+                        %error,
+                        retry_in = ?backoff,
+                        "identity token keys could not be fetched"
+                    );
                     // Stale keys still verify what they verified: better
                     // than refusing every report while the issuer is down.
-                    if self.fetched.is_none() || !self.keys.contains_key(kid) {
-                        return Lookup::Unavailable(format!(
+                    state.failure = Some(Failure {
+                        at: Instant::now(),
+                        backoff,
+                        why: format!(
                             "the keys of identity token issuer {issuer} could not be fetched, retry later"
-                        ));
-                    }
+                        ),
+                    });
                 }
             }
         }
-        match self.keys.get(kid) {
-            Some(key) => Lookup::Found(key.clone()),
-            None => Lookup::Unknown,
-        }
+        self.finished.send_modify(|n| *n += 1);
     }
 }
 

@@ -22,8 +22,9 @@ pub use issuer::Issuer;
 /// Clock skew tolerated on `exp` and `nbf`.
 const LEEWAY_SECS: u64 = 60;
 
-/// How long fetching an issuer's discovery document or keys may take.
-const FETCH_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long one request for an issuer's discovery document or keys may
+/// take (the whole fetch is bounded by [`keys::FETCH_DEADLINE`]).
+const FETCH_TIMEOUT: Duration = keys::FETCH_DEADLINE;
 
 /// Why a token was refused (401). The reason names what was wrong, never
 /// the token or its contents.
@@ -110,7 +111,7 @@ pub enum VerifyError {
 /// Verifies identity tokens of the configured issuers.
 #[derive(Debug)]
 pub struct Verifier {
-    issuers: Vec<(Issuer, tokio::sync::Mutex<keys::Cache>)>,
+    issuers: Vec<(Issuer, std::sync::Arc<keys::Cache>)>,
     http: reqwest::Client,
     refetch: Duration,
 }
@@ -129,7 +130,7 @@ impl Verifier {
         Ok(Self {
             issuers: issuers
                 .into_iter()
-                .map(|i| (i, tokio::sync::Mutex::default()))
+                .map(|i| (i, std::sync::Arc::default()))
                 .collect(),
             http,
             refetch,
@@ -162,8 +163,6 @@ impl Verifier {
             return refused(Refusal::Malformed("no kid in the header"));
         };
         let key = match cache
-            .lock()
-            .await
             .lookup(&self.http, &issuer.url, kid, self.refetch)
             .await
         {
