@@ -11,7 +11,8 @@
 //!   ([`ClientAuth`]: whether a client certificate is required, optional or
 //!   never asked for; [`Protocols`]: ALPN);
 //! - [`Listener`]: a bound TCP listener, plaintext or TLS, that serves an
-//!   axum router ([`axum::serve`]) or a tonic server ([`Listener::incoming`]);
+//!   axum router ([`serve`], which bounds how long a request head may take)
+//!   or a tonic server ([`Listener::incoming`]);
 //!   [`Peer`] says who connected and whether with a verified client
 //!   certificate;
 //! - [`ClientFiles`]: `RUNYARD_ALLOCATOR_CA_FILE`, `_CLIENT_CERT` and
@@ -25,8 +26,10 @@
 mod client;
 mod listener;
 mod material;
+mod serve;
 mod server;
 
 pub use client::{CA_FILE_VAR, CLIENT_CERT_VAR, CLIENT_KEY_VAR, ClientFiles};
 pub use listener::{Listener, Peer, Stream};
+pub use serve::{HEAD_TIMEOUT, serve};
 pub use server::{Acceptor, ClientAuth, Protocols, RELOAD_EVERY, Reload, ServerFiles, ServerTls};

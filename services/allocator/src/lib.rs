@@ -651,14 +651,12 @@ impl App {
         );
         let http_stop = stop.clone();
         let router = http::router(self.state.clone(), self.http_cert_per_request);
-        let http = tokio::spawn(
-            axum::serve(
-                self.http,
-                router.into_make_service_with_connect_info::<runyard_tls::Peer>(),
-            )
-            .with_graceful_shutdown(async move { http_stop.cancelled().await })
-            .into_future(),
-        );
+        let http = tokio::spawn(runyard_tls::serve(
+            self.http,
+            router,
+            runyard_tls::HEAD_TIMEOUT,
+            async move { http_stop.cancelled().await },
+        ));
         stop.cancelled().await;
         let _ = grpc.await;
         let _ = http.await;

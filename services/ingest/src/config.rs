@@ -70,9 +70,10 @@ pub struct Config {
     /// client address (an IPv6 /64) may send at once; one more cuts that
     /// address's oldest short with 408.
     pub ingest_max_unverified_per_peer: usize,
-    /// `RUNYARD_INGEST_BODY_TIMEOUT`: how long a body may take to arrive
-    /// once its headers are in (the forges send theirs within their own
-    /// 10 s delivery timeout); a slower one is answered 408.
+    /// `RUNYARD_INGEST_BODY_TIMEOUT`: how long a request head may take (an
+    /// idle connection is closed after as long), and then its body (the
+    /// forges send theirs within their own 10 s delivery timeout); a slower
+    /// body is answered 408.
     #[serde(with = "humantime_serde")]
     pub ingest_body_timeout: Duration,
     /// `RUNYARD_INGEST_ACK_TIMEOUT`: how long a delivery waits for

@@ -168,14 +168,10 @@ impl App {
             stop.clone(),
         ));
         let router = routes::router(self.state.clone());
-        // The peer address: unverified bodies are bounded per client.
-        axum::serve(
-            self.listener,
-            router.into_make_service_with_connect_info::<runyard_tls::Peer>(),
-        )
-        .with_graceful_shutdown(shutdown)
-        .await
-        .context("serving http")?;
+        // A request head, like a body, has RUNYARD_INGEST_BODY_TIMEOUT (an
+        // idle connection too); each request knows its peer, since
+        // unverified bodies are bounded per client.
+        runyard_tls::serve(self.listener, router, self.state.body_timeout, shutdown).await;
         stop.cancel();
         let _ = keeper.await;
         // Everything answered 202 is already acked; flush anything else.

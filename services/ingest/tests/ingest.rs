@@ -2496,6 +2496,56 @@ async fn slow_bodies_keep_no_real_delivery_out() {
 }
 
 #[tokio::test]
+async fn connections_that_send_no_complete_head_are_closed() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut h = Harness::start_with(TestNats::get().await, |c| {
+        c.ingest_body_timeout = Duration::from_secs(1);
+    })
+    .await;
+    let addr = h.base.trim_start_matches("http://").to_owned();
+    // One trickles its headers and stops; one never sends a byte; one sent
+    // a request and then sits idle on the kept-alive connection.
+    let mut trickling = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    trickling
+        .write_all(b"POST /webhooks/github HTTP/1.1\r\nHost: x\r\nX-GitHub-Event: work")
+        .await
+        .unwrap();
+    let mut silent = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let mut idle = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    idle.write_all(format!("GET /healthz HTTP/1.1\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut buf = Vec::new();
+    assert!(
+        read_head(&mut idle, &mut buf)
+            .await
+            .starts_with("HTTP/1.1 200 ")
+    );
+    let started = Instant::now();
+    for (name, conn) in [
+        ("trickling", &mut trickling),
+        ("silent", &mut silent),
+        ("idle", &mut idle),
+    ] {
+        let mut rest = Vec::new();
+        let closed =
+            tokio::time::timeout(Duration::from_secs(5), conn.read_to_end(&mut rest)).await;
+        assert!(closed.is_ok(), "{name}: still open after 5 s");
+    }
+    assert!(started.elapsed() < Duration::from_secs(5));
+    // Real deliveries are untouched.
+    let (s, a) = h
+        .github(
+            "workflow_job",
+            "after-1",
+            &fixture("github_workflow_job_queued.json"),
+        )
+        .await;
+    assert_eq!(s, 202, "{a}");
+    h.stop().await;
+}
+
+#[tokio::test]
 async fn a_body_that_does_not_arrive_in_time_is_answered_408() {
     use tokio::io::AsyncWriteExt as _;
     let mut h = Harness::start_with(TestNats::get().await, |c| {

@@ -129,11 +129,12 @@ impl App {
             .route("/metrics", get(metrics_text))
             .with_state(self.state.clone());
         let http_stop = stop.clone();
-        let http = tokio::spawn(async move {
-            axum::serve(self.listener, router)
-                .with_graceful_shutdown(async move { http_stop.cancelled().await })
-                .await
-        });
+        let http = tokio::spawn(runyard_tls::serve(
+            self.listener,
+            router,
+            runyard_tls::HEAD_TIMEOUT,
+            async move { http_stop.cancelled().await },
+        ));
         let _ = consumer.await;
         stop.cancel();
         let _ = watcher.await;
@@ -187,11 +188,12 @@ impl Starting {
             );
         let stop = CancellationToken::new();
         let until = stop.clone();
-        let task = tokio::spawn(async move {
-            let _ = axum::serve(second, router)
-                .with_graceful_shutdown(async move { until.cancelled().await })
-                .await;
-        });
+        let task = tokio::spawn(runyard_tls::serve(
+            second,
+            router,
+            runyard_tls::HEAD_TIMEOUT,
+            async move { until.cancelled().await },
+        ));
         Ok(Self { stop, task })
     }
 

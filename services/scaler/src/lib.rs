@@ -560,9 +560,11 @@ async fn serve(
     router: axum::Router,
     stop: tokio_util::sync::CancellationToken,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router)
-        .with_graceful_shutdown(async move { stop.cancelled().await })
-        .await
+    runyard_tls::serve(listener, router, runyard_tls::HEAD_TIMEOUT, async move {
+        stop.cancelled().await
+    })
+    .await;
+    Ok(())
 }
 
 async fn wait_for<T, E: std::fmt::Display, F: Future<Output = Result<T, E>>>(
