@@ -23,7 +23,15 @@ impl tonic::service::Interceptor for Authenticate {
     fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
         let tokens = &self.state.config.allocator_tokens;
         if tokens.is_empty() {
-            let client = Client::anonymous(request.remote_addr().map(|a| a.ip()));
+            // The listener (runyard_tls) installs its `Peer`, which
+            // tonic's `remote_addr()` does not read.
+            let ip = request
+                .extensions()
+                .get::<Option<runyard_tls::Peer>>()
+                .copied()
+                .flatten()
+                .map(|p| p.addr.ip());
+            let client = Client::anonymous(ip);
             request.extensions_mut().insert(client);
             return Ok(request);
         }
