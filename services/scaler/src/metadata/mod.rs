@@ -80,6 +80,12 @@ pub struct Claims {
     /// minter did not say): a failure it reports is that attempt's.
     #[serde(default)]
     pub attempt: u32,
+    /// The create attempt's nonce ([`InstanceSecrets::nonce`]): the token
+    /// opens only the secrets stored for that attempt, so a leftover
+    /// instance of a failed attempt (same name) cannot read or report for
+    /// the next one.
+    #[serde(default)]
+    pub nonce: String,
 }
 
 /// The audience of instance tokens (a token of another kind never passes).
@@ -119,20 +125,34 @@ impl InstanceTokens {
         }
     }
 
-    /// A token for `instance` of `pool`, valid for `ttl` (the attempt left
-    /// unsaid: prefer [`InstanceTokens::mint_for_attempt`]).
+    /// A token for `instance` of `pool`, valid for `ttl`, bound to no
+    /// create attempt (attempt 0, no nonce): it opens only secrets stored
+    /// without a nonce, which the engine never stores. The engine mints
+    /// with [`InstanceTokens::mint_for`].
     pub fn mint(&self, instance: &str, pool: &str, ttl: Duration) -> Result<String, TokenError> {
-        self.mint_for_attempt(instance, pool, 0, ttl)
+        self.sign(instance, pool, 0, "", ttl)
     }
 
-    /// A token for create attempt `attempt` (1-based) of `instance` of
-    /// `pool`, valid for `ttl`. A `failed` status the instance reports with
-    /// it becomes `RunnerFailed` of that attempt.
-    pub fn mint_for_attempt(
+    /// A token for create attempt `attempt` (1-based) of the instance whose
+    /// secrets are `secrets`, valid for `ttl`: it carries their name, pool
+    /// and nonce, so it opens these secrets and no later attempt's. A
+    /// `failed` status the instance reports with it becomes `RunnerFailed`
+    /// of that attempt.
+    pub fn mint_for(
+        &self,
+        secrets: &InstanceSecrets,
+        attempt: u32,
+        ttl: Duration,
+    ) -> Result<String, TokenError> {
+        self.sign(&secrets.name, &secrets.pool, attempt, &secrets.nonce, ttl)
+    }
+
+    fn sign(
         &self,
         instance: &str,
         pool: &str,
         attempt: u32,
+        nonce: &str,
         ttl: Duration,
     ) -> Result<String, TokenError> {
         let iat = now_secs();
@@ -143,6 +163,7 @@ impl InstanceTokens {
             iat,
             aud: AUDIENCE.to_owned(),
             attempt,
+            nonce: nonce.to_owned(),
         };
         jsonwebtoken::encode(&Header::new(Algorithm::HS256), &claims, &self.encoding)
             .map_err(|e| TokenError(e.to_string()))
@@ -179,6 +200,19 @@ pub struct InstanceSecrets {
     pub labels: Vec<String>,
     /// GitHub runner group.
     pub runner_group: String,
+    /// The create attempt's nonce ([`InstanceSecrets::new_nonce`]), which
+    /// its instance token carries: secrets stored for a later attempt of
+    /// the same instance name have another, and refuse the earlier token.
+    /// Empty in secrets stored before tokens carried one.
+    #[serde(default)]
+    pub nonce: String,
+}
+
+impl InstanceSecrets {
+    /// A fresh nonce for a create attempt (128 random bits, hex).
+    pub fn new_nonce() -> String {
+        format!("{:032x}", rand::random::<u128>())
+    }
 }
 
 /// Errors of the secret store.
