@@ -790,6 +790,22 @@ impl ScalerFile {
                 }
                 _ => {}
             }
+            if let ProviderConfig::External {
+                environment_variables,
+                ..
+            } = provider
+            {
+                for (i, prefix) in environment_variables.iter().enumerate() {
+                    if let Some(why) = refused_env_prefix(prefix) {
+                        return Err(err(
+                            format!("{field}.environment_variables[{i}]"),
+                            format!(
+                                "{prefix:?} {why}; name the provider's own prefix (as \"LXD_\")"
+                            ),
+                        ));
+                    }
+                }
+            }
         }
         let mut names = HashSet::new();
         for (i, pool) in self.pools.iter().enumerate() {
@@ -952,6 +968,22 @@ impl ReconcilerSection {
     }
 }
 
+/// Why an external provider's `environment_variables` prefix is refused,
+/// if it is: `""` passes the whole host environment on, and a prefix that
+/// could match a `RUNYARD_*` name (`"RUNYARD_".starts_with(prefix)`, as
+/// `"R"`, `"RUN"`, `"RUNYARD_"`) or starts with `RUNYARD` would hand the
+/// scaler's own settings, its secrets among them, to the provider.
+fn refused_env_prefix(prefix: &str) -> Option<&'static str> {
+    const OWN: &str = "RUNYARD_";
+    if prefix.is_empty() {
+        Some("is empty and would pass every host variable (runyard's secrets among them)")
+    } else if OWN.starts_with(prefix) || prefix.starts_with("RUNYARD") {
+        Some("would pass runyard's own RUNYARD_* variables (its secrets among them)")
+    } else {
+        None
+    }
+}
+
 /// Whether a process provider's command runs a GitLab runner for one job
 /// only: `gitlab-runner run-single ... --max-builds 1`. A service
 /// (`gitlab-runner run`) goes on taking jobs after the one its runner was
@@ -1073,6 +1105,39 @@ lease_ttl = "2s"
         assert_eq!(e.field, "providers.lxd.interface_version");
         let e = refused(&GOOD.replace("kind = \"process\"", "kind = \"teleport\""));
         assert!(e.message.contains("teleport"), "{e}");
+    }
+
+    #[test]
+    fn environment_prefixes_that_would_pass_runyards_own_variables_are_refused() {
+        for bad in [
+            "",
+            "R",
+            "RUN",
+            "RUNYARD",
+            "RUNYARD_",
+            "RUNYARD_SCALER_",
+            "RUNYARDX",
+        ] {
+            let file = GOOD.replace(
+                "environment_variables = [\"LXD_\"]",
+                &format!("environment_variables = [\"LXD_\", {bad:?}]"),
+            );
+            let e = refused(&file);
+            assert_eq!(e.field, "providers.lxd.environment_variables[1]", "{bad:?}");
+            let text = e.to_string();
+            assert!(
+                text.contains(&format!("{bad:?}")),
+                "names the prefix: {text}"
+            );
+            assert!(text.contains("providers.lxd"), "names the provider: {text}");
+        }
+        for good in ["LXD_", "OS_", "RX", "RUNNER_", "runyard_"] {
+            let file = GOOD.replace(
+                "environment_variables = [\"LXD_\"]",
+                &format!("environment_variables = [{good:?}]"),
+            );
+            assert!(ScalerFile::parse(&file).is_ok(), "{good:?}");
+        }
     }
 
     #[test]
