@@ -181,8 +181,9 @@ impl InstanceTokens {
     }
 }
 
-/// What an instance may fetch from the metadata API.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// What an instance may fetch from the metadata API. Its `Debug` shows
+/// the JIT configuration as `***`.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InstanceSecrets {
     /// Instance name.
     pub name: String,
@@ -206,6 +207,31 @@ pub struct InstanceSecrets {
     /// Empty in secrets stored before tokens carried one.
     #[serde(default)]
     pub nonce: String,
+}
+
+impl std::fmt::Debug for InstanceSecrets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Self {
+            name,
+            pool,
+            forge,
+            jit_config: _,
+            repo_url,
+            labels,
+            runner_group,
+            nonce: _,
+        } = self;
+        f.debug_struct("InstanceSecrets")
+            .field("name", name)
+            .field("pool", pool)
+            .field("forge", forge)
+            .field("jit_config", &"***")
+            .field("repo_url", repo_url)
+            .field("labels", labels)
+            .field("runner_group", runner_group)
+            .field("nonce", &"***")
+            .finish()
+    }
 }
 
 impl InstanceSecrets {
@@ -323,6 +349,27 @@ impl Metadata {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn debug_shows_no_secret() {
+        let secret = "glrt-a1f0c9d27be84e53a1f0c9d27be84e53";
+        let secrets = InstanceSecrets {
+            name: "ry-linux-0123456789".into(),
+            pool: "linux".into(),
+            forge: "gitlab".into(),
+            jit_config: secret.into(),
+            repo_url: "https://gitlab.example.com".into(),
+            labels: vec!["docker".into()],
+            runner_group: String::new(),
+            nonce: InstanceSecrets::new_nonce(),
+        };
+        let shown = format!("{secrets:?}");
+        assert!(!shown.contains(secret), "{shown}");
+        assert!(!shown.contains(&secrets.nonce), "{shown}");
+        assert!(shown.contains("ry-linux-0123456789"), "{shown}");
+        let tokens = InstanceTokens::new(&SecretString::from(secret.to_owned()));
+        assert!(!format!("{tokens:?}").contains(secret));
+    }
 
     #[test]
     fn a_token_names_its_instance_and_expires() {
