@@ -84,14 +84,20 @@ pub fn to_proto(r: &mut ModelRec) -> proto::Recommendation {
     }
 }
 
-/// The request's workload and ref, or `INVALID_ARGUMENT` naming the field
-/// (`prefix` locates the request in a batch).
+/// The request's workload and ref (at most
+/// [`runyard_events::limits::MAX_TEXT_BYTES`], no NUL), or
+/// `INVALID_ARGUMENT` naming the field (`prefix` locates the request in a
+/// batch).
 fn workload_of(
     req: proto::RecommendRequest,
     prefix: impl FnOnce() -> String,
 ) -> Result<(Workload, String), Status> {
     let workload: Workload = req.workload;
-    model::validate(&workload).map_err(|e| Status::invalid_argument(format!("{}{e}", prefix())))?;
+    // The ref rides on the AllocationIssued event: an oversized one would
+    // make an event no consumer keeps, so it is refused here, by name.
+    model::validate(&workload)
+        .and_then(|()| runyard_events::limits::text("ref", &req.r#ref))
+        .map_err(|e| Status::invalid_argument(format!("{}{e}", prefix())))?;
     Ok((workload, req.r#ref))
 }
 

@@ -800,6 +800,92 @@ async fn bad_requests_name_the_field_and_reflection_and_health_work() {
     stack.stop().await;
 }
 
+/// `AllocationIssued` events on the stack's log now.
+async fn allocation_events(stack: &Stack) -> usize {
+    let c = async_nats::connect(stack.nats.url()).await.unwrap();
+    stream_messages(&c, &stack.ns.events_stream())
+        .await
+        .iter()
+        .filter(|m| m.subject.as_str() == stack.ns.allocation_subject())
+        .count()
+}
+
+#[tokio::test]
+async fn oversized_free_text_is_refused_naming_the_field() {
+    let stack = Stack::start().await;
+    let mut client = stack.client().await;
+    let cap = runyard_events::limits::MAX_TEXT_BYTES;
+    // The caps are ingest's.
+    assert_eq!(cap, runyard_ingest::limits::MAX_TEXT_BYTES);
+    assert_eq!(
+        runyard_events::limits::MAX_WORKLOAD_ATTRIBUTES,
+        runyard_ingest::limits::MAX_WORKLOAD_ATTRIBUTES
+    );
+    // gRPC: a ref past the cap, or with NUL, is INVALID_ARGUMENT naming it.
+    for (r, says) in [
+        ("r".repeat(cap + 1), "ref: 1025 bytes, longer than 1024"),
+        ("main\0x".to_owned(), "ref: must not contain NUL"),
+    ] {
+        let err = client.recommend(request(&torch(), &r)).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
+        assert!(err.message().starts_with(says), "{}", err.message());
+    }
+    let err = client
+        .recommend_batch(runyard_allocator::proto::RecommendBatchRequest {
+            requests: vec![
+                request(&torch(), "develop"),
+                request(&torch(), &"r".repeat(cap * 4)),
+            ],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(
+        err.message().starts_with("requests[1].ref: 4096 bytes"),
+        "{}",
+        err.message()
+    );
+    // At the cap it is answered.
+    client
+        .recommend(request(&torch(), &"r".repeat(cap)))
+        .await
+        .unwrap();
+
+    // Gantry's HTTP endpoint: a spec past its cap, or a value in it past
+    // the text cap, is 400 naming it.
+    let http = reqwest::Client::new();
+    let spec = "zlib@1.3.1 arch=linux-ubuntu22.04-x86_64%gcc@12.3.0";
+    for (spec, error) in [
+        (
+            format!("{spec} {}", "+v".repeat(2100)),
+            "spec: longer than 4096 bytes".to_owned(),
+        ),
+        (
+            spec.replace("linux-ubuntu22.04-x86_64", &"x".repeat(cap + 1)),
+            "spec: workload.arch: value longer than 1024 bytes".to_owned(),
+        ),
+    ] {
+        let r = http
+            .get(format!("{}/v1/allocation", stack.http))
+            .query(&[("spec", &spec)])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 400);
+        let body: Value = r.json().await.unwrap();
+        assert_eq!(body["error"], error.as_str());
+    }
+    // Refused calls issue nothing: the one answered call is the one event.
+    let one = eventually(Duration::from_secs(10), || async {
+        (allocation_events(&stack).await >= 1).then_some(())
+    })
+    .await;
+    assert!(one.is_some(), "the answered call's event");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(allocation_events(&stack).await, 1);
+    stack.stop().await;
+}
+
 /// With an OTLP endpoint set, a usage report's path through ingest and
 /// job-tracker is one trace continuing the sender's `traceparent`, and a
 /// `Recommend` or gantry call carrying one is exported as its child, with
