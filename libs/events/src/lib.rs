@@ -457,6 +457,53 @@ pub fn valid_pool_name(name: &str) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
 }
 
+/// The caps every producer and consumer of events holds their free text
+/// to: what ingest refuses at its door (docs/architecture.md, "Ingest HTTP
+/// API"), so an event that passes them fits the projection and a NATS
+/// message, and a consumer can refuse one that does not (a producer that
+/// went around ingest).
+pub mod limits {
+    /// Bytes of a string kept that is not a URL or a delivery id: names,
+    /// refs, projects, labels, workload keys and values.
+    pub const MAX_TEXT_BYTES: usize = 1024;
+    /// Workload attributes in one usage report.
+    pub const MAX_WORKLOAD_ATTRIBUTES: usize = 64;
+
+    /// Why `value` (the field `field`) is over the caps, if it is: longer
+    /// than [`MAX_TEXT_BYTES`], or holding NUL (Postgres `text` and `jsonb`
+    /// cannot). The message names the field and never echoes the value.
+    pub fn text(field: &str, value: &str) -> Result<(), String> {
+        if value.len() > MAX_TEXT_BYTES {
+            return Err(format!(
+                "{field}: {} bytes, longer than {MAX_TEXT_BYTES}",
+                value.len()
+            ));
+        }
+        if value.contains('\0') {
+            return Err(format!("{field}: must not contain NUL (\\u0000)"));
+        }
+        Ok(())
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn text_names_the_field_and_keeps_the_value_out() {
+            assert_eq!(text("ref", &"a".repeat(MAX_TEXT_BYTES)), Ok(()));
+            let long = "b".repeat(MAX_TEXT_BYTES + 1);
+            let e = text("ref", &long).unwrap_err();
+            assert_eq!(e, "ref: 1025 bytes, longer than 1024");
+            let e = text("requests[2].ref", "a\0b").unwrap_err();
+            assert!(
+                e.starts_with("requests[2].ref: ") && e.contains("NUL"),
+                "{e}"
+            );
+        }
+    }
+}
+
 /// Deterministic event ids (ARCHITECTURE.md, "The event log").
 pub mod ids {
     use super::{Forge, forge_token};

@@ -9,7 +9,7 @@ use crate::auth::Tokens;
 use crate::model::Params;
 
 /// Everything `runyard-allocator` can be told.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
     /// `RUNYARD_NATS_URL`.
@@ -77,6 +77,63 @@ pub struct Config {
     /// them); from the environment only, never the TOML file.
     #[serde(skip)]
     pub insecure_dev: bool,
+}
+
+/// Every field, URLs with their credentials redacted ([`runyard_store::redact_url`]):
+/// a logged or printed configuration shows no password or token.
+impl std::fmt::Debug for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Destructured, so a new field cannot be left out unseen.
+        let Self {
+            nats_url,
+            namespace,
+            database_url,
+            allocator_listen,
+            allocator_http_listen,
+            allocator_protected_refs,
+            allocator_publish_allocations,
+            allocator_events_per_second,
+            allocator_events_burst,
+            allocator_max_batch,
+            allocator_target_oom,
+            allocator_anonymous_gantry,
+            allocator_max_in_flight,
+            allocator_max_workloads,
+            allocator_history_days,
+            allocator_tokens,
+            allocator_tls_cert,
+            allocator_tls_key,
+            allocator_tls_client_ca,
+            model,
+            insecure_dev,
+        } = self;
+        f.debug_struct("Config")
+            .field("nats_url", &runyard_store::redact_url(nats_url))
+            .field("namespace", namespace)
+            .field("database_url", &runyard_store::redact_url(database_url))
+            .field("allocator_listen", allocator_listen)
+            .field("allocator_http_listen", allocator_http_listen)
+            .field("allocator_protected_refs", allocator_protected_refs)
+            .field(
+                "allocator_publish_allocations",
+                allocator_publish_allocations,
+            )
+            .field("allocator_events_per_second", allocator_events_per_second)
+            .field("allocator_events_burst", allocator_events_burst)
+            .field("allocator_max_batch", allocator_max_batch)
+            .field("allocator_target_oom", allocator_target_oom)
+            .field("allocator_anonymous_gantry", allocator_anonymous_gantry)
+            .field("allocator_max_in_flight", allocator_max_in_flight)
+            .field("allocator_max_workloads", allocator_max_workloads)
+            .field("allocator_history_days", allocator_history_days)
+            .field("allocator_tokens", allocator_tokens)
+            .field("allocator_tls_cert", allocator_tls_cert)
+            .field("allocator_tls_key", allocator_tls_key)
+            .field("allocator_tls_client_ca", allocator_tls_client_ca)
+            .field("model", model)
+            .field("insecure_dev", insecure_dev)
+            .finish()
+    }
 }
 
 impl Default for Config {
@@ -208,6 +265,22 @@ fn naming_the_variable(e: figment::Error) -> figment::Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn debug_shows_no_secret() {
+        let secret = "a1f0c9d27be84e53a1f0c9d27be84e53";
+        let config = Config {
+            nats_url: format!("nats://allocator:{secret}@nats:4222"),
+            database_url: format!("postgres://runyard:{secret}@db:5432/runyard"),
+            allocator_tokens: Tokens::new([secret]),
+            ..Config::default()
+        };
+        let shown = format!("{config:?}");
+        assert!(!shown.contains(secret), "{shown}");
+        // The rest still shows, the URLs with their hosts.
+        assert!(shown.contains("nats://allocator:***@nats:4222"), "{shown}");
+        assert!(shown.contains("allocator_max_batch: 10000"), "{shown}");
+    }
 
     // As `openssl rand -hex 32` makes them (weak tokens are refused).
     const ONE: &str = "7fbe67a0414ee367909a37b91ebeef2669b40986716931a2b6c530484dbf8459";

@@ -23,7 +23,15 @@ impl tonic::service::Interceptor for Authenticate {
     fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
         let tokens = &self.state.config.allocator_tokens;
         if tokens.is_empty() {
-            let client = Client::anonymous(request.remote_addr().map(|a| a.ip()));
+            // The listener (runyard_tls) installs its `Peer`, which
+            // tonic's `remote_addr()` does not read.
+            let ip = request
+                .extensions()
+                .get::<Option<runyard_tls::Peer>>()
+                .copied()
+                .flatten()
+                .map(|p| p.addr.ip());
+            let client = Client::anonymous(ip);
             request.extensions_mut().insert(client);
             return Ok(request);
         }
@@ -76,14 +84,20 @@ pub fn to_proto(r: &mut ModelRec) -> proto::Recommendation {
     }
 }
 
-/// The request's workload and ref, or `INVALID_ARGUMENT` naming the field
-/// (`prefix` locates the request in a batch).
+/// The request's workload and ref (at most
+/// [`runyard_events::limits::MAX_TEXT_BYTES`], no NUL), or
+/// `INVALID_ARGUMENT` naming the field (`prefix` locates the request in a
+/// batch).
 fn workload_of(
     req: proto::RecommendRequest,
     prefix: impl FnOnce() -> String,
 ) -> Result<(Workload, String), Status> {
     let workload: Workload = req.workload;
-    model::validate(&workload).map_err(|e| Status::invalid_argument(format!("{}{e}", prefix())))?;
+    // The ref rides on the AllocationIssued event: an oversized one would
+    // make an event no consumer keeps, so it is refused here, by name.
+    model::validate(&workload)
+        .and_then(|()| runyard_events::limits::text("ref", &req.r#ref))
+        .map_err(|e| Status::invalid_argument(format!("{}{e}", prefix())))?;
     Ok((workload, req.r#ref))
 }
 

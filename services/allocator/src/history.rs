@@ -378,6 +378,13 @@ impl UsageFollower {
         known.run_attempt = known.run_attempt.max(j.run_attempt);
     }
 
+    /// An event over the limits: not used, counted and logged naming the
+    /// field (never silently).
+    fn refuse(&self, d: &Delivery, why: &str) {
+        tracing::warn!(event_id = %d.event.id, subject = %d.subject, seq = d.seq, reason = %why, "followed event not used: over the limits ingest holds events to (was it published around ingest?)");
+        self.state.metrics.followed_refused.inc();
+    }
+
     /// Feeds one report to the model, unless its job's webhooks contradict
     /// it ([`judge`]).
     fn feed(&self, key: &JobRef, u: &UsageReported, event: &Event) {
@@ -405,6 +412,42 @@ impl UsageFollower {
 /// A job: `(forge, instance, job id)`.
 type JobRef = (i32, String, u64);
 
+/// Why a followed usage report is over the caps ingest holds events to
+/// ([`runyard_events::limits`]), if it is: the field and what is wrong.
+/// Ingest publishes none such; one on the log came around it.
+pub fn usage_over_limits(u: &UsageReported) -> Result<(), String> {
+    use runyard_events::limits::{MAX_WORKLOAD_ATTRIBUTES, text};
+    if let Some(k) = &u.job {
+        text("job.instance", &k.instance)?;
+    }
+    text("ref", &u.r#ref)?;
+    text("project", &u.project)?;
+    if u.workload.len() > MAX_WORKLOAD_ATTRIBUTES {
+        return Err(format!(
+            "workload: {} attributes, more than {MAX_WORKLOAD_ATTRIBUTES}",
+            u.workload.len()
+        ));
+    }
+    for (key, value) in &u.workload {
+        // An oversized key is not echoed as part of a field name.
+        text("workload", key)?;
+        text(&format!("workload.{key}"), value)?;
+    }
+    Ok(())
+}
+
+/// [`usage_over_limits`] for the fields of a job event the follow keeps.
+pub fn job_over_limits(j: &runyard_events::JobObserved) -> Result<(), String> {
+    use runyard_events::limits::text;
+    if let Some(k) = &j.job {
+        text("job.instance", &k.instance)?;
+    }
+    text("ref", &j.r#ref)?;
+    text("project", &j.project)?;
+    text("workflow_name", &j.workflow_name)?;
+    text("name", &j.name)
+}
+
 impl Handler for UsageFollower {
     async fn handle(&self, batch: &[Delivery]) -> Result<Rejected, HandlerError> {
         for d in batch {
@@ -412,8 +455,18 @@ impl Handler for UsageFollower {
                 continue;
             }
             let u = match &d.event.body {
-                Some(Body::UsageReported(u)) => u,
+                Some(Body::UsageReported(u)) => {
+                    if let Err(why) = usage_over_limits(u) {
+                        self.refuse(d, &why);
+                        continue;
+                    }
+                    u
+                }
                 Some(Body::JobObserved(j)) => {
+                    if let Err(why) = job_over_limits(j) {
+                        self.refuse(d, &why);
+                        continue;
+                    }
                     if let Some(key) = &j.job {
                         let key = (key.forge, key.instance.clone(), key.job_id);
                         self.job_seen(&key, j);

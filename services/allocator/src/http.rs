@@ -90,8 +90,8 @@ async fn authenticate(
     if tokens.is_empty() || open(&state, request.uri().path()) {
         let ip = request
             .extensions()
-            .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
-            .map(|c| c.0.ip());
+            .get::<axum::extract::ConnectInfo<runyard_tls::Peer>>()
+            .map(|c| c.0.addr.ip());
         request.extensions_mut().insert(Client::anonymous(ip));
         return next.run(request).await;
     }

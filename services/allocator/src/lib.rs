@@ -94,6 +94,9 @@ struct AllocatorMetrics {
     /// Usage reports the job's webhooks contradict (see
     /// [`history::judge`]).
     samples_refused: Counter,
+    /// Followed usage and job events over [`runyard_events::limits`]
+    /// (see [`history::usage_over_limits`]).
+    followed_refused: Counter,
     allocations_dropped: Counter,
     allocations_rate_limited: Counter,
     workloads: Gauge,
@@ -126,6 +129,7 @@ impl AllocatorMetrics {
             recommendations,
             samples_observed: Counter::default(),
             samples_refused: Counter::default(),
+            followed_refused: Counter::default(),
             allocations_dropped: Counter::default(),
             allocations_rate_limited: Counter::default(),
             workloads: Gauge::default(),
@@ -150,6 +154,11 @@ impl AllocatorMetrics {
                 "samples_refused",
                 "Usage reports not fed to the model: their job's webhooks name another project or fewer attempts, or the attempt was reported already",
                 m.samples_refused.clone(),
+            );
+            r.register(
+                "followed_events_refused",
+                "Usage reports and job events followed from the log but not used because a field is over the limits ingest holds events to (published around ingest)",
+                m.followed_refused.clone(),
             );
             r.register(
                 "allocations_dropped",

@@ -800,6 +800,165 @@ async fn bad_requests_name_the_field_and_reflection_and_health_work() {
     stack.stop().await;
 }
 
+/// One sample of the allocator's `/metrics` page (0 when absent).
+async fn metric(stack: &Stack, series: &str) -> f64 {
+    let page = reqwest::get(format!("{}/metrics", stack.http))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    page.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .map_or(0.0, |v| v.parse().unwrap())
+}
+
+/// `AllocationIssued` events on the stack's log now.
+async fn allocation_events(stack: &Stack) -> usize {
+    let c = async_nats::connect(stack.nats.url()).await.unwrap();
+    stream_messages(&c, &stack.ns.events_stream())
+        .await
+        .iter()
+        .filter(|m| m.subject.as_str() == stack.ns.allocation_subject())
+        .count()
+}
+
+#[tokio::test]
+async fn oversized_free_text_is_refused_naming_the_field() {
+    let stack = Stack::start().await;
+    let mut client = stack.client().await;
+    let cap = runyard_events::limits::MAX_TEXT_BYTES;
+    // The caps are ingest's.
+    assert_eq!(cap, runyard_ingest::limits::MAX_TEXT_BYTES);
+    assert_eq!(
+        runyard_events::limits::MAX_WORKLOAD_ATTRIBUTES,
+        runyard_ingest::limits::MAX_WORKLOAD_ATTRIBUTES
+    );
+    // gRPC: a ref past the cap, or with NUL, is INVALID_ARGUMENT naming it.
+    for (r, says) in [
+        ("r".repeat(cap + 1), "ref: 1025 bytes, longer than 1024"),
+        ("main\0x".to_owned(), "ref: must not contain NUL"),
+    ] {
+        let err = client.recommend(request(&torch(), &r)).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
+        assert!(err.message().starts_with(says), "{}", err.message());
+    }
+    let err = client
+        .recommend_batch(runyard_allocator::proto::RecommendBatchRequest {
+            requests: vec![
+                request(&torch(), "develop"),
+                request(&torch(), &"r".repeat(cap * 4)),
+            ],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(
+        err.message().starts_with("requests[1].ref: 4096 bytes"),
+        "{}",
+        err.message()
+    );
+    // At the cap it is answered.
+    client
+        .recommend(request(&torch(), &"r".repeat(cap)))
+        .await
+        .unwrap();
+
+    // Gantry's HTTP endpoint: a spec past its cap, or a value in it past
+    // the text cap, is 400 naming it.
+    let http = reqwest::Client::new();
+    let spec = "zlib@1.3.1 arch=linux-ubuntu22.04-x86_64%gcc@12.3.0";
+    for (spec, error) in [
+        (
+            format!("{spec} {}", "+v".repeat(2100)),
+            "spec: longer than 4096 bytes".to_owned(),
+        ),
+        (
+            spec.replace("linux-ubuntu22.04-x86_64", &"x".repeat(cap + 1)),
+            "spec: workload.arch: value longer than 1024 bytes".to_owned(),
+        ),
+    ] {
+        let r = http
+            .get(format!("{}/v1/allocation", stack.http))
+            .query(&[("spec", &spec)])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 400);
+        let body: Value = r.json().await.unwrap();
+        assert_eq!(body["error"], error.as_str());
+    }
+    // Refused calls issue nothing: the one answered call is the one event.
+    let one = eventually(Duration::from_secs(10), || async {
+        (allocation_events(&stack).await >= 1).then_some(())
+    })
+    .await;
+    assert!(one.is_some(), "the answered call's event");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(allocation_events(&stack).await, 1);
+    stack.stop().await;
+}
+
+#[tokio::test]
+async fn followed_events_over_the_limits_are_not_used_and_are_counted() {
+    let stack = Stack::start().await;
+    let w = json!({"package": "hdf5", "version": "1.14.3"});
+    // Published straight onto the log, around ingest's checks.
+    let bus = Bus::connect(&stack.nats.url(), stack.ns.clone(), "test", false)
+        .await
+        .unwrap();
+    bus.ensure_streams(&StreamSettings::default())
+        .await
+        .unwrap();
+    let tp = TraceParent::new_root();
+    let cap = runyard_events::limits::MAX_TEXT_BYTES;
+    for job in 1..=3 {
+        bus.publish_event(&spack_job(job), &tp).await.unwrap();
+    }
+    let mut long_job = spack_job(4);
+    if let Some(Body::JobObserved(j)) = &mut long_job.body {
+        j.name = "n".repeat(cap + 1);
+    }
+    bus.publish_event(&long_job, &tp).await.unwrap();
+    let id = |job: u64| ids::usage(Forge::Gitlab, "gitlab.example.com", job, 1);
+    let mut long_value = verified_report(&id(2), 2, 1, "spack/spack", &w);
+    let mut many = verified_report(&id(3), 3, 1, "spack/spack", &w);
+    if let (Some(Body::UsageReported(a)), Some(Body::UsageReported(b))) =
+        (&mut long_value.body, &mut many.body)
+    {
+        a.workload.insert("variants".into(), "+v".repeat(cap));
+        b.workload
+            .extend((0..64).map(|i| (format!("attr{i}"), "x".to_owned())));
+    }
+    for e in [
+        verified_report(&id(1), 1, 1, "spack/spack", &w),
+        long_value,
+        many,
+    ] {
+        bus.publish_event(&e, &tp).await.unwrap();
+    }
+    // The good report trains; the other three events are counted, not used.
+    let refused = eventually(Duration::from_secs(10), || async {
+        let n = metric(&stack, "runyard_allocator_followed_events_refused_total").await;
+        (n >= 3.0).then_some(n)
+    })
+    .await;
+    assert_eq!(refused, Some(3.0), "a job event and two reports refused");
+    let observed = eventually(Duration::from_secs(10), || async {
+        let n = metric(&stack, "runyard_allocator_samples_observed_total").await;
+        (n >= 1.0).then_some(n)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(observed, Some(1.0));
+    assert_eq!(
+        metric(&stack, "runyard_allocator_samples_observed_total").await,
+        1.0,
+        "only the report within the limits fed the model"
+    );
+    stack.stop().await;
+}
+
 /// With an OTLP endpoint set, a usage report's path through ingest and
 /// job-tracker is one trace continuing the sender's `traceparent`, and a
 /// `Recommend` or gantry call carrying one is exported as its child, with

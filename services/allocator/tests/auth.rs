@@ -370,3 +370,75 @@ async fn each_client_publishes_at_most_its_burst_of_allocation_events() {
     assert_eq!(limited as usize + published, 24, "each answer counted once");
     running.stop().await;
 }
+
+/// A gRPC client whose connections leave from `source` (any 127.x address
+/// routes over Linux loopback).
+async fn client_from(running: &Running, source: [u8; 4]) -> AllocatorClient<Channel> {
+    let channel = Channel::from_shared(format!("http://{}", running.grpc))
+        .unwrap()
+        .local_address(Some(std::net::IpAddr::from(source)))
+        .connect()
+        .await
+        .unwrap();
+    AllocatorClient::new(channel)
+}
+
+#[tokio::test]
+async fn anonymous_clients_are_limited_per_peer_address() {
+    // No tokens: callers are known by their address. A burst of 5 each.
+    let running = start_with(|c| Config {
+        allocator_events_per_second: 1,
+        allocator_events_burst: 5,
+        ..c
+    })
+    .await;
+    // gRPC: 127.0.0.1 asks 20 at once, its burst of 5 is published; then
+    // 127.0.0.2 asks 3 times, not held back by the first.
+    let mut first = client_from(&running, [127, 0, 0, 1]).await;
+    let batch = runyard_allocator::proto::RecommendBatchRequest {
+        requests: (0..20).map(|_| request(None).into_inner()).collect(),
+    };
+    let answers = first.recommend_batch(batch).await.unwrap().into_inner();
+    assert_eq!(answers.recommendations.len(), 20);
+    let mut second = client_from(&running, [127, 0, 0, 2]).await;
+    for _ in 0..3 {
+        second.recommend(request(None)).await.unwrap();
+    }
+    // HTTP: 127.0.0.4 asks 7 times (5 published), then 127.0.0.3 asks 3
+    // times, not held back either.
+    let gantry = async |source: [u8; 4], times: usize| {
+        let http = reqwest::Client::builder()
+            .local_address(std::net::IpAddr::from(source))
+            .build()
+            .unwrap();
+        for _ in 0..times {
+            let r = http
+                .get(format!("{}/v1/allocation", running.http))
+                .query(&[("spec", SPEC)])
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200, "every answer is served");
+        }
+    };
+    gantry([127, 0, 0, 4], 7).await;
+    gantry([127, 0, 0, 3], 3).await;
+    let published = eventually(Duration::from_secs(10), || async {
+        let n = running.allocation_events().await;
+        (n >= 16).then_some(n)
+    })
+    .await
+    .expect("each address's own burst published: 5 + 3 + 5 + 3");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let published = published.max(running.allocation_events().await);
+    // One more may be a second's refill of 127.0.0.4 between its calls.
+    assert!(
+        (16..=17).contains(&published),
+        "{published} published of 33"
+    );
+    let limited = running
+        .metric("runyard_allocator_allocations_rate_limited_total")
+        .await;
+    assert_eq!(limited as usize + published, 33, "each answer counted once");
+    running.stop().await;
+}

@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 /// Everything `runyard-job-tracker` can be told.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
     /// `RUNYARD_NATS_URL`.
@@ -46,6 +46,44 @@ pub struct Config {
     /// from the environment only, never the TOML file.
     #[serde(skip)]
     pub insecure_dev: bool,
+}
+
+/// Every field, URLs with their credentials redacted ([`runyard_store::redact_url`]):
+/// a logged or printed configuration shows no password or token.
+impl std::fmt::Debug for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Destructured, so a new field cannot be left out unseen.
+        let Self {
+            nats_url,
+            namespace,
+            database_url,
+            tracker_http_listen,
+            tracker_batch_size,
+            tracker_batch_wait,
+            tracker_max_attempts,
+            tracker_ack_wait,
+            database_pool_size,
+            tracker_tls_cert,
+            tracker_tls_key,
+            tracker_tls_client_ca,
+            insecure_dev,
+        } = self;
+        f.debug_struct("Config")
+            .field("nats_url", &runyard_store::redact_url(nats_url))
+            .field("namespace", namespace)
+            .field("database_url", &runyard_store::redact_url(database_url))
+            .field("tracker_http_listen", tracker_http_listen)
+            .field("tracker_batch_size", tracker_batch_size)
+            .field("tracker_batch_wait", tracker_batch_wait)
+            .field("tracker_max_attempts", tracker_max_attempts)
+            .field("tracker_ack_wait", tracker_ack_wait)
+            .field("database_pool_size", database_pool_size)
+            .field("tracker_tls_cert", tracker_tls_cert)
+            .field("tracker_tls_key", tracker_tls_key)
+            .field("tracker_tls_client_ca", tracker_tls_client_ca)
+            .field("insecure_dev", insecure_dev)
+            .finish()
+    }
 }
 
 impl Default for Config {
@@ -96,6 +134,23 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn debug_shows_no_secret() {
+        let secret = "a1f0c9d27be84e53a1f0c9d27be84e53";
+        let config = Config {
+            nats_url: format!("nats://tracker:{secret}@nats:4222"),
+            database_url: format!("postgres://runyard:{secret}@db:5432/runyard"),
+            ..Config::default()
+        };
+        let shown = format!("{config:?}");
+        assert!(!shown.contains(secret), "{shown}");
+        assert!(
+            shown.contains("postgres://runyard:***@db:5432/runyard"),
+            "{shown}"
+        );
+        assert!(shown.contains("tracker_batch_size: 1000"), "{shown}");
+    }
 
     #[test]
     #[allow(clippy::result_large_err)] // figment::Jail's own error type

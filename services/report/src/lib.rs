@@ -655,6 +655,17 @@ mod tests {
     use super::*;
 
     #[test]
+    fn debug_shows_no_secret() {
+        let secret = "a1f0c9d27be84e53a1f0c9d27be84e53";
+        let args =
+            Args::try_parse_from(["runyard-report", "--token", secret, "--id-token", secret])
+                .unwrap();
+        let shown = format!("{args:?}");
+        assert!(!shown.contains(secret), "{shown}");
+        assert!(shown.contains("token: Some("), "{shown}");
+    }
+
+    #[test]
     fn flags_parse() {
         let args = Args::try_parse_from([
             "runyard-report",

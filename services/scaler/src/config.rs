@@ -13,7 +13,7 @@ use secrecy::SecretString;
 use serde::{Deserialize, Serialize};
 
 /// Everything `runyard-scaler` reads from the environment (or `--config`).
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
     /// `RUNYARD_NATS_URL`.
@@ -83,6 +83,76 @@ pub struct Config {
     /// only, never the TOML file.
     #[serde(skip)]
     pub insecure_dev: bool,
+}
+
+/// Every field, URLs with their credentials redacted ([`runyard_store::redact_url`]):
+/// a logged or printed configuration shows no password or token.
+impl std::fmt::Debug for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Destructured, so a new field cannot be left out unseen.
+        let Self {
+            nats_url,
+            namespace,
+            database_url,
+            scaler_http_listen,
+            scaler_config,
+            allocator_url,
+            allocator_client_token,
+            allocator_ca_file,
+            allocator_client_cert,
+            allocator_client_key,
+            github_api_url,
+            github_token,
+            github_app_id,
+            github_app_private_key_file,
+            github_app_installation_id,
+            gitlab_api_url,
+            gitlab_token,
+            scaler_metadata_listen,
+            scaler_metadata_url,
+            scaler_instance_token_key,
+            scaler_tls_cert,
+            scaler_tls_key,
+            scaler_tls_client_ca,
+            stream_replicas,
+            insecure_dev,
+        } = self;
+        f.debug_struct("Config")
+            .field("nats_url", &runyard_store::redact_url(nats_url))
+            .field("namespace", namespace)
+            .field("database_url", &runyard_store::redact_url(database_url))
+            .field("scaler_http_listen", scaler_http_listen)
+            .field("scaler_config", scaler_config)
+            .field("allocator_url", &runyard_store::redact_url(allocator_url))
+            .field("allocator_client_token", allocator_client_token)
+            .field("allocator_ca_file", allocator_ca_file)
+            .field("allocator_client_cert", allocator_client_cert)
+            .field("allocator_client_key", allocator_client_key)
+            .field("github_api_url", &runyard_store::redact_url(github_api_url))
+            .field("github_token", github_token)
+            .field("github_app_id", github_app_id)
+            .field("github_app_private_key_file", github_app_private_key_file)
+            .field("github_app_installation_id", github_app_installation_id)
+            .field(
+                "gitlab_api_url",
+                &gitlab_api_url.as_deref().map(runyard_store::redact_url),
+            )
+            .field("gitlab_token", gitlab_token)
+            .field("scaler_metadata_listen", scaler_metadata_listen)
+            .field(
+                "scaler_metadata_url",
+                &scaler_metadata_url
+                    .as_deref()
+                    .map(runyard_store::redact_url),
+            )
+            .field("scaler_instance_token_key", scaler_instance_token_key)
+            .field("scaler_tls_cert", scaler_tls_cert)
+            .field("scaler_tls_key", scaler_tls_key)
+            .field("scaler_tls_client_ca", scaler_tls_client_ca)
+            .field("stream_replicas", stream_replicas)
+            .field("insecure_dev", insecure_dev)
+            .finish()
+    }
 }
 
 impl Default for Config {
@@ -790,6 +860,22 @@ impl ScalerFile {
                 }
                 _ => {}
             }
+            if let ProviderConfig::External {
+                environment_variables,
+                ..
+            } = provider
+            {
+                for (i, prefix) in environment_variables.iter().enumerate() {
+                    if let Some(why) = refused_env_prefix(prefix) {
+                        return Err(err(
+                            format!("{field}.environment_variables[{i}]"),
+                            format!(
+                                "{prefix:?} {why}; name the provider's own prefix (as \"LXD_\")"
+                            ),
+                        ));
+                    }
+                }
+            }
         }
         let mut names = HashSet::new();
         for (i, pool) in self.pools.iter().enumerate() {
@@ -952,6 +1038,22 @@ impl ReconcilerSection {
     }
 }
 
+/// Why an external provider's `environment_variables` prefix is refused,
+/// if it is: `""` passes the whole host environment on, and a prefix that
+/// could match a `RUNYARD_*` name (`"RUNYARD_".starts_with(prefix)`, as
+/// `"R"`, `"RUN"`, `"RUNYARD_"`) or starts with `RUNYARD` would hand the
+/// scaler's own settings, its secrets among them, to the provider.
+fn refused_env_prefix(prefix: &str) -> Option<&'static str> {
+    const OWN: &str = "RUNYARD_";
+    if prefix.is_empty() {
+        Some("is empty and would pass every host variable (runyard's secrets among them)")
+    } else if OWN.starts_with(prefix) || prefix.starts_with("RUNYARD") {
+        Some("would pass runyard's own RUNYARD_* variables (its secrets among them)")
+    } else {
+        None
+    }
+}
+
 /// Whether a process provider's command runs a GitLab runner for one job
 /// only: `gitlab-runner run-single ... --max-builds 1`. A service
 /// (`gitlab-runner run`) goes on taking jobs after the one its runner was
@@ -986,6 +1088,29 @@ fn single_build(command: &[String]) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn debug_shows_no_secret() {
+        let secret = "a1f0c9d27be84e53a1f0c9d27be84e53";
+        let given = || Some(SecretString::from(secret.to_owned()));
+        let config = Config {
+            nats_url: format!("nats://{secret}@nats:4222"),
+            database_url: format!("postgres://runyard:{secret}@db:5432/runyard"),
+            allocator_url: format!("https://ci:{secret}@allocator:50051"),
+            github_api_url: format!("https://x:{secret}@ghe.example.com/api/v3"),
+            gitlab_api_url: Some(format!("https://x:{secret}@gitlab.example.com")),
+            scaler_metadata_url: Some(format!("http://x:{secret}@scaler:8084")),
+            allocator_client_token: given(),
+            github_token: given(),
+            gitlab_token: given(),
+            scaler_instance_token_key: given(),
+            ..Config::default()
+        };
+        let shown = format!("{config:?}");
+        assert!(!shown.contains(secret), "{shown}");
+        assert!(shown.contains("nats://***@nats:4222"), "{shown}");
+        assert!(shown.contains("stream_replicas: 1"), "{shown}");
+    }
 
     const GOOD: &str = r#"
 [providers.local]
@@ -1073,6 +1198,39 @@ lease_ttl = "2s"
         assert_eq!(e.field, "providers.lxd.interface_version");
         let e = refused(&GOOD.replace("kind = \"process\"", "kind = \"teleport\""));
         assert!(e.message.contains("teleport"), "{e}");
+    }
+
+    #[test]
+    fn environment_prefixes_that_would_pass_runyards_own_variables_are_refused() {
+        for bad in [
+            "",
+            "R",
+            "RUN",
+            "RUNYARD",
+            "RUNYARD_",
+            "RUNYARD_SCALER_",
+            "RUNYARDX",
+        ] {
+            let file = GOOD.replace(
+                "environment_variables = [\"LXD_\"]",
+                &format!("environment_variables = [\"LXD_\", {bad:?}]"),
+            );
+            let e = refused(&file);
+            assert_eq!(e.field, "providers.lxd.environment_variables[1]", "{bad:?}");
+            let text = e.to_string();
+            assert!(
+                text.contains(&format!("{bad:?}")),
+                "names the prefix: {text}"
+            );
+            assert!(text.contains("providers.lxd"), "names the provider: {text}");
+        }
+        for good in ["LXD_", "OS_", "RX", "RUNNER_", "runyard_"] {
+            let file = GOOD.replace(
+                "environment_variables = [\"LXD_\"]",
+                &format!("environment_variables = [{good:?}]"),
+            );
+            assert!(ScalerFile::parse(&file).is_ok(), "{good:?}");
+        }
     }
 
     #[test]

@@ -2007,22 +2007,23 @@ async fn bootstrap(
     let meta = shared.metadata.as_ref().ok_or_else(|| {
         "the instance metadata API is off (RUNYARD_SCALER_INSTANCE_TOKEN_KEY is not set)".to_owned()
     })?;
+    // A nonce per attempt: a leftover instance of an earlier attempt of
+    // this name holds a token the new secrets refuse.
+    let secrets = InstanceSecrets {
+        name: req.name.clone(),
+        pool: req.pool.clone(),
+        forge: forge_token(p.spec.forge).to_owned(),
+        jit_config: req.jit_config.expose_secret().to_owned(),
+        repo_url: req.repo_url.clone(),
+        labels: req.labels.clone(),
+        runner_group: req.runner_group.clone(),
+        nonce: InstanceSecrets::new_nonce(),
+    };
     let token = meta
         .tokens
-        .mint_for_attempt(&req.name, &req.pool, attempt, p.config.bootstrap_timeout)
+        .mint_for(&secrets, attempt, p.config.bootstrap_timeout)
         .map_err(|e| e.to_string())?;
-    meta.store
-        .put(&InstanceSecrets {
-            name: req.name.clone(),
-            pool: req.pool.clone(),
-            forge: forge_token(p.spec.forge).to_owned(),
-            jit_config: req.jit_config.expose_secret().to_owned(),
-            repo_url: req.repo_url.clone(),
-            labels: req.labels.clone(),
-            runner_group: req.runner_group.clone(),
-        })
-        .await
-        .map_err(|e| e.to_string())?;
+    meta.store.put(&secrets).await.map_err(|e| e.to_string())?;
     Ok(Bootstrap {
         tools,
         callback_url: meta.callback_url.clone(),

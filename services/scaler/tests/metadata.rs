@@ -69,6 +69,7 @@ fn github_secrets(name: &str) -> InstanceSecrets {
             "runyard-pool=linux".into(),
         ],
         runner_group: String::new(),
+        nonce: String::new(),
     }
 }
 
@@ -501,8 +502,9 @@ async fn a_failed_callback_removes_the_instance_and_the_engine_retries() {
         .unwrap();
     assert!(running(pid));
 
-    h.store.put(&github_secrets(&name)).await.unwrap();
-    let token = h.tokens.mint_for_attempt(&name, "linux", 1, HOUR).unwrap();
+    let secrets = github_secrets(&name);
+    h.store.put(&secrets).await.unwrap();
+    let token = h.tokens.mint_for(&secrets, 1, HOUR).unwrap();
     let resp = h
         .post(
             "/api/v1/callbacks/status",
@@ -567,6 +569,7 @@ async fn a_gitlab_instance_gets_its_runner_token_and_no_jit_files() {
             repo_url: "https://gitlab.example.com".into(),
             labels: vec!["docker".into()],
             runner_group: String::new(),
+            nonce: String::new(),
         })
         .await
         .unwrap();
@@ -616,6 +619,7 @@ async fn a_gitlab_instance_is_set_up_to_run_one_job_and_stop() {
             repo_url: "https://gitlab.example.com".into(),
             labels: vec!["docker".into()],
             runner_group: String::new(),
+            nonce: String::new(),
         })
         .await
         .unwrap();

@@ -426,6 +426,94 @@ async fn a_queued_job_gets_an_instance_with_the_whole_bootstrap() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_of_a_failed_create_attempt_opens_nothing_of_the_next() {
+    let (stack, fake) = external_stack("v0.1.1", "30s", "").await;
+    // The first create fails after the provider was handed its token (a
+    // machine of it may still boot); the second makes the instance.
+    fake.set_faults("CreateInstance", &["exit1"]);
+    let scaler = stack.start_with(config(&stack)).await;
+    let metadata = scaler.metadata.expect("the metadata API is served");
+    stack.queued(301).await;
+    let name = job_runner(301);
+    until("the second attempt's instance", || {
+        fake.calls_of("CreateInstance").len() == 2 && fake.instance_names() == [name.clone()]
+    })
+    .await;
+    let tokens: Vec<String> = fake
+        .calls_of("CreateInstance")
+        .iter()
+        .map(|c| {
+            let boot: Value = serde_json::from_str(c["stdin"].as_str().unwrap()).unwrap();
+            boot["instance-token"].as_str().unwrap().to_owned()
+        })
+        .collect();
+    let verify = InstanceTokens::new(&SecretString::from(KEY.to_owned()));
+    let attempts: Vec<u32> = tokens
+        .iter()
+        .map(|t| verify.verify(t).unwrap().attempt)
+        .collect();
+    assert_eq!(attempts, [1, 2]);
+    let (stale, current) = (&tokens[0], &tokens[1]);
+
+    let http = reqwest::Client::new();
+    let url = |path: &str| format!("http://{metadata}/api/v1/{path}");
+    let get = async |path: &str, token: &str| {
+        let r = http.get(url(path)).bearer_auth(token).send().await.unwrap();
+        (r.status().as_u16(), r.text().await.unwrap())
+    };
+    // The first attempt's token: refused on every route, saying why.
+    for path in [
+        "metadata/credentials/runner",
+        "metadata/credentials/credentials_rsaparams",
+        "metadata/install-script",
+        "metadata/runner-metadata",
+    ] {
+        let (status, body) = get(path, stale).await;
+        assert_eq!(status, 403, "{path}: {body}");
+        let body: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(
+            body["details"],
+            runyard_scaler::metadata::api::STALE_ATTEMPT,
+            "{path}"
+        );
+    }
+    let r = http
+        .post(url("callbacks/status"))
+        .bearer_auth(stale)
+        .body(r#"{"status": "failed", "message": "left over"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+    // The second attempt's instance was not failed for it.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(fake.instance_names(), std::slice::from_ref(&name));
+    let failed: Vec<u32> = stack
+        .events()
+        .await
+        .iter()
+        .filter_map(|e| match &e.body {
+            Some(Body::RunnerFailed(f)) => Some(f.attempt),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(failed, [1], "only the first attempt failed");
+
+    // The second attempt's own token opens its data (the fake GitHub's
+    // JIT configuration is no map of files, so its metadata and script).
+    let (status, meta) = get("metadata/runner-metadata", current).await;
+    assert_eq!(status, 200, "{meta}");
+    let meta: Value = serde_json::from_str(&meta).unwrap();
+    assert_eq!(meta["runner_name"], name.as_str());
+    let (status, script) = get("metadata/install-script", current).await;
+    assert_eq!(status, 200, "{script}");
+    assert!(script.contains(current.as_str()));
+    no_violations(&fake);
+    scaler.stop().await;
+    nothing_running(&fake).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_misbehaviour_is_handled_and_nothing_leaks() {
     let (stack, fake) = external_stack("v0.1.1", "4s", "").await;
     // Answers that are not instances, an instance in error, a hung call:

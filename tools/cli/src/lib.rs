@@ -48,7 +48,7 @@ pub struct Cli {
 }
 
 /// Service addresses and output format, shared by every subcommand.
-#[derive(Args, Debug, Clone)]
+#[derive(Args, Clone)]
 pub struct Global {
     /// NATS server.
     #[arg(
@@ -142,6 +142,46 @@ pub struct Global {
     /// Print JSON for scripts instead of text for people.
     #[arg(long, global = true)]
     pub json: bool,
+}
+
+/// Every field, URLs with their credentials redacted ([`redact`]) and the
+/// allocator token as `***`: a printed command line shows no secret.
+impl std::fmt::Debug for Global {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Destructured, so a new field cannot be left out unseen.
+        let Self {
+            nats_url,
+            namespace,
+            database_url,
+            allocator_url,
+            allocator_token,
+            allocator_ca_file,
+            allocator_client_cert,
+            allocator_client_key,
+            ingest_url,
+            tracker_url,
+            allocator_http_url,
+            scaler_url,
+            timeout,
+            json,
+        } = self;
+        f.debug_struct("Global")
+            .field("nats_url", &redact(nats_url))
+            .field("namespace", namespace)
+            .field("database_url", &redact(database_url))
+            .field("allocator_url", &redact(allocator_url))
+            .field("allocator_token", &allocator_token.as_ref().map(|_| "***"))
+            .field("allocator_ca_file", allocator_ca_file)
+            .field("allocator_client_cert", allocator_client_cert)
+            .field("allocator_client_key", allocator_client_key)
+            .field("ingest_url", &redact(ingest_url))
+            .field("tracker_url", &redact(tracker_url))
+            .field("allocator_http_url", &redact(allocator_http_url))
+            .field("scaler_url", &redact(scaler_url))
+            .field("timeout", timeout)
+            .field("json", json)
+            .finish()
+    }
 }
 
 impl Global {
@@ -508,6 +548,47 @@ pub fn redact(url: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn debug_shows_no_secret() {
+        use clap::Parser as _;
+        let secret = "a1f0c9d27be84e53a1f0c9d27be84e53";
+        let nats = format!("nats://cli:{secret}@nats:4222");
+        let db = format!("postgres://runyard:{secret}@db:5432/runyard");
+        let cli = Cli::try_parse_from([
+            "runyard",
+            "--nats-url",
+            &nats,
+            "--database-url",
+            &db,
+            "--allocator-token",
+            secret,
+            "replay",
+            "deliveries",
+            "--github-secret",
+            secret,
+            "--gitlab-token",
+            secret,
+            "--usage-token",
+            secret,
+        ])
+        .unwrap();
+        let Command::Replay(args) = &cli.command else {
+            panic!("{:?}", cli.command)
+        };
+        assert_eq!(args.usage_token.as_deref(), Some(secret));
+        for shown in [
+            format!("{cli:?}"),
+            format!("{args:?}"),
+            format!("{:?}", cli.global),
+        ] {
+            assert!(!shown.contains(secret), "{shown}");
+        }
+        let shown = format!("{cli:?}");
+        assert!(shown.contains("nats://cli:***@nats:4222"), "{shown}");
+        assert!(shown.contains("usage_token: Some(\"***\")"), "{shown}");
+        assert!(shown.contains("deliveries"), "{shown}");
+    }
 
     #[test]
     fn redact_hides_passwords_and_tokens_in_urls() {

@@ -28,7 +28,7 @@ use sha2::{Digest as _, Sha256};
 use crate::{EXIT_FAILED, EXIT_OK, Failure, Global, out, out_json, progress, redact, table};
 
 /// `runyard replay`.
-#[derive(Args, Debug, Clone)]
+#[derive(Args, Clone)]
 pub struct ReplayArgs {
     /// The directory of deliveries (`*.json`, sent in name order).
     pub dir: PathBuf,
@@ -46,6 +46,27 @@ pub struct ReplayArgs {
     /// from the payload.
     #[arg(long)]
     pub gitlab_instance: Option<String>,
+}
+
+/// The secrets as `***` (whether each is given shows, never its value).
+impl std::fmt::Debug for ReplayArgs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Self {
+            dir,
+            github_secret,
+            gitlab_token,
+            usage_token,
+            gitlab_instance,
+        } = self;
+        let hidden = |s: &Option<String>| s.as_ref().map(|_| "***");
+        f.debug_struct("ReplayArgs")
+            .field("dir", dir)
+            .field("github_secret", &hidden(github_secret))
+            .field("gitlab_token", &hidden(gitlab_token))
+            .field("usage_token", &hidden(usage_token))
+            .field("gitlab_instance", gitlab_instance)
+            .finish()
+    }
 }
 
 /// What a file is.

@@ -24,6 +24,14 @@
 //! Once an instance reports `idle` or `failed` its secrets are removed, so
 //! its token opens nothing any more (garm refuses instances past
 //! installing the same way).
+//!
+//! A token is bound to the create attempt it was minted for: it carries
+//! the nonce stored with that attempt's secrets. When an attempt fails and
+//! the next one (same instance name) stores its own secrets, a leftover
+//! instance of the failed attempt gets 403 with `{"error":"Not
+//! Authorized","details":` [`STALE_ATTEMPT`] `}` on every route: it can
+//! neither fetch the new attempt's JIT files nor report `failed` or `idle`
+//! for it.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -47,6 +55,9 @@ use crate::engine::{Pool, Shared};
 
 /// Largest request body taken (callbacks are a few hundred bytes).
 const BODY_LIMIT: usize = 64 * 1024;
+
+/// The `details` of the 403 a token of another create attempt gets.
+pub const STALE_ATTEMPT: &str = "the instance token is of another create attempt of this instance; this attempt's instance has its own";
 
 /// Longest instance-reported error carried into an event.
 const ERROR_CHARS: usize = 500;
@@ -176,6 +187,18 @@ impl FromRequestParts<Api> for Caller {
         if secrets.name != claims.sub || secrets.pool != claims.pool {
             tracing::debug!(%path, instance = %claims.sub, "metadata API: token and secrets disagree");
             return Err(unauthorized());
+        }
+        if secrets.nonce != claims.nonce {
+            // A valid token of this instance name, minted for another
+            // create attempt: a leftover of a failed one. Said plainly
+            // (the holder knows whose token it has), and nothing is read
+            // or recorded for the current attempt.
+            tracing::info!(%path, instance = %claims.sub, attempt = claims.attempt, "metadata API: a token of another create attempt of the instance refused");
+            return Err(error(
+                StatusCode::FORBIDDEN,
+                "Not Authorized",
+                STALE_ATTEMPT,
+            ));
         }
         Ok(Self {
             claims,

@@ -80,6 +80,12 @@ pub struct Claims {
     /// minter did not say): a failure it reports is that attempt's.
     #[serde(default)]
     pub attempt: u32,
+    /// The create attempt's nonce ([`InstanceSecrets::nonce`]): the token
+    /// opens only the secrets stored for that attempt, so a leftover
+    /// instance of a failed attempt (same name) cannot read or report for
+    /// the next one.
+    #[serde(default)]
+    pub nonce: String,
 }
 
 /// The audience of instance tokens (a token of another kind never passes).
@@ -119,20 +125,34 @@ impl InstanceTokens {
         }
     }
 
-    /// A token for `instance` of `pool`, valid for `ttl` (the attempt left
-    /// unsaid: prefer [`InstanceTokens::mint_for_attempt`]).
+    /// A token for `instance` of `pool`, valid for `ttl`, bound to no
+    /// create attempt (attempt 0, no nonce): it opens only secrets stored
+    /// without a nonce, which the engine never stores. The engine mints
+    /// with [`InstanceTokens::mint_for`].
     pub fn mint(&self, instance: &str, pool: &str, ttl: Duration) -> Result<String, TokenError> {
-        self.mint_for_attempt(instance, pool, 0, ttl)
+        self.sign(instance, pool, 0, "", ttl)
     }
 
-    /// A token for create attempt `attempt` (1-based) of `instance` of
-    /// `pool`, valid for `ttl`. A `failed` status the instance reports with
-    /// it becomes `RunnerFailed` of that attempt.
-    pub fn mint_for_attempt(
+    /// A token for create attempt `attempt` (1-based) of the instance whose
+    /// secrets are `secrets`, valid for `ttl`: it carries their name, pool
+    /// and nonce, so it opens these secrets and no later attempt's. A
+    /// `failed` status the instance reports with it becomes `RunnerFailed`
+    /// of that attempt.
+    pub fn mint_for(
+        &self,
+        secrets: &InstanceSecrets,
+        attempt: u32,
+        ttl: Duration,
+    ) -> Result<String, TokenError> {
+        self.sign(&secrets.name, &secrets.pool, attempt, &secrets.nonce, ttl)
+    }
+
+    fn sign(
         &self,
         instance: &str,
         pool: &str,
         attempt: u32,
+        nonce: &str,
         ttl: Duration,
     ) -> Result<String, TokenError> {
         let iat = now_secs();
@@ -143,6 +163,7 @@ impl InstanceTokens {
             iat,
             aud: AUDIENCE.to_owned(),
             attempt,
+            nonce: nonce.to_owned(),
         };
         jsonwebtoken::encode(&Header::new(Algorithm::HS256), &claims, &self.encoding)
             .map_err(|e| TokenError(e.to_string()))
@@ -160,8 +181,9 @@ impl InstanceTokens {
     }
 }
 
-/// What an instance may fetch from the metadata API.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// What an instance may fetch from the metadata API. Its `Debug` shows
+/// the JIT configuration as `***`.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InstanceSecrets {
     /// Instance name.
     pub name: String,
@@ -179,6 +201,44 @@ pub struct InstanceSecrets {
     pub labels: Vec<String>,
     /// GitHub runner group.
     pub runner_group: String,
+    /// The create attempt's nonce ([`InstanceSecrets::new_nonce`]), which
+    /// its instance token carries: secrets stored for a later attempt of
+    /// the same instance name have another, and refuse the earlier token.
+    /// Empty in secrets stored before tokens carried one.
+    #[serde(default)]
+    pub nonce: String,
+}
+
+impl std::fmt::Debug for InstanceSecrets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Self {
+            name,
+            pool,
+            forge,
+            jit_config: _,
+            repo_url,
+            labels,
+            runner_group,
+            nonce: _,
+        } = self;
+        f.debug_struct("InstanceSecrets")
+            .field("name", name)
+            .field("pool", pool)
+            .field("forge", forge)
+            .field("jit_config", &"***")
+            .field("repo_url", repo_url)
+            .field("labels", labels)
+            .field("runner_group", runner_group)
+            .field("nonce", &"***")
+            .finish()
+    }
+}
+
+impl InstanceSecrets {
+    /// A fresh nonce for a create attempt (128 random bits, hex).
+    pub fn new_nonce() -> String {
+        format!("{:032x}", rand::random::<u128>())
+    }
 }
 
 /// Errors of the secret store.
@@ -289,6 +349,27 @@ impl Metadata {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn debug_shows_no_secret() {
+        let secret = "glrt-a1f0c9d27be84e53a1f0c9d27be84e53";
+        let secrets = InstanceSecrets {
+            name: "ry-linux-0123456789".into(),
+            pool: "linux".into(),
+            forge: "gitlab".into(),
+            jit_config: secret.into(),
+            repo_url: "https://gitlab.example.com".into(),
+            labels: vec!["docker".into()],
+            runner_group: String::new(),
+            nonce: InstanceSecrets::new_nonce(),
+        };
+        let shown = format!("{secrets:?}");
+        assert!(!shown.contains(secret), "{shown}");
+        assert!(!shown.contains(&secrets.nonce), "{shown}");
+        assert!(shown.contains("ry-linux-0123456789"), "{shown}");
+        let tokens = InstanceTokens::new(&SecretString::from(secret.to_owned()));
+        assert!(!format!("{tokens:?}").contains(secret));
+    }
 
     #[test]
     fn a_token_names_its_instance_and_expires() {

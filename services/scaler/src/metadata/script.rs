@@ -342,6 +342,7 @@ mod tests {
             repo_url: repo_url.into(),
             labels: vec!["self-hosted".into(), "it's".into()],
             runner_group: String::new(),
+            nonce: String::new(),
         }
     }
 

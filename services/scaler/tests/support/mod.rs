@@ -79,6 +79,8 @@ pub struct Scaler {
     task: JoinHandle<anyhow::Result<()>>,
     /// Its HTTP address.
     pub addr: SocketAddr,
+    /// Its instance metadata API's address, when it serves one.
+    pub metadata: Option<SocketAddr>,
 }
 
 impl Scaler {
@@ -213,6 +215,7 @@ command = ["/bin/sleep", "3600"]
         let file = ScalerFile::parse(&self.file).expect("valid scaler file");
         let app = App::build(config, Some(file)).await.expect("scaler builds");
         let addr = app.local_addr();
+        let metadata = app.metadata_addr();
         let (tx, rx) = oneshot::channel::<()>();
         let task = tokio::spawn(app.run(async move {
             let _ = rx.await;
@@ -221,6 +224,7 @@ command = ["/bin/sleep", "3600"]
             stop: Some(tx),
             task,
             addr,
+            metadata,
         }
     }
 
