@@ -11,7 +11,7 @@ use secrecy::{ExposeSecret as _, SecretString};
 use serde::{Deserialize, Serialize};
 
 /// Everything `runyard-ingest` can be told.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
     /// `RUNYARD_NATS_URL`.
@@ -108,6 +108,80 @@ pub struct Config {
     /// them); from the environment only, never the TOML file.
     #[serde(skip)]
     pub insecure_dev: bool,
+}
+
+/// Every field, the NATS URL with its credentials redacted
+/// ([`runyard_bus::redact_url`]) and secrets as `SecretString` shows them:
+/// a logged or printed configuration shows no password or token.
+impl std::fmt::Debug for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Destructured, so a new field cannot be left out unseen.
+        let Self {
+            nats_url,
+            namespace,
+            ingest_listen,
+            github_webhook_secret,
+            github_webhook_secret_file,
+            gitlab_webhook_token,
+            gitlab_webhook_token_file,
+            usage_token,
+            usage_token_file,
+            usage_oidc,
+            usage_oidc_refetch,
+            usage_oidc_projects,
+            usage_oidc_rate,
+            github_instances,
+            ingest_max_body,
+            ingest_max_in_flight,
+            ingest_max_in_flight_bytes,
+            ingest_max_unverified_per_peer,
+            ingest_body_timeout,
+            ingest_ack_timeout,
+            events_max_age,
+            raw_max_age,
+            events_max_bytes,
+            raw_max_bytes,
+            stream_replicas,
+            ingest_tls_cert,
+            ingest_tls_key,
+            ingest_tls_client_ca,
+            insecure_dev,
+        } = self;
+        f.debug_struct("Config")
+            .field("nats_url", &runyard_bus::redact_url(nats_url))
+            .field("namespace", namespace)
+            .field("ingest_listen", ingest_listen)
+            .field("github_webhook_secret", github_webhook_secret)
+            .field("github_webhook_secret_file", github_webhook_secret_file)
+            .field("gitlab_webhook_token", gitlab_webhook_token)
+            .field("gitlab_webhook_token_file", gitlab_webhook_token_file)
+            .field("usage_token", usage_token)
+            .field("usage_token_file", usage_token_file)
+            .field("usage_oidc", usage_oidc)
+            .field("usage_oidc_refetch", usage_oidc_refetch)
+            .field("usage_oidc_projects", usage_oidc_projects)
+            .field("usage_oidc_rate", usage_oidc_rate)
+            .field("github_instances", github_instances)
+            .field("ingest_max_body", ingest_max_body)
+            .field("ingest_max_in_flight", ingest_max_in_flight)
+            .field("ingest_max_in_flight_bytes", ingest_max_in_flight_bytes)
+            .field(
+                "ingest_max_unverified_per_peer",
+                ingest_max_unverified_per_peer,
+            )
+            .field("ingest_body_timeout", ingest_body_timeout)
+            .field("ingest_ack_timeout", ingest_ack_timeout)
+            .field("events_max_age", events_max_age)
+            .field("raw_max_age", raw_max_age)
+            .field("events_max_bytes", events_max_bytes)
+            .field("raw_max_bytes", raw_max_bytes)
+            .field("stream_replicas", stream_replicas)
+            .field("ingest_tls_cert", ingest_tls_cert)
+            .field("ingest_tls_key", ingest_tls_key)
+            .field("ingest_tls_client_ca", ingest_tls_client_ca)
+            .field("insecure_dev", insecure_dev)
+            .finish()
+    }
 }
 
 impl Default for Config {
@@ -255,6 +329,22 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn debug_shows_no_secret() {
+        let secret = "a1f0c9d27be84e53a1f0c9d27be84e53";
+        let config = Config {
+            nats_url: format!("nats://ingest:{secret}@nats:4222"),
+            github_webhook_secret: Some(format!("gh{secret}").into()),
+            gitlab_webhook_token: Some(format!("gl{secret}").into()),
+            usage_token: Some(format!("us{secret}").into()),
+            ..Config::default()
+        };
+        let shown = format!("{config:?}");
+        assert!(!shown.contains(secret), "{shown}");
+        assert!(shown.contains("nats://ingest:***@nats:4222"), "{shown}");
+        assert!(shown.contains("ingest_max_in_flight: 512"), "{shown}");
+    }
 
     #[test]
     fn defaults_match_the_contract() {
