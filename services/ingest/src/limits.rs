@@ -8,6 +8,10 @@
 //! 400 points at the offending input. The caps are documented in
 //! docs/architecture.md, "Ingest HTTP API".
 
+/// Bytes of any other string kept (names, refs, labels, workload values),
+/// and workload attributes in one usage report: the caps every service
+/// holds events to.
+pub use runyard_events::limits::{MAX_TEXT_BYTES, MAX_WORKLOAD_ATTRIBUTES};
 use runyard_events::{Body, Event, JobObserved, PipelineObserved, UsageReported};
 
 /// Largest id, byte count or millicore figure accepted: what a Postgres
@@ -19,14 +23,10 @@ pub const MAX_ATTEMPT: u32 = i32::MAX as u32;
 pub const MAX_LABELS: usize = 64;
 /// Builds in one GitLab Pipeline Hook.
 pub const MAX_BUILDS: usize = 1000;
-/// Workload attributes in one usage report.
-pub const MAX_WORKLOAD_ATTRIBUTES: usize = 64;
 /// Bytes of a delivery id (`X-GitHub-Delivery`, `Idempotency-Key`,
 /// `X-Gitlab-Event-UUID`) or hook id; delivery ids are also limited to
 /// [`delivery_id_char`]s, since they become part of `Nats-Msg-Id`.
 pub const MAX_DELIVERY_ID_BYTES: usize = 128;
-/// Bytes of any other string kept: names, refs, labels, workload values.
-pub const MAX_TEXT_BYTES: usize = 1024;
 /// Bytes of a URL kept (`html_url`, `web_url`).
 pub const MAX_URL_BYTES: usize = 2048;
 
