@@ -102,11 +102,15 @@ impl Listener {
     }
 
     /// The connections as a stream, for tonic's
-    /// `Server::serve_with_incoming*`.
-    pub fn incoming(self) -> impl futures::Stream<Item = io::Result<Stream>> + Send + 'static {
+    /// `Server::serve_with_incoming*`; each must send its first bytes (the
+    /// HTTP/2 preface) within [`crate::HEAD_TIMEOUT`], so silent
+    /// connections cannot pile up.
+    pub fn incoming(
+        self,
+    ) -> impl futures::Stream<Item = io::Result<crate::FirstBytes<Stream>>> + Send + 'static {
         futures::stream::unfold(self, |mut l| async move {
             let (stream, _) = l.next().await;
-            Some((Ok(stream), l))
+            Some((Ok(crate::FirstBytes::new(stream, crate::HEAD_TIMEOUT)), l))
         })
     }
 }

@@ -58,10 +58,7 @@ pub async fn serve(
                 request.map(axum::body::Body::new)
             },
         );
-        let stream = FirstBytes {
-            inner: stream,
-            deadline: Some(Box::pin(tokio::time::sleep(head_timeout))),
-        };
+        let stream = FirstBytes::new(stream, head_timeout);
         let connection = builder
             .serve_connection(TokioIo::new(stream), TowerToHyperService::new(service))
             .into_owned();
@@ -77,12 +74,34 @@ pub async fn serve(
 }
 
 /// A connection whose first bytes must come within a deadline: before a
-/// request head can be timed, the server reads them to tell HTTP/1 from
-/// HTTP/2, and that read has no bound of its own.
-struct FirstBytes<S> {
+/// request head can be timed, an HTTP server reads them to tell HTTP/1
+/// from HTTP/2 (or waits for the HTTP/2 preface), and that read has no
+/// bound of its own. A read still waiting at the deadline fails with
+/// `TimedOut`, which ends the connection.
+#[derive(Debug)]
+pub struct FirstBytes<S> {
     inner: S,
     /// Until the first bytes arrive.
     deadline: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl<S> FirstBytes<S> {
+    /// `inner`, whose first bytes must come within `limit` from now.
+    pub fn new(inner: S, limit: Duration) -> Self {
+        Self {
+            inner,
+            deadline: Some(Box::pin(tokio::time::sleep(limit))),
+        }
+    }
+}
+
+/// The peer of the connection, for tonic.
+impl tonic::transport::server::Connected for FirstBytes<crate::Stream> {
+    type ConnectInfo = Option<Peer>;
+
+    fn connect_info(&self) -> Option<Peer> {
+        self.inner.connect_info()
+    }
 }
 
 impl<S: AsyncRead + Unpin> AsyncRead for FirstBytes<S> {

@@ -650,6 +650,9 @@ impl App {
         let grpc_stop = stop.clone();
         let grpc = tokio::spawn(
             tonic::transport::Server::builder()
+                // A connection that stops answering pings is closed.
+                .http2_keepalive_interval(Some(runyard_tls::HEAD_TIMEOUT))
+                .http2_keepalive_timeout(Some(runyard_tls::HEAD_TIMEOUT))
                 .add_service(health_service)
                 .add_service(reflection_v1)
                 .add_service(reflection_v1alpha)

@@ -442,3 +442,25 @@ async fn anonymous_clients_are_limited_per_peer_address() {
     assert_eq!(limited as usize + published, 33, "each answer counted once");
     running.stop().await;
 }
+
+#[tokio::test]
+async fn silent_connections_to_either_port_are_closed() {
+    use tokio::io::AsyncReadExt as _;
+    let running = start(Tokens::default(), false).await;
+    let http = running.http.trim_start_matches("http://").to_owned();
+    // Neither the HTTP/2 preface on the gRPC port nor a request head on the
+    // HTTP port: both connections are closed after runyard_tls's head
+    // timeout, and the ports still answer.
+    let mut grpc = tokio::net::TcpStream::connect(running.grpc).await.unwrap();
+    let mut web = tokio::net::TcpStream::connect(&http).await.unwrap();
+    let limit = runyard_tls::HEAD_TIMEOUT + Duration::from_secs(5);
+    for (port, conn) in [("grpc", &mut grpc), ("http", &mut web)] {
+        let mut rest = Vec::new();
+        let closed = tokio::time::timeout(limit, conn.read_to_end(&mut rest)).await;
+        assert!(closed.is_ok(), "{port}: still open after {limit:?}");
+    }
+    let mut client = running.client().await;
+    let answer = client.recommend(request(None)).await;
+    assert!(answer.is_ok(), "{answer:?}");
+    running.stop().await;
+}
