@@ -347,16 +347,73 @@ pub fn retry_target(body: &Body) -> Option<&RetryTarget> {
     }
 }
 
-/// `RetryRefused.reason` values (ARCHITECTURE.md, "The event log").
-pub const RETRY_REFUSAL_REASONS: [&str; 7] = [
-    "limit_reached",
-    "not_oom",
-    "no_usage_report",
-    "rerun_window_expired",
-    "max_attempts",
-    "forge_rejected",
-    "strategy_off",
-];
+/// Why an OOM retry was refused: `RetryRefused.reason` (ARCHITECTURE.md,
+/// "The event log").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RetryRefusal {
+    /// The workload's streak or the job's retry lineage holds `max_retries`.
+    LimitReached,
+    /// The job failed for another reason than an OOM kill.
+    NotOom,
+    /// No usage report arrived to tell.
+    NoUsageReport,
+    /// GitHub no longer re-runs a run this old.
+    RerunWindowExpired,
+    /// GitHub's limit of attempts per run is reached.
+    MaxAttempts,
+    /// The forge refused the retry.
+    ForgeRejected,
+    /// Retries are off for the project.
+    StrategyOff,
+}
+
+impl RetryRefusal {
+    /// Every reason, in the contract's order.
+    pub const ALL: [RetryRefusal; 7] = [
+        RetryRefusal::LimitReached,
+        RetryRefusal::NotOom,
+        RetryRefusal::NoUsageReport,
+        RetryRefusal::RerunWindowExpired,
+        RetryRefusal::MaxAttempts,
+        RetryRefusal::ForgeRejected,
+        RetryRefusal::StrategyOff,
+    ];
+
+    /// The contract's string.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            RetryRefusal::LimitReached => "limit_reached",
+            RetryRefusal::NotOom => "not_oom",
+            RetryRefusal::NoUsageReport => "no_usage_report",
+            RetryRefusal::RerunWindowExpired => "rerun_window_expired",
+            RetryRefusal::MaxAttempts => "max_attempts",
+            RetryRefusal::ForgeRejected => "forge_rejected",
+            RetryRefusal::StrategyOff => "strategy_off",
+        }
+    }
+
+    /// The reason a `RetryRefused.reason` string names, if it is one.
+    pub fn parse(reason: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|r| r.as_str() == reason)
+    }
+}
+
+impl std::fmt::Display for RetryRefusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// `RetryRefused.reason` values, as strings.
+pub const RETRY_REFUSAL_REASONS: [&str; 7] = {
+    let mut names = [""; 7];
+    let mut i = 0;
+    while i < 7 {
+        names[i] = RetryRefusal::ALL[i].as_str();
+        i += 1;
+    }
+    names
+};
 
 /// Share of the limit a peak must reach for exit code 137 to count as an OOM
 /// kill when the report has no cgroup data.
@@ -599,6 +656,26 @@ pub fn from_timestamp(t: &prost_types::Timestamp) -> Option<time::OffsetDateTime
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn retry_refusal_reasons_are_the_contract_s_strings() {
+        assert_eq!(
+            RETRY_REFUSAL_REASONS,
+            [
+                "limit_reached",
+                "not_oom",
+                "no_usage_report",
+                "rerun_window_expired",
+                "max_attempts",
+                "forge_rejected",
+                "strategy_off",
+            ]
+        );
+        for reason in RetryRefusal::ALL {
+            assert_eq!(RetryRefusal::parse(reason.as_str()), Some(reason));
+        }
+        assert_eq!(RetryRefusal::parse("forge rejected"), None);
+    }
 
     #[test]
     fn subjects_and_streams_follow_the_contract() {

@@ -26,8 +26,8 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
 use runyard_events::{
-    Body, Conclusion, Event, Forge, JobKey, JobObserved, JobStatus, RetryJob, RetryTarget,
-    UsageReported, forge_token, ids, oom_killed,
+    Body, Conclusion, Event, Forge, JobKey, JobObserved, JobStatus, RetryJob, RetryRefusal,
+    RetryTarget, UsageReported, forge_token, ids, oom_killed,
 };
 use runyard_store::workload;
 use time::OffsetDateTime;
@@ -158,8 +158,8 @@ pub enum Plan {
         id: String,
         /// Target.
         target: RetryTarget,
-        /// Reason (one of `RETRY_REFUSAL_REASONS`).
-        reason: &'static str,
+        /// Reason.
+        reason: RetryRefusal,
         /// Plain words.
         detail: String,
         /// The job attempts concerned.
@@ -261,8 +261,8 @@ pub enum RunDecision {
         id: String,
         /// Target.
         target: RetryTarget,
-        /// `rerun_window_expired` | `max_attempts`.
-        reason: &'static str,
+        /// `RerunWindowExpired` | `MaxAttempts`.
+        reason: RetryRefusal,
         /// Plain words.
         detail: String,
         /// The OOM-killed jobs concerned.
@@ -644,7 +644,7 @@ impl Book {
             }
             let (forge, instance, _) = &job.job;
             let class = self.classify(job, settings.wait_for_report, now);
-            let refuse = |reason: &'static str, detail: String, report: Option<&Report>| {
+            let refuse = |reason: RetryRefusal, detail: String, report: Option<&Report>| {
                 let target = job_target(job);
                 Plan::Refuse {
                     id: ids::retry(*forge, instance, &target.unit, "refused"),
@@ -656,9 +656,9 @@ impl Book {
             };
             match class {
                 Class::Cancelled | Class::Waiting => {}
-                Class::NotOom(detail) => plans.push(refuse("not_oom", detail, None)),
+                Class::NotOom(detail) => plans.push(refuse(RetryRefusal::NotOom, detail, None)),
                 Class::NoReport => plans.push(refuse(
-                    "no_usage_report",
+                    RetryRefusal::NoUsageReport,
                     format!(
                         "no usage report arrived within {}",
                         humantime_serde::re::humantime::format_duration(settings.wait_for_report)
@@ -667,7 +667,7 @@ impl Book {
                 )),
                 Class::Oom(report) if report.streak > settings.max_retries => {
                     plans.push(refuse(
-                        "limit_reached",
+                        RetryRefusal::LimitReached,
                         format!(
                             "OOM kill {} in a row of workload {}; at most {} are retried",
                             report.streak, report.workload_key, settings.max_retries
@@ -677,7 +677,7 @@ impl Book {
                 }
                 Class::Oom(report) if self.lineage(job) >= settings.max_retries => {
                     plans.push(refuse(
-                        "limit_reached",
+                        RetryRefusal::LimitReached,
                         format!(
                             "{} retries already issued for job {:?} of {} (its retry lineage); \
                              at most {} are, whatever its usage reports say",
@@ -693,7 +693,7 @@ impl Book {
                     let strategy = settings.strategy(*forge, job.project_id, &job.project);
                     match (forge, strategy) {
                         (_, Strategy::Off) => plans.push(refuse(
-                            "strategy_off",
+                            RetryRefusal::StrategyOff,
                             format!("retries are off for {}", job.project),
                             Some(&report),
                         )),
@@ -873,7 +873,7 @@ impl Book {
                     run.attempt
                 ),
                 target,
-                reason: "max_attempts",
+                reason: RetryRefusal::MaxAttempts,
                 jobs: all,
             };
         }
@@ -886,7 +886,7 @@ impl Book {
                     "run {run_id} was created {created}; GitHub re-runs runs of the last 30 days only"
                 ),
                 target,
-                reason: "rerun_window_expired",
+                reason: RetryRefusal::RerunWindowExpired,
                 jobs: all,
             };
         }

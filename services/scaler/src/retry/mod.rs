@@ -234,7 +234,7 @@ impl Retrier {
                 } => {
                     let refused = RetryRefused {
                         target: Some(target),
-                        reason: reason.into(),
+                        reason: reason.as_str().into(),
                         detail,
                         jobs,
                         forge_status: None,
@@ -343,7 +343,7 @@ impl Retrier {
             } => {
                 let refused = RetryRefused {
                     target: Some(target),
-                    reason: reason.into(),
+                    reason: reason.as_str().into(),
                     detail,
                     jobs,
                     forge_status: None,
@@ -482,7 +482,7 @@ impl Retrier {
             Asked::Rejected(error) => {
                 let refused = RetryRefused {
                     target: Some(target.clone()),
-                    reason: "forge_rejected".into(),
+                    reason: runyard_events::RetryRefusal::ForgeRejected.as_str().into(),
                     detail: error.to_string(),
                     jobs: r.jobs.clone(),
                     forge_status: error.status().map(u32::from),
@@ -543,11 +543,9 @@ impl Retrier {
             return;
         }
         let forge = target.forge();
-        let reason = runyard_events::RETRY_REFUSAL_REASONS
-            .iter()
-            .find(|r| **r == refused.reason)
-            .copied()
-            .unwrap_or("forge_rejected");
+        let reason = runyard_events::RetryRefusal::parse(&refused.reason)
+            .unwrap_or(runyard_events::RetryRefusal::ForgeRejected)
+            .as_str();
         tracing::info!(unit = %target.unit, reason, detail = %refused.detail, "OOM retry refused");
         if self
             .publish(id, forge, &target.instance, Body::RetryRefused(refused))

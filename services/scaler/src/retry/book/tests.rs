@@ -104,7 +104,7 @@ fn reasons(plans: &[Plan]) -> Vec<&'static str> {
     plans
         .iter()
         .filter_map(|p| match p {
-            Plan::Refuse { reason, .. } => Some(*reason),
+            Plan::Refuse { reason, .. } => Some(reason.as_str()),
             _ => None,
         })
         .collect()
@@ -472,7 +472,7 @@ fn github_limits_are_refusals() {
         matches!(
             d,
             RunDecision::Refuse {
-                reason: "max_attempts",
+                reason: RetryRefusal::MaxAttempts,
                 ..
             }
         ),
@@ -485,7 +485,7 @@ fn github_limits_are_refusals() {
         matches!(
             d,
             RunDecision::Refuse {
-                reason: "rerun_window_expired",
+                reason: RetryRefusal::RerunWindowExpired,
                 ..
             }
         ),
@@ -584,7 +584,7 @@ fn refused(plan: &Plan) -> Event {
         target.forge(),
         Body::RetryRefused(runyard_events::RetryRefused {
             target: Some(target.clone()),
-            reason: (*reason).into(),
+            reason: reason.as_str().into(),
             detail: detail.clone(),
             jobs: jobs.clone(),
             ..Default::default()
