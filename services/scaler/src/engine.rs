@@ -823,7 +823,7 @@ impl Engine {
                             });
                             record(&shared, &p, name, body).await
                         }
-                        Err(()) => Outcome::Done {
+                        Err(RemoveFailed::Forge | RemoveFailed::Instance) => Outcome::Done {
                             name,
                             events: Vec::new(),
                             local: None,
@@ -855,7 +855,7 @@ impl Engine {
                             events: Vec::new(),
                             local: Some(Local::Busy(jobs)),
                         },
-                        Err(()) => Outcome::Done {
+                        Err(RemoveFailed::Forge | RemoveFailed::Instance) => Outcome::Done {
                             name,
                             events: Vec::new(),
                             local: None,
@@ -1680,7 +1680,7 @@ async fn stopped_instance(
             events: Vec::new(),
             local: Some(Local::Busy(jobs)),
         },
-        Err(()) => Outcome::Done {
+        Err(RemoveFailed::Forge | RemoveFailed::Instance) => Outcome::Done {
             name,
             events: Vec::new(),
             local: None,
@@ -2072,16 +2072,26 @@ fn repo_url(p: &Pool) -> String {
     }
 }
 
+/// Which step of a removal failed; the error itself is logged where it
+/// happened, and the next sync cycle tries again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RemoveFailed {
+    /// Unregistering the forge's runner.
+    Forge,
+    /// Deleting the provider's instance.
+    Instance,
+}
+
 /// Removes a runner: from the forge first (so it takes no job), then its
 /// instance. `Busy` (nothing removed) when the forge says it runs a job.
-async fn remove(shared: &Shared, p: &Pool, r: &Runner) -> Result<Unregistered, ()> {
+async fn remove(shared: &Shared, p: &Pool, r: &Runner) -> Result<Unregistered, RemoveFailed> {
     if let Some(id) = r.forge_runner_id {
         match shared.forges.unregister(&p.config, id).await {
             Ok(Unregistered::Busy(jobs)) => return Ok(Unregistered::Busy(jobs)),
             Ok(Unregistered::Gone) => {}
             Err(error) => {
                 tracing::warn!(%error, runner = %r.name, "removing the forge runner failed");
-                return Err(());
+                return Err(RemoveFailed::Forge);
             }
         }
     }
@@ -2098,7 +2108,7 @@ async fn remove(shared: &Shared, p: &Pool, r: &Runner) -> Result<Unregistered, (
         }
         Err(error) => {
             tracing::warn!(%error, runner = %r.name, "deleting the instance failed");
-            Err(())
+            Err(RemoveFailed::Instance)
         }
     }
 }
@@ -2143,6 +2153,6 @@ async fn confirm_idle(
             record(&shared, &p, name, body).await
         }
         Ok(Unregistered::Busy(jobs)) => done(Some(Local::Busy(jobs))),
-        Err(()) => done(None),
+        Err(RemoveFailed::Forge | RemoveFailed::Instance) => done(None),
     }
 }
