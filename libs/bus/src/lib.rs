@@ -40,6 +40,10 @@ pub enum BusError {
     /// The message is larger than the server accepts.
     #[error("message of {0} bytes exceeds the server's max_payload")]
     TooLarge(usize),
+    /// The stream is at its size bound (`max_bytes` with discard `new`): the
+    /// message was refused and nothing stored was dropped; retry later.
+    #[error("publishing: the stream is full (maximum bytes exceeded)")]
+    StreamFull,
     /// Any other failure of a publish or stream operation.
     #[error("{context}: {source}")]
     Nats {
@@ -838,8 +842,23 @@ fn classify_publish(
         K::TimedOut => BusError::AckTimeout(timeout),
         K::MaxPayloadExceeded => BusError::TooLarge(size),
         K::BrokenPipe => BusError::Disconnected,
+        K::Other if stream_full(&e) => BusError::StreamFull,
         _ => nats_err("publishing", e),
     }
+}
+
+/// Whether JetStream refused a message because its stream is at
+/// `max_bytes`: a store failure (10077) whose description says so — the
+/// server gives that refusal no code of its own, and the client keeps the
+/// description private, so its text is the only witness. Read here once,
+/// so callers match [`BusError::StreamFull`].
+fn stream_full(e: &jetstream::context::PublishError) -> bool {
+    std::error::Error::source(e)
+        .and_then(|s| s.downcast_ref::<jetstream::Error>())
+        .is_some_and(|api| {
+            api.error_code() == jetstream::ErrorCode::STREAM_STORE_FAILED
+                && api.to_string().contains("maximum bytes exceeded")
+        })
 }
 
 fn nats_err(context: &'static str, e: impl Into<async_nats::Error>) -> BusError {

@@ -618,8 +618,8 @@ async fn publish(
             Err(error) => {
                 // The event log at its size bound refuses new messages
                 // rather than dropping stored ones.
-                let full = error.to_string().contains("maximum bytes exceeded");
-                if matches!(error, BusError::Nats { .. }) && !full {
+                let full = matches!(error, BusError::StreamFull);
+                if matches!(error, BusError::Nats { .. }) {
                     // Possibly a missing stream: let the keeper check again.
                     state.streams_ready.store(false, Ordering::SeqCst);
                 }
