@@ -2,10 +2,21 @@
 # The test command (README.md): installs what the tests need (a current
 # nats-server; a running Postgres, a private one when none answers), starts a throwaway nats-server with
 # JetStream, runs every test (each in its own namespace / database), and
-# tears everything down.
+# tears everything down. A run of the whole workspace first fails on a
+# declared dependency no crate uses (scripts/check-deps.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib.sh
+
+# The whole workspace, unless the arguments name packages (-p/--package).
+scope=(--workspace)
+for a in "$@"; do
+  case "$a" in -p | --package | -p* | --package=*) scope=() ;; esac
+done
+if [[ ${#scope[@]} -gt 0 ]]; then
+  log "checking for unused dependencies"
+  bash scripts/check-deps.sh
+fi
 
 export RUNYARD_TEST_DATABASE_URL="${RUNYARD_TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}"
 # No server there: a private one under .runyard/postgres/test, stopped at
@@ -47,11 +58,6 @@ export RUNYARD_TEST_NATS_URL="nats://127.0.0.1:${port}"
 export RUNYARD_TEST_NATS_SERVER="$(nats_server_bin)"
 log "nats-server $("$RUNYARD_TEST_NATS_SERVER" --version) on ${RUNYARD_TEST_NATS_URL}"
 
-# The whole workspace, unless the arguments name packages (-p/--package).
-scope=(--workspace)
-for a in "$@"; do
-  case "$a" in -p | --package | -p* | --package=*) scope=() ;; esac
-done
 if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run "${scope[@]}" --no-fail-fast "$@"
 else

@@ -1009,8 +1009,6 @@ struct Breakdown {
     /// Steps ingest performs; names starting with a space are parts of the
     /// step above.
     steps: Vec<(&'static str, Duration)>,
-    /// Cheaper ways to do a step, for comparison.
-    alternatives: Vec<(&'static str, Duration)>,
 }
 
 impl Breakdown {
@@ -1022,7 +1020,6 @@ impl Breakdown {
         let event = normalize_sample(template)?;
         let tp = runyard_bus::TraceParent::new_root();
         let mut steps = Vec::new();
-        let mut alternatives = Vec::new();
 
         let t = Instant::now();
         for _ in 0..iters {
@@ -1044,26 +1041,6 @@ impl Breakdown {
         }
         steps.push((
             "normalize_github: JSON parse + JobObserved",
-            t.elapsed() / iters,
-        ));
-
-        let t = Instant::now();
-        for _ in 0..iters {
-            let value: serde_json::Value = serde_json::from_slice(black_box(&body))?;
-            black_box(value);
-        }
-        alternatives.push((
-            "a full serde_json::Value parse of the body (what normalize_github parsed before it kept only the fields it reads)",
-            t.elapsed() / iters,
-        ));
-
-        let t = Instant::now();
-        for _ in 0..iters {
-            let typed: typed::Payload<'_> = serde_json::from_slice(black_box(&body))?;
-            black_box(typed);
-        }
-        alternatives.push((
-            "typed, borrowing parse of the same fields instead of the Value parse",
             t.elapsed() / iters,
         ));
 
@@ -1111,11 +1088,7 @@ impl Breakdown {
             black_box(serde_json::to_vec(&body)?);
         }
         steps.push(("202 JSON response body", t.elapsed() / iters));
-        Ok(Self {
-            iters,
-            steps,
-            alternatives,
-        })
+        Ok(Self { iters, steps })
     }
 
     /// Sum of the top-level steps (sub-steps are indented).
@@ -1125,93 +1098,6 @@ impl Breakdown {
             .filter(|(name, _)| !name.starts_with(' '))
             .map(|(_, d)| *d)
             .sum()
-    }
-}
-
-/// The fields of a `workflow_job` delivery that `normalize_github` reads,
-/// as a typed, borrowing (zero-copy where possible) serde target: the
-/// alternative to parsing the whole body into a `serde_json::Value` tree.
-mod typed {
-    use std::borrow::Cow;
-
-    use serde::Deserialize;
-
-    // Fields are only parsed, never read: this measures parsing cost.
-    #[allow(dead_code)]
-    #[derive(Debug, Deserialize)]
-    pub(crate) struct Payload<'a> {
-        #[serde(borrow)]
-        action: Cow<'a, str>,
-        #[serde(borrow)]
-        workflow_job: Job<'a>,
-        #[serde(borrow, default)]
-        repository: Option<Repository<'a>>,
-        #[serde(borrow, default)]
-        organization: Option<Organization<'a>>,
-        #[serde(borrow, default)]
-        enterprise: Option<Enterprise<'a>>,
-    }
-
-    #[allow(dead_code)]
-    #[derive(Debug, Deserialize)]
-    struct Job<'a> {
-        id: u64,
-        run_id: Option<u64>,
-        run_attempt: Option<u64>,
-        #[serde(borrow)]
-        name: Option<Cow<'a, str>>,
-        #[serde(borrow)]
-        workflow_name: Option<Cow<'a, str>>,
-        #[serde(borrow, default)]
-        labels: Vec<Cow<'a, str>>,
-        #[serde(borrow)]
-        status: Option<Cow<'a, str>>,
-        #[serde(borrow)]
-        conclusion: Option<Cow<'a, str>>,
-        #[serde(borrow)]
-        created_at: Option<Cow<'a, str>>,
-        #[serde(borrow)]
-        started_at: Option<Cow<'a, str>>,
-        #[serde(borrow)]
-        completed_at: Option<Cow<'a, str>>,
-        runner_id: Option<u64>,
-        #[serde(borrow)]
-        runner_name: Option<Cow<'a, str>>,
-        runner_group_id: Option<u64>,
-        #[serde(borrow)]
-        runner_group_name: Option<Cow<'a, str>>,
-        #[serde(borrow)]
-        head_branch: Option<Cow<'a, str>>,
-        #[serde(borrow)]
-        head_sha: Option<Cow<'a, str>>,
-        #[serde(borrow)]
-        html_url: Option<Cow<'a, str>>,
-    }
-
-    #[allow(dead_code)]
-    #[derive(Debug, Deserialize)]
-    struct Repository<'a> {
-        id: Option<u64>,
-        #[serde(borrow)]
-        full_name: Option<Cow<'a, str>>,
-        #[serde(borrow)]
-        html_url: Option<Cow<'a, str>>,
-        #[serde(borrow)]
-        url: Option<Cow<'a, str>>,
-    }
-
-    #[allow(dead_code)]
-    #[derive(Debug, Deserialize)]
-    struct Organization<'a> {
-        #[serde(borrow)]
-        login: Option<Cow<'a, str>>,
-    }
-
-    #[allow(dead_code)]
-    #[derive(Debug, Deserialize)]
-    struct Enterprise<'a> {
-        #[serde(borrow)]
-        slug: Option<Cow<'a, str>>,
     }
 }
 
@@ -1452,9 +1338,6 @@ fn render(
         "**total**".to_owned(),
         format!("**{}**", us(breakdown.total())),
     ]);
-    for (name, d) in &breakdown.alternatives {
-        t.row([format!("*alternative:* {name}"), us(*d)]);
-    }
     let _ = writeln!(out, "{t}");
 
     let _ = writeln!(out, "**Targets**\n");

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use bytesize::ByteSize;
+use runyard_events::valid_pool_name;
 use runyard_telemetry::secrets;
 use secrecy::SecretString;
 use serde::{Deserialize, Serialize};
@@ -805,15 +806,6 @@ fn err(field: impl Into<String>, message: impl Into<String>) -> ConfigError {
         field: field.into(),
         message: message.into(),
     }
-}
-
-/// `[a-z0-9_-]{1,63}`.
-pub fn valid_pool_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 63
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
 }
 
 impl ScalerFile {

@@ -93,10 +93,6 @@ fn forge_host(pool: &config::PoolConfig, config: &Config) -> String {
             .map(|rest| rest.split(['/', ':']).next().unwrap_or(rest).to_owned())
             .unwrap_or_else(|| "gitlab.com".into());
     }
-    let api = config.github_api_url.as_str();
-    if api.contains("api.github.com") {
-        return "github.com".into();
-    }
     "github.com".into()
 }
 

@@ -23,10 +23,10 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use runyard_events::Namespace;
+use runyard_events::{Namespace, valid_pool_name};
 use runyard_forge::api::github::RunnerDownload;
 use runyard_scaler::ScalerFile;
-use runyard_scaler::config::{PoolConfig, ProviderConfig, valid_pool_name};
+use runyard_scaler::config::{PoolConfig, ProviderConfig};
 use runyard_scaler::provider::{Bootstrap, CreateRequest, Instance, Provider, ProviderError};
 use secrecy::SecretString;
 use serde::Serialize;
