@@ -5,6 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::TlsError;
 use crate::material;
 
 /// The CA bundle the allocator's certificate is checked against.
@@ -28,14 +29,20 @@ impl ClientFiles {
     /// The files given (empty paths count as unset); a certificate without
     /// its key or the reverse is refused naming both variables, a file
     /// that cannot be read or holds no certificate (key) naming it.
-    pub fn new(ca: Option<&Path>, cert: Option<&Path>, key: Option<&Path>) -> anyhow::Result<Self> {
+    pub fn new(
+        ca: Option<&Path>,
+        cert: Option<&Path>,
+        key: Option<&Path>,
+    ) -> Result<Self, TlsError> {
         let set = |p: Option<&Path>| p.filter(|p| !p.as_os_str().is_empty()).map(Path::to_owned);
         let identity = match (set(cert), set(key)) {
             (Some(c), Some(k)) => Some((c, k)),
             (None, None) => None,
-            _ => anyhow::bail!(
-                "{CLIENT_CERT_VAR} and {CLIENT_KEY_VAR} go together: set both (mTLS) or neither"
-            ),
+            _ => {
+                return Err(TlsError::Settings(format!(
+                    "{CLIENT_CERT_VAR} and {CLIENT_KEY_VAR} go together: set both (mTLS) or neither"
+                )));
+            }
         };
         let files = Self {
             ca: set(ca),
@@ -53,7 +60,7 @@ impl ClientFiles {
     /// The PEM bytes: the CA bundle, the certificate and the key, each
     /// checked.
     #[allow(clippy::type_complexity)]
-    fn read(&self) -> anyhow::Result<(Option<Vec<u8>>, Option<(Vec<u8>, Vec<u8>)>)> {
+    fn read(&self) -> Result<(Option<Vec<u8>>, Option<(Vec<u8>, Vec<u8>)>), TlsError> {
         let ca = match &self.ca {
             Some(path) => {
                 let bytes = material::read(CA_FILE_VAR, path)?;
@@ -76,7 +83,7 @@ impl ClientFiles {
     }
 
     /// tonic's TLS settings for an `https://` allocator URL.
-    pub fn grpc(&self) -> anyhow::Result<tonic::transport::ClientTlsConfig> {
+    pub fn grpc(&self) -> Result<tonic::transport::ClientTlsConfig, TlsError> {
         use tonic::transport::{Certificate, ClientTlsConfig, Identity};
         let (ca, identity) = self.read()?;
         let tls = match ca {
@@ -91,12 +98,16 @@ impl ClientFiles {
 
     /// An HTTP client builder trusting the CA (alone) and presenting the
     /// client certificate, for `https://` URLs.
-    pub fn http(&self, builder: reqwest::ClientBuilder) -> anyhow::Result<reqwest::ClientBuilder> {
+    pub fn http(
+        &self,
+        builder: reqwest::ClientBuilder,
+    ) -> Result<reqwest::ClientBuilder, TlsError> {
         let (ca, identity) = self.read()?;
         let mut builder = builder;
         if let (Some(ca), Some(path)) = (ca, &self.ca) {
-            let certs = reqwest::Certificate::from_pem_bundle(&ca)
-                .map_err(|e| anyhow::anyhow!("{}: {e}", material::named(CA_FILE_VAR, path)))?;
+            let certs = reqwest::Certificate::from_pem_bundle(&ca).map_err(|e| {
+                TlsError::Unusable(format!("{}: {e}", material::named(CA_FILE_VAR, path)))
+            })?;
             builder = builder.tls_built_in_root_certs(false);
             for cert in certs {
                 builder = builder.add_root_certificate(cert);
@@ -108,11 +119,11 @@ impl ClientFiles {
             pem.extend_from_slice(&cert);
             // reqwest's message would be about the key: leave it out.
             let identity = reqwest::Identity::from_pem(&pem).map_err(|_| {
-                anyhow::anyhow!(
+                TlsError::Unusable(format!(
                     "{} with {}: not a usable client certificate and key",
                     material::named(CLIENT_CERT_VAR, cert_path),
                     material::named(CLIENT_KEY_VAR, key_path)
-                )
+                ))
             })?;
             builder = builder.identity(identity);
         }

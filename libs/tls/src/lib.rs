@@ -24,12 +24,14 @@
 //! and files, never their content.
 
 mod client;
+mod error;
 mod listener;
 mod material;
 mod serve;
 mod server;
 
 pub use client::{CA_FILE_VAR, CLIENT_CERT_VAR, CLIENT_KEY_VAR, ClientFiles};
+pub use error::TlsError;
 pub use listener::{Listener, Peer, Stream};
 pub use serve::{FirstBytes, HEAD_TIMEOUT, serve};
 pub use server::{Acceptor, ClientAuth, Protocols, RELOAD_EVERY, Reload, ServerFiles, ServerTls};

@@ -5,8 +5,9 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use anyhow::Context as _;
 use rustls::RootCertStore;
+
+use crate::TlsError;
 use rustls::pki_types::pem::{self, PemObject as _};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
@@ -16,8 +17,11 @@ pub(crate) fn named(var: &str, path: &Path) -> String {
 }
 
 /// Reads `path`, the file `var` names.
-pub(crate) fn read(var: &str, path: &Path) -> anyhow::Result<Vec<u8>> {
-    std::fs::read(path).with_context(|| format!("{}: cannot read it", named(var, path)))
+pub(crate) fn read(var: &str, path: &Path) -> Result<Vec<u8>, TlsError> {
+    std::fs::read(path).map_err(|source| TlsError::Read {
+        file: named(var, path),
+        source,
+    })
 }
 
 /// The certificates of a PEM file, in order (a chain: leaf first).
@@ -25,15 +29,21 @@ pub(crate) fn certificates(
     var: &str,
     path: &Path,
     pem_bytes: &[u8],
-) -> anyhow::Result<Vec<CertificateDer<'static>>> {
+) -> Result<Vec<CertificateDer<'static>>, TlsError> {
     let certs = CertificateDer::pem_slice_iter(pem_bytes)
         .collect::<Result<Vec<_>, pem::Error>>()
-        .map_err(|e| anyhow::anyhow!("{}: not a PEM certificate file: {e}", named(var, path)))?;
-    anyhow::ensure!(
-        !certs.is_empty(),
-        "{}: no PEM certificate in it",
-        named(var, path)
-    );
+        .map_err(|e| {
+            TlsError::Unusable(format!(
+                "{}: not a PEM certificate file: {e}",
+                named(var, path)
+            ))
+        })?;
+    if certs.is_empty() {
+        return Err(TlsError::Unusable(format!(
+            "{}: no PEM certificate in it",
+            named(var, path)
+        )));
+    }
     Ok(certs)
 }
 
@@ -43,13 +53,16 @@ pub(crate) fn private_key(
     var: &str,
     path: &Path,
     pem_bytes: &[u8],
-) -> anyhow::Result<PrivateKeyDer<'static>> {
+) -> Result<PrivateKeyDer<'static>, TlsError> {
     PrivateKeyDer::from_pem_slice(pem_bytes).map_err(|e| match e {
-        pem::Error::NoItemsFound => anyhow::anyhow!(
+        pem::Error::NoItemsFound => TlsError::Unusable(format!(
             "{}: no PEM private key in it (PKCS#8, PKCS#1 or SEC1)",
             named(var, path)
-        ),
-        _ => anyhow::anyhow!("{}: not a readable PEM private key", named(var, path)),
+        )),
+        _ => TlsError::Unusable(format!(
+            "{}: not a readable PEM private key",
+            named(var, path)
+        )),
     })
 }
 
@@ -58,11 +71,14 @@ pub(crate) fn roots(
     var: &str,
     path: &Path,
     pem_bytes: &[u8],
-) -> anyhow::Result<Arc<RootCertStore>> {
+) -> Result<Arc<RootCertStore>, TlsError> {
     let mut store = RootCertStore::empty();
     for cert in certificates(var, path, pem_bytes)? {
         store.add(cert).map_err(|e| {
-            anyhow::anyhow!("{}: not a usable CA certificate: {e}", named(var, path))
+            TlsError::Unusable(format!(
+                "{}: not a usable CA certificate: {e}",
+                named(var, path)
+            ))
         })?;
     }
     Ok(Arc::new(store))

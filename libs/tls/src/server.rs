@@ -10,6 +10,7 @@ use rustls::ServerConfig;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
 
+use crate::TlsError;
 use crate::material::{self, named};
 
 /// How often the files are checked for changes (the services' setting;
@@ -43,7 +44,7 @@ impl ServerFiles {
         cert: Option<&Path>,
         key: Option<&Path>,
         client_ca: Option<&Path>,
-    ) -> anyhow::Result<Option<Self>> {
+    ) -> Result<Option<Self>, TlsError> {
         let set = |p: Option<&Path>| p.filter(|p| !p.as_os_str().is_empty()).map(Path::to_owned);
         let prefix = format!("RUNYARD_{service}");
         match (set(cert), set(key), set(client_ca)) {
@@ -54,12 +55,12 @@ impl ServerFiles {
                 client_ca,
             })),
             (None, None, None) => Ok(None),
-            (None, None, Some(_)) => anyhow::bail!(
+            (None, None, Some(_)) => Err(TlsError::Settings(format!(
                 "{prefix}_TLS_CLIENT_CA is set without {prefix}_TLS_CERT and {prefix}_TLS_KEY: mTLS needs the listener's own certificate and key too"
-            ),
-            _ => anyhow::bail!(
+            ))),
+            _ => Err(TlsError::Settings(format!(
                 "{prefix}_TLS_CERT and {prefix}_TLS_KEY go together: set both (TLS) or neither (plaintext)"
-            ),
+            ))),
         }
     }
 
@@ -73,7 +74,7 @@ impl ServerFiles {
     }
 
     /// The files' bytes as they are now.
-    fn read(&self) -> anyhow::Result<Snapshot> {
+    fn read(&self) -> Result<Snapshot, TlsError> {
         Ok(Snapshot {
             cert: material::read(&self.var("TLS_CERT"), &self.cert)?,
             key: material::read(&self.var("TLS_KEY"), &self.key)?,
@@ -86,7 +87,7 @@ impl ServerFiles {
     }
 
     /// What the bytes hold, checked.
-    fn parse(&self, s: &Snapshot) -> anyhow::Result<Material> {
+    fn parse(&self, s: &Snapshot) -> Result<Material, TlsError> {
         let chain = material::certificates(&self.var("TLS_CERT"), &self.cert, &s.cert)?;
         let key = material::private_key(&self.var("TLS_KEY"), &self.key, &s.key)?;
         let roots = match (&self.client_ca, &s.client_ca) {
@@ -156,11 +157,11 @@ struct Material {
 
 impl Material {
     /// The rustls configuration of a listener with `policy`.
-    fn config(&self, files: &ServerFiles, policy: Policy) -> anyhow::Result<ServerConfig> {
+    fn config(&self, files: &ServerFiles, policy: Policy) -> Result<ServerConfig, TlsError> {
         let provider = material::provider();
         let builder = ServerConfig::builder_with_provider(provider.clone())
             .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
-            .map_err(|e| anyhow::anyhow!("TLS versions: {e}"))?;
+            .map_err(|e| TlsError::Settings(format!("TLS versions: {e}")))?;
         let verifier = match (&self.roots, policy.client_auth) {
             (Some(roots), ClientAuth::Required | ClientAuth::Optional) => {
                 let b = WebPkiClientVerifier::builder_with_provider(roots.clone(), provider);
@@ -171,7 +172,7 @@ impl Material {
                 };
                 Some(b.build().map_err(|e| {
                     let ca = files.client_ca.as_deref().unwrap_or(Path::new(""));
-                    anyhow::anyhow!("{}: {e}", named(&files.var("TLS_CLIENT_CA"), ca))
+                    TlsError::Unusable(format!("{}: {e}", named(&files.var("TLS_CLIENT_CA"), ca)))
                 })?)
             }
             _ => None,
@@ -188,10 +189,10 @@ impl Material {
                     named(&files.var("TLS_KEY"), &files.key),
                 );
                 match e {
-                    rustls::Error::InconsistentKeys(_) => {
-                        anyhow::anyhow!("{key} is not the key of the certificate in {cert}")
-                    }
-                    other => anyhow::anyhow!("{cert} with {key}: {other}"),
+                    rustls::Error::InconsistentKeys(_) => TlsError::Unusable(format!(
+                        "{key} is not the key of the certificate in {cert}"
+                    )),
+                    other => TlsError::Unusable(format!("{cert} with {key}: {other}")),
                 }
             })?;
         config.alpn_protocols = policy.protocols.alpn();
@@ -242,7 +243,7 @@ impl std::fmt::Debug for ServerTls {
 impl ServerTls {
     /// Reads and checks `files` (a certificate chain and its key, a client
     /// CA); errors name the variable and the file.
-    pub fn load(files: ServerFiles) -> anyhow::Result<Self> {
+    pub fn load(files: ServerFiles) -> Result<Self, TlsError> {
         let seen = files.read()?;
         let material = files.parse(&seen)?;
         // The pair is checked now, not at the first handshake.
@@ -265,7 +266,7 @@ impl ServerTls {
 
     /// [`ServerTls::load`], then [`ServerTls::watch`] every
     /// [`RELOAD_EVERY`]: what a service does with its files.
-    pub fn start(files: ServerFiles) -> anyhow::Result<Self> {
+    pub fn start(files: ServerFiles) -> Result<Self, TlsError> {
         let tls = Self::load(files)?;
         tls.watch(RELOAD_EVERY);
         let files = &tls.shared.files;
@@ -285,7 +286,7 @@ impl ServerTls {
         cert: Option<&std::path::Path>,
         key: Option<&std::path::Path>,
         client_ca: Option<&std::path::Path>,
-    ) -> anyhow::Result<Option<Self>> {
+    ) -> Result<Option<Self>, TlsError> {
         ServerFiles::from_settings(service, cert, key, client_ca)?
             .map(Self::start)
             .transpose()
@@ -298,7 +299,7 @@ impl ServerTls {
         cert: Option<&std::path::Path>,
         key: Option<&std::path::Path>,
         client_ca: Option<&std::path::Path>,
-    ) -> anyhow::Result<Option<Acceptor>> {
+    ) -> Result<Option<Acceptor>, TlsError> {
         Self::from_settings(service, cert, key, client_ca)?
             .map(|t| t.acceptor(ClientAuth::Required, Protocols::Http))
             .transpose()
@@ -314,7 +315,7 @@ impl ServerTls {
         &self,
         client_auth: ClientAuth,
         protocols: Protocols,
-    ) -> anyhow::Result<Acceptor> {
+    ) -> Result<Acceptor, TlsError> {
         let policy = Policy {
             client_auth,
             protocols,
@@ -335,7 +336,7 @@ impl ServerTls {
     /// cannot be used (half-written, a key that does not match), the old
     /// configuration stays and the error says which file; the same files
     /// are not tried again until they change again.
-    pub fn reload(&self) -> anyhow::Result<Reload> {
+    pub fn reload(&self) -> Result<Reload, TlsError> {
         let files = &self.shared.files;
         let now = files.read()?;
         let mut state = self.lock();

@@ -149,12 +149,12 @@ impl App {
 /// The HTTP listener's TLS, when `RUNYARD_TRACKER_TLS_CERT` and `_KEY` are
 /// set (a client CA: mTLS); both the starting and the real router use it.
 fn tls(config: &Config) -> anyhow::Result<Option<runyard_tls::Acceptor>> {
-    runyard_tls::ServerTls::http_acceptor(
+    Ok(runyard_tls::ServerTls::http_acceptor(
         "TRACKER",
         config.tracker_tls_cert.as_deref(),
         config.tracker_tls_key.as_deref(),
         config.tracker_tls_client_ca.as_deref(),
-    )
+    )?)
 }
 
 /// The HTTP answers of a tracker that is still starting: alive, not ready.

@@ -269,7 +269,7 @@ fn allocator_tls(config: &Config) -> anyhow::Result<Option<tonic::transport::Cli
         runyard_tls::CLIENT_CERT_VAR,
         runyard_tls::CLIENT_KEY_VAR
     );
-    files.grpc().map(Some)
+    Ok(Some(files.grpc()?))
 }
 
 impl App {
