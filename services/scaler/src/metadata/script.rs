@@ -141,7 +141,7 @@ pub fn unit_file(secrets: &InstanceSecrets, user: &str) -> String {
 /// system info, fetching from the metadata API.
 const PRELUDE: &str = concat!(
     "\n",
-    crate::shell_callbacks!(),
+    runyard_provider::shell_callbacks!(),
     r#"
 RUN_USER="${RUNYARD_RUN_USER:-$(id -un)}"
 
