@@ -50,24 +50,13 @@ use kv::Coordination;
 use metrics::ScalerMetrics;
 use policy::PoolSpec;
 use provider::Provider;
+pub use runyard_provider::{controller_id, pool_id};
 use sizing::Allocator;
 
 /// Creates (forge registration and provider create) under way at once:
 /// bounds the forge's concurrent requests and the host's process spawning
 /// in a burst; the rest wait their turn in order.
 const CREATES_IN_FLIGHT: usize = 64;
-
-/// The controller id: UUIDv5 of the namespace (in the OID namespace), the
-/// same on every replica of one stack.
-pub fn controller_id(ns: &Namespace) -> Uuid {
-    Uuid::new_v5(&Uuid::NAMESPACE_OID, ns.as_str().as_bytes())
-}
-
-/// A pool's id: UUIDv5(controller id, pool name), stable across restarts,
-/// replicas and edits that keep the name.
-pub fn pool_id(controller: &Uuid, pool: &str) -> Uuid {
-    Uuid::new_v5(controller, pool.as_bytes())
-}
 
 /// A built scaler: configuration checked, connected, listening.
 #[derive(Debug)]

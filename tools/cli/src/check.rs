@@ -1,6 +1,6 @@
 //! `runyard provider check`: runs one configured provider through the calls
 //! the scaler makes, in the scaler's order and with the scaler's code
-//! (`runyard_scaler::provider::Provider`), against the real backend:
+//! (`runyard_provider::Provider`), against the real backend:
 //!
 //! 1. `GetVersion`;
 //! 2. `CreateInstance` of `ry-check-<hex>` in the chosen pool (its id, image,
@@ -25,9 +25,11 @@ use std::time::{Duration, Instant};
 
 use runyard_events::{Namespace, valid_pool_name};
 use runyard_forge::api::github::RunnerDownload;
+use runyard_provider::{
+    Bootstrap, CreateRequest, Instance, Provider, ProviderConfig, ProviderError,
+};
 use runyard_scaler::ScalerFile;
-use runyard_scaler::config::{PoolConfig, ProviderConfig};
-use runyard_scaler::provider::{Bootstrap, CreateRequest, Instance, Provider, ProviderError};
+use runyard_scaler::config::PoolConfig;
 use secrecy::SecretString;
 use serde::Serialize;
 
@@ -417,7 +419,7 @@ fn prepare(args: &CheckArgs) -> Result<Target, Usage> {
     }
     let ns = Namespace::new(args.namespace.clone())
         .map_err(|e| Usage(format!("namespace {:?}: {e}", args.namespace)))?;
-    let controller = runyard_scaler::controller_id(&ns);
+    let controller = runyard_provider::controller_id(&ns);
     let pool = match &args.pool {
         Some(name) => match file.pools.iter().find(|p| &p.name == name) {
             Some(p) if p.provider != args.provider => {
@@ -445,7 +447,7 @@ fn prepare(args: &CheckArgs) -> Result<Target, Usage> {
         (None, Some(name)) => name.clone(),
         (None, None) => DEFAULT_POOL.to_owned(),
     };
-    let pool_id = runyard_scaler::pool_id(&controller, &pool_name).to_string();
+    let pool_id = runyard_provider::pool_id(&controller, &pool_name).to_string();
     // Where the scaler keeps the process provider's pid files.
     let state_dir =
         file.scaler.state_dir.clone().unwrap_or_else(|| {

@@ -15,44 +15,6 @@
 
 use std::time::Duration;
 
-/// The shell functions every install script and template shares (a string
-/// literal, so it can be `concat!`ed into constant scripts): `SUDO`,
-/// `report <status> <message> [agent id]` (the status callback; never
-/// fatal), `installing <message>`, `fail <message>` (reports and exits) and
-/// `fetch <path under the metadata URL> <file>`. The script sets
-/// `CALLBACK_URL`, `METADATA_URL` and `BEARER_TOKEN` before it.
-#[macro_export]
-macro_rules! shell_callbacks {
-    () => {
-        r#"SUDO=""
-[ "$(id -u)" = "0" ] || SUDO="sudo"
-
-# report <status> <message> [agent id]: the status callback (never fatal).
-report() {
-	curl --retry 5 --retry-delay 5 --retry-connrefused --fail -s -X POST \
-		-H 'Accept: application/json' -H "Authorization: Bearer ${BEARER_TOKEN}" \
-		-d "{\"status\": \"$1\", \"message\": \"$2\", \"agent_id\": ${3:-null}}" \
-		"${CALLBACK_URL}/status" >/dev/null || echo "runyard: status callback failed" >&2
-}
-
-installing() {
-	report installing "$1"
-}
-
-fail() {
-	report failed "$1"
-	exit 1
-}
-
-# fetch <path under the metadata URL> <file>
-fetch() {
-	curl --retry 5 --retry-delay 5 --retry-connrefused --fail -s \
-		-H "Authorization: Bearer ${BEARER_TOKEN}" -o "$2" "${METADATA_URL}/$1"
-}
-"#
-    };
-}
-
 use async_nats::jetstream::kv;
 use bytes::Bytes;
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};

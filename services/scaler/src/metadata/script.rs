@@ -137,12 +137,10 @@ pub fn unit_file(secrets: &InstanceSecrets, user: &str) -> String {
     )
 }
 
-/// Shell functions every install script starts with: status callbacks,
-/// system info, fetching from the metadata API.
-const PRELUDE: &str = concat!(
-    "\n",
-    crate::shell_callbacks!(),
-    r#"
+/// Shell functions every install script has after the shared callbacks
+/// (`runyard_provider::template::SHELL_CALLBACKS`): system info, the runner
+/// service.
+const PRELUDE: &str = r#"
 RUN_USER="${RUNYARD_RUN_USER:-$(id -un)}"
 
 # system_info: what the instance runs, for the scaler's log.
@@ -176,8 +174,7 @@ install_service() {
 	$SUDO systemctl daemon-reload || fail "reloading systemd failed"
 	$SUDO systemctl enable --now "${service}" || fail "starting the runner service failed"
 }
-"#,
-);
+"#;
 
 /// GitHub: the runner application (unless the image has it), the JIT files,
 /// the service.
@@ -324,6 +321,8 @@ pub fn install_script(
         forge_url = sh_quote(&forge_url),
         labels = sh_quote(&secrets.labels.join(",")),
     );
+    out.push('\n');
+    out.push_str(runyard_provider::template::SHELL_CALLBACKS);
     out.push_str(PRELUDE);
     out.push_str(if gitlab { GITLAB } else { GITHUB });
     out

@@ -1,25 +1,39 @@
 //! Providers make and remove the machines runners live on: `process` (a
 //! local command per runner) and `external` (garm's external-provider
 //! executable protocol). Every call is bounded by a timeout and runs off the
-//! decision loop.
+//! decision loop. The scaler makes its runners with them, and `runyard
+//! provider check` runs one through the same calls.
 
 use std::path::Path;
 use std::time::Duration;
 use tracing::Instrument as _;
 
+use runyard_events::Namespace;
 use runyard_forge::api::github::RunnerDownload;
 use secrecy::SecretString;
 use serde::{Deserialize, Serialize};
+use uuid::Uuid;
 
-use crate::config::ProviderConfig;
-
+mod config;
 mod external;
 mod process;
 pub mod template;
-pub mod tools;
 
+pub use config::ProviderConfig;
 pub use external::{ExternalProvider, INTERFACE_V010, INTERFACE_V011};
 pub use process::ProcessProvider;
+
+/// The controller id (`GARM_CONTROLLER_ID`): UUIDv5 of the namespace (in
+/// the OID namespace), the same on every replica of one stack.
+pub fn controller_id(ns: &Namespace) -> Uuid {
+    Uuid::new_v5(&Uuid::NAMESPACE_OID, ns.as_str().as_bytes())
+}
+
+/// A pool's id: UUIDv5(controller id, pool name), stable across restarts,
+/// replicas and edits that keep the name.
+pub fn pool_id(controller: &Uuid, pool: &str) -> Uuid {
+    Uuid::new_v5(controller, pool.as_bytes())
+}
 
 /// What a create needs.
 #[derive(Debug, Clone)]
