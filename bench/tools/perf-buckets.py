@@ -19,7 +19,7 @@ BUCKETS = [
     ("normalize: JSON parse into serde_json::Value", r"runyard_forge::parse_json|serde_json::de::from_(trait|slice)"),
     ("normalize: dropping the Value tree", r"drop_in_place<serde_json::value::Value>"),
     ("normalize: mapping to JobObserved", r"runyard_forge::github::"),
-    ("raw delivery headers (raw_message)", r"runyard_ingest::routes::raw_message"),
+    ("raw delivery headers (raw_message)", r"runyard_bus::raw::raw_message"),
     ("event encoding (event_message)", r"runyard_bus::Bus::event_message"),
     ("publish: Bus::publish, async-nats send, ack futures",
      r"runyard_bus::Bus::publish|async_nats::jetstream::context::PublishAckFuture|async_nats::jetstream::context::Context::send_publish"),

@@ -1068,7 +1068,7 @@ impl Breakdown {
         let t = Instant::now();
         for _ in 0..iters {
             let traceparent = tp.header_value();
-            black_box(runyard_ingest::raw_message(
+            black_box(runyard_bus::raw_message(
                 ns,
                 "github",
                 "00000000-0000-4000-8000-000000000000",

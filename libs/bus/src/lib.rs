@@ -12,8 +12,10 @@ use runyard_events::{Event, Namespace, event_type};
 use secrecy::{ExposeSecret as _, SecretString};
 
 pub mod consumer;
+pub mod raw;
 mod trace;
 pub use async_nats::header::{HeaderMap, HeaderName, HeaderValue};
+pub use raw::raw_message;
 pub use runyard_telemetry::traces::Status as SpanStatus;
 pub use trace::{TraceParent, adopt, current as current_trace, follow};
 

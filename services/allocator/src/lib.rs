@@ -33,15 +33,9 @@ use tokio::sync::mpsc;
 pub use config::Config;
 pub use grpc::to_proto;
 
-/// Generated gRPC types and service of `runyard.allocator.v1`.
-#[allow(missing_docs, clippy::all, missing_debug_implementations)]
-pub mod proto {
-    include!(concat!(env!("OUT_DIR"), "/runyard.allocator.v1.rs"));
-
-    /// The encoded descriptor set, for server reflection.
-    pub const FILE_DESCRIPTOR_SET: &[u8] =
-        include_bytes!(concat!(env!("OUT_DIR"), "/allocator_descriptor.bin"));
-}
+/// Generated gRPC types and service of `runyard.allocator.v1`, from
+/// `runyard-allocator-api` (which callers depend on instead of this crate).
+pub use runyard_allocator_api as proto;
 
 /// Labels of `runyard_allocator_recommendations_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

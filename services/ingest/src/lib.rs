@@ -27,7 +27,6 @@ use tokio_util::sync::CancellationToken;
 
 pub use config::Config;
 use metrics::IngestMetrics;
-pub use routes::raw_message;
 
 /// Shared state of the HTTP handlers.
 #[derive(Debug)]

@@ -12,7 +12,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use bytes::Bytes;
 use http_body_util::BodyExt as _;
-use runyard_bus::{BusError, HeaderValue as NatsValue, Prepared, TraceParent};
+use runyard_bus::{BusError, HeaderValue as NatsValue, Prepared, TraceParent, raw_message};
 use runyard_events::{Event, ids};
 use runyard_forge::{
     GithubDelivery, GithubSignature, GitlabDelivery, Normalized, PayloadError, normalize_github,
@@ -465,85 +465,6 @@ fn held_refusal(refused: shed::Refused) -> Outcome {
         }
     }
 }
-
-/// The raw delivery as kept in `<NS>_RAW`: the request headers of an
-/// allowlist (what the forges and common proxies send that a replay or an
-/// investigation needs; never credentials, cookies or unknown headers,
-/// which may carry either) under an `Http-` prefix so they can never be
-/// taken for NATS's own headers. Of a repeated request header, the last
-/// value is kept.
-pub fn raw_message(
-    ns: &runyard_events::Namespace,
-    kind: &str,
-    key: &str,
-    headers: &HeaderMap,
-    body: Bytes,
-    traceparent: &NatsValue,
-) -> Prepared {
-    let mut msg = Prepared::new(ns.raw_subject(kind), &ids::raw(key), body);
-    msg.headers
-        .insert(runyard_bus::TRACEPARENT, traceparent.clone());
-    msg.headers.insert(runyard_bus::EVENT_TYPE, "RawDelivery");
-    for (name, value) in headers {
-        if let (Some(name), Ok(v)) = (http_header_name(name), value.to_str()) {
-            msg.headers.insert(name, v);
-        }
-    }
-    msg
-}
-
-/// Declares the allowlist of request headers kept with a raw delivery:
-/// those the forges and common proxies send. Their `Http-` names are static
-/// rather than built per delivery.
-macro_rules! http_header_names {
-    ($($name:literal),* $(,)?) => {
-        /// The NATS header name `Http-<name>` of a request header on the
-        /// allowlist; `None` for every other header (dropped).
-        fn http_header_name(
-            name: &axum::http::HeaderName,
-        ) -> Option<runyard_bus::HeaderName> {
-            match name.as_str() {
-                $(
-                    // `const`: the name is built once, at compile time.
-                    $name => Some(const {
-                        runyard_bus::HeaderName::from_static(concat!("Http-", $name))
-                    }),
-                )*
-                _ => None,
-            }
-        }
-    };
-}
-
-http_header_names!(
-    "accept",
-    "accept-encoding",
-    "content-length",
-    "content-type",
-    "host",
-    "idempotency-key",
-    "traceparent",
-    "tracestate",
-    "user-agent",
-    "x-forwarded-for",
-    "x-forwarded-host",
-    "x-forwarded-proto",
-    "x-github-delivery",
-    "x-github-enterprise-host",
-    "x-github-enterprise-version",
-    "x-github-event",
-    "x-github-hook-id",
-    "x-github-hook-installation-target-id",
-    "x-github-hook-installation-target-type",
-    "x-gitlab-event",
-    "x-gitlab-event-uuid",
-    "x-gitlab-instance",
-    "x-gitlab-webhook-uuid",
-    "x-hub-signature",
-    "x-hub-signature-256",
-    "x-real-ip",
-    "x-request-id",
-);
 
 /// Publishes the raw delivery and every event concurrently and waits for
 /// all acks: 202 only when everything is durable.

@@ -2,12 +2,11 @@
 //! idempotent under redelivery, safe with several replicas on one consumer,
 //! and rebuildable from the log.
 
-pub mod apply;
 pub mod config;
 mod metrics;
-pub mod projection;
-pub mod rebuild;
 mod tracker;
+
+pub use runyard_projection::{apply, projection, rebuild};
 
 use std::future::Future;
 use std::net::SocketAddr;

@@ -6,10 +6,10 @@
 use std::sync::atomic::Ordering;
 
 use runyard_bus::consumer::{ConsumerConfig, Deliver, Delivery, Handler, HandlerError, Rejected};
-use runyard_events::{Event, Namespace};
+use runyard_events::Namespace;
 
 use crate::State;
-use crate::apply::{ToApply, apply_in};
+use crate::apply::apply_in;
 use crate::config::Config;
 
 /// The durable consumer's name (the stream is already namespaced).
@@ -90,16 +90,6 @@ async fn apply_on(
     let applied = apply_in(&mut tx, batch).await?;
     tx.commit().await?;
     Ok(applied)
-}
-
-/// The consumer's deliveries are applied as they are, events not copied.
-impl ToApply for Delivery {
-    fn seq(&self) -> u64 {
-        self.seq
-    }
-    fn event(&self) -> &Event {
-        &self.event
-    }
 }
 
 /// Whom a database error is about.

@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use runyard_allocator::proto::RecommendRequest;
-use runyard_allocator::proto::allocator_client::AllocatorClient;
+use runyard_allocator_api::RecommendRequest;
+use runyard_allocator_api::allocator_client::AllocatorClient;
 use runyard_events::Forge;
 use secrecy::{ExposeSecret as _, SecretString};
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};

@@ -5,8 +5,8 @@
 use std::collections::BTreeMap;
 
 use clap::Args;
-use runyard_allocator::proto::RecommendRequest;
-use runyard_allocator::proto::allocator_client::AllocatorClient;
+use runyard_allocator_api::RecommendRequest;
+use runyard_allocator_api::allocator_client::AllocatorClient;
 use serde_json::{Value, json};
 use sqlx::Row as _;
 

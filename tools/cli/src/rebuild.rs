@@ -1,12 +1,11 @@
 //! `runyard rebuild`: rebuilds the projection from the event log with the
-//! job-tracker's own code (`runyard_job_tracker::rebuild`, the same as
-//! `runyard-job-tracker rebuild`): a fresh `<live>_rebuild` database,
-//! optionally swapped in for the live one.
+//! code `runyard-job-tracker rebuild` runs too (`runyard_projection::rebuild`):
+//! a fresh `<live>_rebuild` database, optionally swapped in for the live one.
 
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use runyard_job_tracker::rebuild::{RebuildOptions, rebuild};
+use runyard_projection::rebuild::{RebuildOptions, rebuild};
 use serde_json::json;
 
 use crate::{EXIT_OK, Failure, Global, out, out_json, progress, redact, table};

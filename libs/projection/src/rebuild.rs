@@ -1,5 +1,5 @@
-//! `runyard-job-tracker rebuild`: replays the whole stream into a fresh
-//! database and optionally swaps it in for the live one.
+//! `runyard-job-tracker rebuild` and `runyard rebuild`: replays the whole
+//! stream into a fresh database and optionally swaps it in for the live one.
 
 use std::time::{Duration, Instant};
 

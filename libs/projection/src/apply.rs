@@ -38,6 +38,16 @@ impl ToApply for Incoming {
     }
 }
 
+/// The consumer's deliveries are applied as they are, events not copied.
+impl ToApply for runyard_bus::consumer::Delivery {
+    fn seq(&self) -> u64 {
+        self.seq
+    }
+    fn event(&self) -> &Event {
+        &self.event
+    }
+}
+
 /// What applying a batch did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Applied {

@@ -1,0 +1,14 @@
+//! The allocator's gRPC API, `runyard.allocator.v1`
+//! (`proto/runyard/allocator/v1/allocator.proto`): the messages, the client
+//! (`allocator_client::AllocatorClient`), the server trait
+//! (`allocator_server::Allocator`) and the encoded descriptor set the
+//! allocator serves for reflection. The allocator serves it; the scaler and
+//! the CLI call it without depending on the allocator.
+
+#![allow(missing_docs, clippy::all, missing_debug_implementations)]
+
+include!(concat!(env!("OUT_DIR"), "/runyard.allocator.v1.rs"));
+
+/// The encoded descriptor set, for server reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/allocator_descriptor.bin"));
