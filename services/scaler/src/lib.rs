@@ -544,12 +544,11 @@ async fn serve(
     listener: runyard_tls::Listener,
     router: axum::Router,
     stop: tokio_util::sync::CancellationToken,
-) -> std::io::Result<()> {
+) {
     runyard_tls::serve(listener, router, runyard_tls::HEAD_TIMEOUT, async move {
         stop.cancelled().await
     })
     .await;
-    Ok(())
 }
 
 async fn wait_for<T, E: std::fmt::Display, F: Future<Output = Result<T, E>>>(
