@@ -86,7 +86,9 @@ pub struct Config {
     pub insecure_dev: bool,
 }
 
-/// Every field, URLs with their credentials redacted ([`runyard_store::redact_url`]):
+/// Every field, URLs with their credentials redacted (the NATS URL, a
+/// comma-separated list, by [`runyard_bus::redact_url`]; the others by
+/// [`runyard_store::redact_url`]):
 /// a logged or printed configuration shows no password or token.
 impl std::fmt::Debug for Config {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -119,7 +121,7 @@ impl std::fmt::Debug for Config {
             insecure_dev,
         } = self;
         f.debug_struct("Config")
-            .field("nats_url", &runyard_store::redact_url(nats_url))
+            .field("nats_url", &runyard_bus::redact_url(nats_url))
             .field("namespace", namespace)
             .field("database_url", &runyard_store::redact_url(database_url))
             .field("scaler_http_listen", scaler_http_listen)
