@@ -32,6 +32,6 @@ mod server;
 
 pub use client::{CA_FILE_VAR, CLIENT_CERT_VAR, CLIENT_KEY_VAR, ClientFiles};
 pub use error::TlsError;
-pub use listener::{Listener, Peer, Stream};
+pub use listener::{Listener, Peer, Stream, peer_key};
 pub use serve::{FirstBytes, HEAD_TIMEOUT, serve};
 pub use server::{Acceptor, ClientAuth, Protocols, RELOAD_EVERY, Reload, ServerFiles, ServerTls};

@@ -8,7 +8,7 @@
 //! debug only (anyone can cause it).
 
 use std::io;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -32,6 +32,19 @@ pub struct Peer {
     /// Whether the client presented a certificate the listener's client
     /// CA verified (always false on plaintext and without a client CA).
     pub client_certificate: bool,
+}
+
+/// The client a per-client bound counts for `ip`: an IPv4 address (an
+/// IPv4-mapped IPv6 one as that IPv4 address), or the /64 of an IPv6 one,
+/// since a host holds a whole /64.
+pub fn peer_key(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6((u128::from(v6) & !((1u128 << 64) - 1)).into()),
+        },
+    }
 }
 
 /// A bound listener, serving TLS when given an [`Acceptor`].
@@ -257,5 +270,23 @@ impl AsyncWrite for Stream {
             Self::Plain(s) => Pin::new(s).poll_shutdown(cx),
             Self::Tls(s, _) => Pin::new(s.as_mut()).poll_shutdown(cx),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ipv6_peers_count_by_their_64() {
+        let ip = |s: &str| s.parse::<IpAddr>().expect("an address");
+        let (a, b, c) = (
+            ip("2001:db8:1:2::1"),
+            ip("2001:db8:1:2:ffff::9"),
+            ip("2001:db8:1:3::1"),
+        );
+        assert_eq!(peer_key(a), peer_key(b));
+        assert_ne!(peer_key(a), peer_key(c));
+        assert_eq!(peer_key(ip("::ffff:192.0.2.1")), ip("192.0.2.1"));
     }
 }

@@ -30,7 +30,7 @@ impl tonic::service::Interceptor for Authenticate {
                 .get::<Option<runyard_tls::Peer>>()
                 .copied()
                 .flatten()
-                .map(|p| p.addr.ip());
+                .map(|p| runyard_tls::peer_key(p.addr.ip()));
             let client = Client::anonymous(ip);
             request.extensions_mut().insert(client);
             return Ok(request);

@@ -91,7 +91,7 @@ async fn authenticate(
         let ip = request
             .extensions()
             .get::<axum::extract::ConnectInfo<runyard_tls::Peer>>()
-            .map(|c| c.0.addr.ip());
+            .map(|c| runyard_tls::peer_key(c.0.addr.ip()));
         request.extensions_mut().insert(Client::anonymous(ip));
         return next.run(request).await;
     }
