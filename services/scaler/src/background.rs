@@ -13,7 +13,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::engine::Shared;
+use crate::io::Io;
 use crate::kv::Coordination;
 
 /// Whether the lease is held now (the watch holds until when it may be
@@ -75,15 +75,15 @@ pub(crate) async fn keep_lease(
 /// `now - lookback` with an ephemeral consumer, handing every batch to
 /// `handler`; says caught up the first time nothing more is waiting.
 pub(crate) async fn follow_log(
-    shared: Arc<Shared>,
+    io: Arc<Io>,
     description: &str,
     subjects: &[&str],
     handler: impl Handler,
     caught_up: watch::Sender<bool>,
     stop: CancellationToken,
 ) {
-    let bus = &shared.bus;
-    let start = OffsetDateTime::now_utc() - shared.timers.lookback;
+    let bus = &io.bus;
+    let start = OffsetDateTime::now_utc() - io.timers.lookback;
     let config = ConsumerConfig {
         durable: None,
         description: description.into(),
@@ -141,7 +141,7 @@ impl Leased {
 /// been read up to where it stood, keeps the lease `key` ([`keep_lease`]),
 /// waiting up to one TTL for the first answer. `None` when stopped first.
 pub(crate) async fn follow_then_lease(
-    shared: &Arc<Shared>,
+    io: &Arc<Io>,
     description: &str,
     subjects: &[&str],
     handler: impl Handler + 'static,
@@ -150,11 +150,11 @@ pub(crate) async fn follow_then_lease(
 ) -> Option<Leased> {
     let (caught_up_tx, mut caught_up) = watch::channel(false);
     let follower = {
-        let (shared, description, stop) = (shared.clone(), description.to_owned(), stop.clone());
+        let (io, description, stop) = (io.clone(), description.to_owned(), stop.clone());
         let subjects: Vec<String> = subjects.iter().map(|s| (*s).to_owned()).collect();
         tokio::spawn(async move {
             let subjects: Vec<&str> = subjects.iter().map(String::as_str).collect();
-            follow_log(shared, &description, &subjects, handler, caught_up_tx, stop).await;
+            follow_log(io, &description, &subjects, handler, caught_up_tx, stop).await;
         })
     };
     tokio::select! {
@@ -165,10 +165,10 @@ pub(crate) async fn follow_then_lease(
         let _ = follower.await;
         return None;
     }
-    let ttl = shared.timers.lease_ttl;
+    let ttl = io.timers.lease_ttl;
     let (lease_tx, mut lease) = watch::channel(None);
     let keeper = tokio::spawn(keep_lease(
-        shared.coord.clone(),
+        io.coord.clone(),
         key,
         ttl,
         lease_tx,
@@ -187,7 +187,7 @@ pub(crate) async fn follow_then_lease(
 /// trying up to `tries` times with a growing pause; the event when it is
 /// stored. The id is deterministic, so a second try never doubles it.
 pub(crate) async fn publish_own(
-    shared: &Shared,
+    io: &Io,
     forge: Forge,
     instance: &str,
     id: String,
@@ -210,7 +210,7 @@ pub(crate) async fn publish_own(
     };
     let tp = TraceParent::new_root();
     for attempt in 0..tries {
-        match shared.bus.publish_event(&event, &tp).await {
+        match io.bus.publish_event(&event, &tp).await {
             Ok(_) => return Some(event),
             Err(error) => {
                 tracing::warn!(%error, attempt, event = %event.id, "publishing a scaler event failed");

@@ -7,27 +7,25 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use runyard_bus::{Bus, TraceParent};
+use runyard_bus::TraceParent;
 use runyard_events::{
     Body, Event, Forge, JobKey, JobStatus, RunnerAssigned, RunnerCreated, RunnerDeleted,
     RunnerFailed, RunnerOnline, RunnerRef, RunnerRequested, Source, claim_key, forge_token,
     instance_name, runner_event_id_for, timestamp,
 };
 use secrecy::{ExposeSecret as _, SecretString};
-use sqlx::PgPool;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
-use crate::config::{PoolConfig, StoppedAction, Timers};
-use crate::forges::{ForgeRunner, Forges, Unregistered};
-use crate::kv::{Claim, Coordination};
+use crate::config::{PoolConfig, StoppedAction};
+use crate::forges::{ForgeRunner, Unregistered};
+use crate::io::Io;
+use crate::kv::Claim;
 use crate::metadata::InstanceSecrets;
-use crate::metrics::ScalerMetrics;
 use crate::policy::{self, Decision, Knobs, PoolSpec, PoolStatus};
 use crate::provider::tools::{ToolsCache, github_scope};
 use crate::provider::{Bootstrap, CreateRequest, Instance, Provider, ProviderError};
-use crate::sizing::Allocator;
 use crate::world::{Clock, JobId, Phase, Runner, World, create_backoff};
 use runyard_forge::api::github::endpoint;
 
@@ -46,33 +44,19 @@ pub struct Pool {
     pub provider_name: String,
 }
 
-/// What every operation shares.
+/// What the engine and its operations share: the IO handles, the pools,
+/// what `/v1/pools` shows and the instances' secret store.
 #[derive(Debug)]
 pub struct Shared {
+    /// The IO handles (also the retrier's, the reconciler's and the
+    /// metadata API's).
+    pub io: Arc<Io>,
     /// Pools by name.
-    pub pools: HashMap<String, Arc<Pool>>,
+    pub pools: Arc<HashMap<String, Arc<Pool>>>,
     /// Their specs, in configuration order.
     pub specs: Vec<PoolSpec>,
-    /// The event log.
-    pub bus: Bus,
-    /// Leases and claims.
-    pub coord: Coordination,
-    /// Forge clients.
-    pub forges: Forges,
-    /// Right-sizing.
-    pub allocator: Allocator,
-    /// The projection (a job already started gets no runner).
-    pub db: Option<PgPool>,
-    /// Timers.
-    pub timers: Timers,
-    /// Metrics.
-    pub metrics: ScalerMetrics,
     /// What `/v1/pools` shows.
     pub status: RwLock<Vec<PoolStatus>>,
-    /// Until when the projection is taken as unreachable (checks skipped).
-    pub db_down_until: std::sync::Mutex<Option<Instant>>,
-    /// Creates under way at once.
-    pub create_slots: tokio::sync::Semaphore,
     /// The instance metadata API's tokens and secrets (set when
     /// `RUNYARD_SCALER_INSTANCE_TOKEN_KEY` is).
     pub metadata: Option<crate::metadata::Metadata>,
@@ -229,8 +213,8 @@ impl Engine {
 
     fn backoff(&self) -> impl Fn(u32) -> Duration + use<> {
         let (base, max) = (
-            self.shared.timers.create_backoff,
-            self.shared.timers.create_backoff_max,
+            self.shared.io.timers.create_backoff,
+            self.shared.io.timers.create_backoff_max,
         );
         move |attempt| {
             let d = create_backoff(base, max, attempt);
@@ -266,7 +250,7 @@ impl Engine {
             let wait = (started.seconds - created.seconds) as f64
                 + f64::from(started.nanos - created.nanos) / 1e9;
             if wait >= 0.0 {
-                self.shared.metrics.queue_wait.observe(wait);
+                self.shared.io.metrics.queue_wait.observe(wait);
             }
         }
         let assigned_before = match &event.body {
@@ -337,7 +321,7 @@ impl Engine {
         caught_up: tokio::sync::watch::Receiver<bool>,
         stop: CancellationToken,
     ) {
-        let timers = self.shared.timers.clone();
+        let timers = self.shared.io.timers.clone();
         let mut tick = tokio::time::interval(timers.tick);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut lease_tick = tokio::time::interval(timers.lease_ttl / 4);
@@ -400,7 +384,7 @@ impl Engine {
             while self.tasks.join_next().await.is_some() {}
         })
         .await;
-        let coord = &self.shared.coord;
+        let coord = &self.shared.io.coord;
         let releases = std::mem::take(&mut self.leases)
             .into_iter()
             .map(|(pool, lease)| async move { coord.release(&pool, lease.revision).await });
@@ -416,9 +400,9 @@ impl Engine {
     }
 
     async fn renew_leases(&mut self) {
-        let ttl = self.shared.timers.lease_ttl;
+        let ttl = self.shared.io.timers.lease_ttl;
         let started = Instant::now();
-        let coord = &self.shared.coord;
+        let coord = &self.shared.io.coord;
         let leases = &self.leases;
         // All pools at once, bounded together: a slow NATS must not hold the
         // loop for a call per pool.
@@ -459,6 +443,7 @@ impl Engine {
             let label = crate::metrics::PoolLabel { pool: name.clone() };
             let held = i64::from(self.owns(name));
             self.shared
+                .io
                 .metrics
                 .leases_held
                 .get_or_create(&label)
@@ -468,7 +453,7 @@ impl Engine {
 
     /// Looks up the tags of queued GitLab jobs this replica may serve.
     fn lookup_labels(&mut self) {
-        let Some(gitlab) = self.shared.forges.gitlab.clone() else {
+        let Some(gitlab) = self.shared.io.forges.gitlab.clone() else {
             return;
         };
         let serves: HashSet<String> = self
@@ -512,9 +497,9 @@ impl Engine {
         self.lookup_labels();
         let now = now();
         let knobs = Knobs {
-            idle_backoff: self.shared.timers.idle_backoff,
-            create_attempts: self.shared.timers.create_attempts,
-            balance: self.shared.timers.balance,
+            idle_backoff: self.shared.io.timers.idle_backoff,
+            create_attempts: self.shared.io.timers.create_attempts,
+            balance: self.shared.io.timers.balance,
         };
         let owned: HashSet<String> = self
             .shared
@@ -524,7 +509,7 @@ impl Engine {
             .cloned()
             .collect();
         let specs = &self.shared.specs;
-        let queues = policy::queues(&self.world, specs, self.shared.timers.balance);
+        let queues = policy::queues(&self.world, specs, self.shared.io.timers.balance);
         let decisions = if owned.is_empty() {
             Vec::new()
         } else {
@@ -549,9 +534,13 @@ impl Engine {
             self.execute(d, now);
         }
         let status = unchanged.unwrap_or_else(|| {
-            policy::status(&self.shared.specs, &self.world, self.shared.timers.balance)
+            policy::status(
+                &self.shared.specs,
+                &self.world,
+                self.shared.io.timers.balance,
+            )
         });
-        self.shared.metrics.record_pools(&status);
+        self.shared.io.metrics.record_pools(&status);
         if let Ok(mut s) = self.shared.status.write() {
             *s = status;
         }
@@ -655,7 +644,7 @@ impl Engine {
                 .cloned()
                 .unwrap_or_else(TraceParent::new_root);
             self.spawn(name.clone(), async move {
-                match shared.bus.publish_event(&event, &tp).await {
+                match shared.io.bus.publish_event(&event, &tp).await {
                     Ok(stored) if !stored.duplicate => {
                         tracing::warn!(
                             job_id = job.id.job_id,
@@ -666,7 +655,7 @@ impl Engine {
                             "queued job gets no runner"
                         );
                         shared
-                            .metrics
+                            .io.metrics
                             .jobs_unserved
                             .get_or_create(&crate::metrics::UnservedLabel {
                                 forge: forge_token(job.id.forge),
@@ -699,6 +688,7 @@ impl Engine {
 
     fn execute(&mut self, decision: Decision, now: Clock) {
         self.shared
+            .io
             .metrics
             .decisions
             .get_or_create(&crate::metrics::DecisionLabel {
@@ -767,7 +757,7 @@ impl Engine {
                 let tools = self.tools.clone();
                 self.spawn(name.clone(), async move {
                     let sizing = match &job {
-                        Some(j) => shared.allocator.size(j, &p.config.flavors).await.flavor,
+                        Some(j) => shared.io.allocator.size(j, &p.config.flavors).await.flavor,
                         None => 0,
                     };
                     let made = provision(&shared, &p, &tools, &name, sizing, attempt).await;
@@ -865,7 +855,7 @@ impl Engine {
             }
             Decision::ConfirmIdle { name } => {
                 // Read the forge at most twice per confirmation window.
-                let window = self.shared.timers.busy_confirmation;
+                let window = self.shared.io.timers.busy_confirmation;
                 if self
                     .last_idle_check
                     .get(&name)
@@ -897,7 +887,7 @@ impl Engine {
         let key = format!(
             "free.{}.{}.{}",
             p.id,
-            self.shared.coord.replica(),
+            self.shared.io.coord.replica(),
             self.idle_counter
         );
         let name = instance_name(pool, &key);
@@ -1042,12 +1032,12 @@ impl Engine {
                 let started = Instant::now();
                 let instances = p.provider.list(&p.id).await;
                 shared
-                    .metrics
+                    .io.metrics
                     .provider_call(&p.provider_name, "list", started, instances.is_ok());
                 if let Err(error) = &instances {
                     tracing::warn!(%error, pool = %p.config.name, "listing the pool's instances failed");
                 }
-                let forge = shared.forges.list(&p.config).await;
+                let forge = shared.io.forges.list(&p.config).await;
                 if let Err(error) = &forge {
                     tracing::warn!(%error, pool = %p.config.name, "listing forge runners failed");
                 }
@@ -1102,7 +1092,7 @@ impl Engine {
             self.spawn(key, async move {
                 let started = Instant::now();
                 let instances = host.provider.list(&pool_id).await;
-                shared.metrics.provider_call(
+                shared.io.metrics.provider_call(
                     &host.provider_name,
                     "list",
                     started,
@@ -1235,7 +1225,7 @@ impl Engine {
                             }
                             forget_secrets(&shared, &name).await;
                             if let Some(id) = forge_id {
-                                let _ = shared.forges.unregister(&p.config, id).await;
+                                let _ = shared.io.forges.unregister(&p.config, id).await;
                             }
                             Body::RunnerFailed(RunnerFailed {
                                 runner: Some(rref(&p, &name)),
@@ -1351,7 +1341,7 @@ impl Engine {
                 // its instance: deleting that would kill the job all the
                 // same. The next listings try again.
                 if let Some(id) = forge_id {
-                    match shared.forges.unregister(&p.config, id).await {
+                    match shared.io.forges.unregister(&p.config, id).await {
                         Ok(Unregistered::Gone) => {}
                         Ok(Unregistered::Busy(_)) => {
                             tracing::info!(runner = %name, pool = %p.config.name, "orphan busy; kept until its job is done");
@@ -1375,7 +1365,7 @@ impl Engine {
                     let started = Instant::now();
                     let r = p.provider.delete(&p.id, &id).await;
                     shared
-                        .metrics
+                        .io.metrics
                         .provider_call(&p.provider_name, "delete", started, r.is_ok());
                     if let Err(error) = &r {
                         tracing::warn!(%error, runner = %name, "deleting an orphan instance failed");
@@ -1399,7 +1389,7 @@ impl Engine {
             let shared = self.shared.clone();
             let p = p.clone();
             self.spawn(op.clone(), async move {
-                match shared.forges.unregister(&p.config, id).await {
+                match shared.io.forges.unregister(&p.config, id).await {
                     Ok(Unregistered::Gone) => {
                         tracing::info!(runner = %name, forge_runner_id = id, "stale registration removed");
                     }
@@ -1459,7 +1449,7 @@ impl Engine {
             self.spawn(op.clone(), async move {
                 let started = Instant::now();
                 let deleted = host.provider.delete(&pool_id, &provider_id).await;
-                shared.metrics.provider_call(
+                shared.io.metrics.provider_call(
                     &host.provider_name,
                     "delete",
                     started,
@@ -1591,7 +1581,7 @@ async fn publish_for(
     // The trace of the work that led to it, if any.
     let tp = runyard_bus::current_trace();
     for attempt in 0..5u32 {
-        match shared.bus.publish_event(&event, &tp).await {
+        match shared.io.bus.publish_event(&event, &tp).await {
             Ok(_) => break,
             Err(error) => {
                 tracing::warn!(%error, attempt, runner = %name, "publishing a runner event failed");
@@ -1629,6 +1619,7 @@ async fn stopped_instance(
         let started = Instant::now();
         let result = p.provider.start(&p.id, &i.provider_id).await;
         shared
+            .io
             .metrics
             .provider_call(&p.provider_name, "start", started, result.is_ok());
         match result {
@@ -1702,7 +1693,7 @@ async fn create_for_job(
         name,
         job: started.then(|| job.id.clone()),
     };
-    match shared.coord.claim(&key, &name).await {
+    match shared.io.coord.claim(&key, &name).await {
         Ok(Claim::Won) => {}
         // Ours from an earlier life (or a dead replica's): adopt it.
         Ok(Claim::Held(holder)) if holder == name => {}
@@ -1719,7 +1710,7 @@ async fn create_for_job(
         tracing::info!(job_id = job.id.job_id, "job already started; no runner");
         return abandon(name, true);
     }
-    let sizing = shared.allocator.size(&job, &p.config.flavors).await;
+    let sizing = shared.io.allocator.size(&job, &p.config.flavors).await;
     let flavor = &p.config.flavors[sizing.flavor];
     let body = Body::RunnerRequested(RunnerRequested {
         runner: Some(rref(&p, &name)),
@@ -1787,11 +1778,16 @@ async fn create_free(
 /// failed check the next ones are skipped for a few seconds, so a database
 /// outage never slows creates down.
 async fn already_started(shared: &Shared, job: &JobId) -> bool {
-    let Some(db) = &shared.db else {
+    let Some(db) = &shared.io.db else {
         return false;
     };
     let down = |until: &mut Option<Instant>| until.is_some_and(|t| Instant::now() < t);
-    if shared.db_down_until.lock().is_ok_and(|mut u| down(&mut u)) {
+    if shared
+        .io
+        .db_down_until
+        .lock()
+        .is_ok_and(|mut u| down(&mut u))
+    {
         return false;
     }
     let query = sqlx::query_scalar::<_, i16>(
@@ -1803,7 +1799,7 @@ async fn already_started(shared: &Shared, job: &JobId) -> bool {
     match tokio::time::timeout(Duration::from_millis(500), query.fetch_optional(db)).await {
         Ok(Ok(status)) => status.is_some_and(|s| s >= 3),
         _ => {
-            if let Ok(mut until) = shared.db_down_until.lock() {
+            if let Ok(mut until) = shared.io.db_down_until.lock() {
                 *until = Some(Instant::now() + Duration::from_secs(5));
             }
             false
@@ -1865,15 +1861,16 @@ async fn provision_inner(
     let started = Instant::now();
     let flavor = &p.config.flavors[flavor.min(p.config.flavors.len() - 1)];
     // The semaphore is never closed; a closed one would only lift the bound.
-    let _slot = shared.create_slots.acquire().await.ok();
+    let _slot = shared.io.create_slots.acquire().await.ok();
     let external = p.provider.is_external();
     // Read before anything is registered: a failure leaves nothing to undo.
     let downloads = if external && p.spec.forge == Forge::Github {
         match (
-            shared.forges.github_for(&p.config.scope).ok(),
+            shared.io.forges.github_for(&p.config.scope).ok(),
             github_scope(&p.config.scope),
         ) {
             (Some(github), Some(scope)) => match shared
+                .io
                 .forges
                 .wait_out(github, &scope, endpoint::LIST_RUNNER_DOWNLOADS, || {
                     tools.get(github, &scope)
@@ -1893,7 +1890,7 @@ async fn provision_inner(
     } else {
         Vec::new()
     };
-    let reg = match shared.forges.register(&p.config, name).await {
+    let reg = match shared.io.forges.register(&p.config, name).await {
         Ok(r) => r,
         Err(error) => {
             tracing::warn!(%error, runner = %name, attempt, "registering the runner failed");
@@ -1924,7 +1921,7 @@ async fn provision_inner(
             Err(error) => {
                 tracing::warn!(%error, runner = %name, attempt, "preparing the instance's bootstrap failed");
                 forget_secrets(shared, name).await;
-                let _ = shared.forges.unregister(&p.config, reg.runner_id).await;
+                let _ = shared.io.forges.unregister(&p.config, reg.runner_id).await;
                 return fail(shared, p, name, attempt, "metadata_error", &error).await;
             }
         }
@@ -1940,6 +1937,7 @@ async fn provision_inner(
         Err(_) => Err(ProviderError::Timeout(p.config.bootstrap_timeout)),
     };
     shared
+        .io
         .metrics
         .provider_call(&p.provider_name, "create", started, created.is_ok());
     match created {
@@ -1973,13 +1971,14 @@ async fn provision_inner(
             let started = Instant::now();
             let deleted = p.provider.delete(&p.id, &target).await;
             shared
+                .io
                 .metrics
                 .provider_call(&p.provider_name, "delete", started, deleted.is_ok());
             if let Err(e) = &deleted {
                 tracing::warn!(error = %e, runner = %name, "deleting the failed instance failed");
             }
             forget_secrets(shared, name).await;
-            let _ = shared.forges.unregister(&p.config, reg.runner_id).await;
+            let _ = shared.io.forges.unregister(&p.config, reg.runner_id).await;
             fail(
                 shared,
                 p,
@@ -2086,7 +2085,7 @@ enum RemoveFailed {
 /// instance. `Busy` (nothing removed) when the forge says it runs a job.
 async fn remove(shared: &Shared, p: &Pool, r: &Runner) -> Result<Unregistered, RemoveFailed> {
     if let Some(id) = r.forge_runner_id {
-        match shared.forges.unregister(&p.config, id).await {
+        match shared.io.forges.unregister(&p.config, id).await {
             Ok(Unregistered::Busy(jobs)) => return Ok(Unregistered::Busy(jobs)),
             Ok(Unregistered::Gone) => {}
             Err(error) => {
@@ -2099,6 +2098,7 @@ async fn remove(shared: &Shared, p: &Pool, r: &Runner) -> Result<Unregistered, R
     let started = Instant::now();
     let deleted = p.provider.delete(&p.id, &target).await;
     shared
+        .io
         .metrics
         .provider_call(&p.provider_name, "delete", started, deleted.is_ok());
     match deleted {
@@ -2132,7 +2132,7 @@ async fn confirm_idle(
     let Some(id) = r.forge_runner_id else {
         return done(None);
     };
-    match shared.forges.runner(&p.config, id).await {
+    match shared.io.forges.runner(&p.config, id).await {
         Ok(Some(f)) if f.busy => return done(Some(Local::Busy(f.running_jobs))),
         // Paused (GitLab, by an earlier removal that found it busy): it
         // gets no job, so nothing is to be waited for.

@@ -8,6 +8,7 @@ mod background;
 pub mod config;
 pub mod engine;
 pub mod forges;
+pub mod io;
 pub mod kv;
 pub mod metadata;
 mod metrics;
@@ -364,9 +365,7 @@ impl App {
         let (listener, metadata_listener) =
             Box::pin(bind_listeners(&config, metadata.is_some())).await?;
         tracing::info!(addr = %listener.local_addr()?, namespace = %bus.namespace(), %replica, pools = specs.len(), "scaler listening");
-        let shared = Arc::new(Shared {
-            pools,
-            specs,
+        let io = Arc::new(io::Io {
             bus,
             coord,
             forges,
@@ -379,24 +378,30 @@ impl App {
             db,
             timers: file.scaler.clone(),
             metrics,
-            status: RwLock::new(Vec::new()),
             db_down_until: std::sync::Mutex::new(None),
             create_slots: tokio::sync::Semaphore::new(CREATES_IN_FLIGHT),
+        });
+        let shared = Arc::new(Shared {
+            io: io.clone(),
+            pools: Arc::new(pools),
+            specs,
+            status: RwLock::new(Vec::new()),
             metadata,
         });
         // Every endpoint's series exists from the start, at zero.
-        if let Some(gh) = &shared.forges.github {
-            shared.metrics.record_forge_calls("github", &gh.calls());
+        if let Some(gh) = &io.forges.github {
+            io.metrics.record_forge_calls("github", &gh.calls());
         }
-        if let Some(gl) = &shared.forges.gitlab {
-            shared.metrics.record_forge_calls("gitlab", &gl.calls());
+        if let Some(gl) = &io.forges.gitlab {
+            io.metrics.record_forge_calls("gitlab", &gl.calls());
         }
         // Forge clients of its own: its calls are budgeted and counted apart.
         let reconciler = match &file.reconciler {
             Some(section) => Some(reconciler::Reconciler::new(
                 section.clone(),
                 self::forges(&config, &file)?,
-                shared.clone(),
+                io.clone(),
+                &shared.specs,
                 &config.github_api_url,
                 config
                     .gitlab_api_url
@@ -405,7 +410,7 @@ impl App {
             )),
             None => None,
         };
-        let retrier = retry::Retrier::new(shared.clone(), file.retry.clone());
+        let retrier = retry::Retrier::new(io, file.retry.clone());
         Ok(Self {
             shared,
             registry,
@@ -441,36 +446,34 @@ impl App {
         let (caught_up_tx, caught_up) = watch::channel(false);
         let caught_up_tx = Arc::new(caught_up_tx);
         let consumer = {
-            let shared = self.shared.clone();
+            let io = self.shared.io.clone();
             let stop = stop.clone();
             let caught_up_tx = caught_up_tx.clone();
             tokio::spawn(async move {
-                follow(shared, events_tx, caught_up_tx, stop).await;
+                follow(io, events_tx, caught_up_tx, stop).await;
             })
         };
         let claims = {
-            let shared = self.shared.clone();
+            let io = self.shared.io.clone();
             let stop = stop.clone();
             tokio::spawn(async move {
                 loop {
-                    if let Ok(n) = shared.coord.claims_held().await {
-                        shared
-                            .metrics
+                    if let Ok(n) = io.coord.claims_held().await {
+                        io.metrics
                             .claims_held
                             .set(i64::try_from(n).unwrap_or(i64::MAX));
                     }
-                    if let Some(gh) = &shared.forges.github {
-                        shared.metrics.record_forge_calls("github", &gh.calls());
+                    if let Some(gh) = &io.forges.github {
+                        io.metrics.record_forge_calls("github", &gh.calls());
                     }
-                    record_budgets(&shared);
-                    if let Some(gl) = &shared.forges.gitlab {
-                        shared.metrics.record_forge_calls("gitlab", &gl.calls());
+                    record_budgets(&io);
+                    if let Some(gl) = &io.forges.gitlab {
+                        io.metrics.record_forge_calls("gitlab", &gl.calls());
                     }
-                    if let Some(gh) = &shared.forges.github
+                    if let Some(gh) = &io.forges.github
                         && let Some(left) = gh.rate_limit_remaining()
                     {
-                        shared
-                            .metrics
+                        io.metrics
                             .github_rate_limit_remaining
                             .set(i64::try_from(left).unwrap_or(i64::MAX));
                     }
@@ -507,7 +510,12 @@ impl App {
         let metadata_tasks = tokio_util::task::TaskTracker::new();
         let metadata_http = match (
             self.metadata_listener,
-            metadata::api::router(self.shared.clone(), metadata_tasks.clone()),
+            metadata::api::router(
+                self.shared.io.clone(),
+                self.shared.pools.clone(),
+                self.shared.metadata.clone(),
+                metadata_tasks.clone(),
+            ),
         ) {
             (Some(listener), Some(router)) => {
                 Some(tokio::spawn(serve(listener, router, stop.clone())))
@@ -533,7 +541,7 @@ impl App {
         let _ = retrier.await;
         let _ = http.await;
         let _ =
-            tokio::time::timeout(Duration::from_secs(5), self.shared.bus.client().flush()).await;
+            tokio::time::timeout(Duration::from_secs(5), self.shared.io.bus.client().flush()).await;
         tracing::info!("scaler stopped");
         Ok(())
     }
@@ -626,12 +634,12 @@ async fn pending_from(
 }
 
 async fn follow(
-    shared: Arc<Shared>,
+    io: Arc<io::Io>,
     tx: mpsc::Sender<engine::Observed>,
     caught_up: Arc<watch::Sender<bool>>,
     stop: tokio_util::sync::CancellationToken,
 ) {
-    let bus = &shared.bus;
+    let bus = &io.bus;
     let ns = bus.namespace().clone();
     loop {
         if stop.is_cancelled() {
@@ -642,7 +650,7 @@ async fn follow(
                 .create_events_stream_if_missing(&StreamSettings::default())
                 .await
                 .is_ok();
-        let start = time::OffsetDateTime::now_utc() - shared.timers.lookback;
+        let start = time::OffsetDateTime::now_utc() - io.timers.lookback;
         let filters = vec![
             format!("{}.v1.job.>", ns.as_str()),
             format!("{}.v1.runner.>", ns.as_str()),
@@ -694,7 +702,7 @@ struct HttpState {
 }
 
 async fn readyz(AxumState(s): AxumState<HttpState>) -> Response {
-    let nats = s.shared.bus.is_connected();
+    let nats = s.shared.io.bus.is_connected();
     let caught_up = *s.caught_up.borrow();
     let status = if nats && caught_up {
         StatusCode::OK
@@ -710,18 +718,17 @@ async fn readyz(AxumState(s): AxumState<HttpState>) -> Response {
 
 /// Brings the GitHub budget gauges and the creates waiting for them up to
 /// date (also at each scrape: a budget changes with every answer).
-fn record_budgets(shared: &Shared) {
-    for gh in shared.forges.github.iter().chain(&shared.forges.github_pat) {
-        shared.metrics.record_rate_budgets(&gh.rate_budgets());
+fn record_budgets(io: &io::Io) {
+    for gh in io.forges.github.iter().chain(&io.forges.github_pat) {
+        io.metrics.record_rate_budgets(&gh.rate_budgets());
     }
-    shared
-        .metrics
+    io.metrics
         .creates_waiting_for_rate_limit
-        .set(i64::try_from(shared.forges.waiting.len()).unwrap_or(i64::MAX));
+        .set(i64::try_from(io.forges.waiting.len()).unwrap_or(i64::MAX));
 }
 
 async fn metrics_text(AxumState(s): AxumState<HttpState>) -> Response {
-    record_budgets(&s.shared);
+    record_budgets(&s.shared.io);
     (
         [(
             header::CONTENT_TYPE,

@@ -46,9 +46,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::background::{follow_then_lease, held};
 use crate::config::{GitHubHook, RECONCILER_LEASE, ReconcilerSection, split_repo};
-use crate::engine::Shared;
 use crate::forges::Forges;
+use crate::io::Io;
 use crate::metrics::{CycleLabel, ForgeLabel, FoundLabel};
+use crate::policy::PoolSpec;
 use crate::world::JobId;
 
 /// `Source.producer` of the events the reconciler publishes.
@@ -460,7 +461,7 @@ enum Stop {
 #[derive(Debug)]
 pub struct Reconciler {
     section: ReconcilerSection,
-    shared: Arc<Shared>,
+    io: Arc<Io>,
     forges: Forges,
     github_instance: String,
     gitlab_instance: String,
@@ -477,17 +478,17 @@ impl Reconciler {
     /// A reconciler for `section`, with forge clients of its own (`forges`:
     /// its requests are budgeted and counted apart from the engine's).
     /// `github_api_url` and `gitlab_url` name the instances when the pools
-    /// do not (see [`instance_for`]).
+    /// do not (see [`instance_for`]); `specs` are the configured pools'.
     pub fn new(
         section: ReconcilerSection,
         forges: Forges,
-        shared: Arc<Shared>,
+        io: Arc<Io>,
+        specs: &[PoolSpec],
         github_api_url: &str,
         gitlab_url: Option<&str>,
     ) -> Self {
         let instances = |forge: Forge| {
-            shared
-                .specs
+            specs
                 .iter()
                 .filter(|s| s.forge == forge)
                 .map(|s| s.instance.clone())
@@ -514,7 +515,7 @@ impl Reconciler {
         Self {
             budget: Budget::new(section.api_budget_per_hour, Instant::now()),
             section,
-            shared,
+            io,
             forges,
             github_instance,
             gitlab_instance,
@@ -532,7 +533,7 @@ impl Reconciler {
     /// on the way out).
     pub async fn run(mut self, stop: CancellationToken) {
         let Some(leased) = follow_then_lease(
-            &self.shared,
+            &self.io,
             "runyard scaler reconciler",
             &["job.>"],
             Follow {
@@ -580,7 +581,7 @@ impl Reconciler {
     async fn cycle(&mut self, lease: &watch::Receiver<Option<Instant>>) {
         self.cycle += 1;
         self.errors = false;
-        let keep = self.shared.timers.lookback;
+        let keep = self.io.timers.lookback;
         lock(&self.seen).prune(Instant::now(), keep);
         self.redelivered
             .retain(|_, r| r.at.elapsed() < Duration::from_secs(3 * 24 * 3600));
@@ -641,7 +642,7 @@ impl Reconciler {
             None if self.errors => "errors",
             None => "complete",
         };
-        self.shared
+        self.io
             .metrics
             .reconciler_cycles
             .get_or_create(&CycleLabel { outcome })
@@ -663,7 +664,7 @@ impl Reconciler {
     /// Settles a call: `sent` requests went out, one of them admitted.
     fn settle(&mut self, forge: &'static str, sent: u64) {
         self.budget.charge(sent.saturating_sub(1));
-        self.shared
+        self.io
             .metrics
             .reconciler_api_calls
             .get_or_create(&ForgeLabel { forge })
@@ -792,7 +793,7 @@ impl Reconciler {
         now: OffsetDateTime,
         lease: &watch::Receiver<Option<Instant>>,
     ) -> Result<Option<Vec<HookDelivery>>, Stop> {
-        let lookback = time::Duration::try_from(self.shared.timers.lookback)
+        let lookback = time::Duration::try_from(self.io.timers.lookback)
             .unwrap_or(REDELIVERY_WINDOW)
             .min(REDELIVERY_WINDOW);
         let since = now - lookback;
@@ -944,7 +945,7 @@ impl Reconciler {
             status_token(job.status()),
         );
         match self
-            .shared
+            .io
             .bus
             .publish_event(&event, &TraceParent::new_root())
             .await
@@ -966,7 +967,7 @@ impl Reconciler {
     }
 
     fn found(&self, kind: &'static str) {
-        self.shared
+        self.io
             .metrics
             .reconciler_found
             .get_or_create(&FoundLabel { kind })

@@ -51,7 +51,8 @@ use serde_json::json;
 use tokio_util::task::TaskTracker;
 
 use super::{Claims, InstanceSecrets, Metadata, script};
-use crate::engine::{Pool, Shared};
+use crate::engine::Pool;
+use crate::io::Io;
 
 /// Largest request body taken (callbacks are a few hundred bytes).
 const BODY_LIMIT: usize = 64 * 1024;
@@ -64,7 +65,8 @@ const ERROR_CHARS: usize = 500;
 
 #[derive(Clone)]
 struct Api {
-    shared: Arc<Shared>,
+    io: Arc<Io>,
+    pools: Arc<HashMap<String, Arc<Pool>>>,
     meta: Metadata,
     tasks: TaskTracker,
 }
@@ -72,10 +74,16 @@ struct Api {
 /// The API's routes, when the scaler has an instance token key (`None`
 /// otherwise). Work a callback starts that outlives its request (removing
 /// a failed instance) runs on `tasks`.
-pub fn router(shared: Arc<Shared>, tasks: TaskTracker) -> Option<Router> {
-    let meta = shared.metadata.clone()?;
+pub fn router(
+    io: Arc<Io>,
+    pools: Arc<HashMap<String, Arc<Pool>>>,
+    metadata: Option<Metadata>,
+    tasks: TaskTracker,
+) -> Option<Router> {
+    let meta = metadata?;
     let api = Api {
-        shared,
+        io,
+        pools,
         meta,
         tasks,
     };
@@ -248,9 +256,9 @@ fn runner_ref(p: &Pool, name: &str) -> RunnerRef {
 /// Publishes a runner event of `p` with the id every producer gives it
 /// (`runyard_events::runner_event_id_for`), so the same fact seen by the
 /// engine and told by the instance is stored once. Tries `tries` times.
-async fn publish(shared: &Shared, p: &Pool, body: Body, tries: u32) -> bool {
+async fn publish(io: &Io, p: &Pool, body: Body, tries: u32) -> bool {
     let id = runner_event_id_for(&body).unwrap_or_default();
-    crate::background::publish_own(shared, p.spec.forge, &p.spec.instance, id, body, tries)
+    crate::background::publish_own(io, p.spec.forge, &p.spec.instance, id, body, tries)
         .await
         .is_some()
 }
@@ -261,7 +269,7 @@ async fn status(State(api): State<Api>, caller: Caller, body: Bytes) -> Response
         Err(e) => return bad_request(&e),
     };
     let name = caller.claims.sub.as_str();
-    let pool = api.shared.pools.get(&caller.claims.pool).cloned();
+    let pool = api.pools.get(&caller.claims.pool).cloned();
     match update.status.as_str() {
         "idle" => {
             tracing::info!(runner = %name, pool = %caller.claims.pool, agent_id = ?update.agent_id, "instance reports its runner installed");
@@ -270,7 +278,7 @@ async fn status(State(api): State<Api>, caller: Caller, body: Bytes) -> Response
                     runner: Some(runner_ref(p, name)),
                     source: "callback".into(),
                 });
-                if !publish(&api.shared, p, body, 3).await {
+                if !publish(&api.io, p, body, 3).await {
                     return server_error();
                 }
             } else {
@@ -290,11 +298,11 @@ async fn status(State(api): State<Api>, caller: Caller, body: Bytes) -> Response
             };
             // Off the request: removing the instance ends the caller's
             // connection, and that must not cut this short.
-            let shared = api.shared.clone();
+            let io = api.io.clone();
             let name = name.to_owned();
             let attempt = caller.claims.attempt.max(1);
             api.tasks.spawn(async move {
-                fail_instance(&shared, &p, &name, attempt, &message).await;
+                fail_instance(&io, &p, &name, attempt, &message).await;
             });
             ok_empty()
         }
@@ -307,11 +315,10 @@ async fn status(State(api): State<Api>, caller: Caller, body: Bytes) -> Response
 
 /// A failed install, handled as a failed create attempt: the instance is
 /// removed (a retry must not adopt it), then `RunnerFailed` is recorded.
-async fn fail_instance(shared: &Shared, p: &Pool, name: &str, attempt: u32, message: &str) {
+async fn fail_instance(io: &Io, p: &Pool, name: &str, attempt: u32, message: &str) {
     let started = Instant::now();
     let deleted = p.provider.delete(&p.id, name).await;
-    shared
-        .metrics
+    io.metrics
         .provider_call(&p.provider_name, "delete", started, deleted.is_ok());
     if let Err(error) = &deleted {
         tracing::warn!(%error, runner = %name, "removing the failed instance failed");
@@ -329,7 +336,7 @@ async fn fail_instance(shared: &Shared, p: &Pool, name: &str, attempt: u32, mess
         given_up: false,
         job: None,
     });
-    publish(shared, p, body, 5).await;
+    publish(io, p, body, 5).await;
 }
 
 async fn system_info(caller: Caller, body: Bytes) -> Response {
@@ -349,7 +356,7 @@ async fn system_info(caller: Caller, body: Bytes) -> Response {
 
 /// The pool's extra specs as JSON, when it has any.
 fn extra_specs(api: &Api, pool: &str) -> Option<serde_json::Value> {
-    let p = api.shared.pools.get(pool)?;
+    let p = api.pools.get(pool)?;
     let v = serde_json::to_value(p.config.extra_specs.as_ref()?).ok()?;
     v.as_object().is_some_and(|o| !o.is_empty()).then_some(v)
 }

@@ -49,7 +49,7 @@ pub use book::{
 
 use crate::background::{follow_then_lease, held, publish_own};
 use crate::config::{RETRIER_LEASE, RetrySection, split_repo};
-use crate::engine::Shared;
+use crate::io::Io;
 use crate::kv::Claim;
 use crate::metrics::RetryLabel;
 
@@ -113,7 +113,7 @@ struct Made {
 /// The retrier task (see the module documentation).
 #[derive(Debug)]
 pub struct Retrier {
-    shared: Arc<Shared>,
+    io: Arc<Io>,
     settings: RetrySection,
     book: Arc<Mutex<Book>>,
     /// Per unit or run: not before this instant again.
@@ -125,9 +125,9 @@ pub struct Retrier {
 
 impl Retrier {
     /// A retrier acting with the engine's forge clients.
-    pub fn new(shared: Arc<Shared>, settings: RetrySection) -> Self {
+    pub fn new(io: Arc<Io>, settings: RetrySection) -> Self {
         Self {
-            shared,
+            io,
             settings,
             book: Arc::default(),
             next_check: HashMap::new(),
@@ -138,14 +138,14 @@ impl Retrier {
     /// How old another replica's unfinished request must be before this one
     /// finishes it (the other may still be asking the forge).
     fn resume_after(&self) -> Duration {
-        self.shared.timers.lease_ttl * 2 + self.shared.timers.forge_timeout * 5
+        self.io.timers.lease_ttl * 2 + self.io.timers.forge_timeout * 5
     }
 
     /// Runs until `stop`: follows the log, and once it has read it, acts
     /// while it holds the lease (released on the way out).
     pub async fn run(mut self, stop: CancellationToken) {
         let Some(leased) = follow_then_lease(
-            &self.shared,
+            &self.io,
             "runyard scaler retrier",
             &["job.>", "pipeline.>", "usage.>", "retry.>"],
             Fold {
@@ -167,7 +167,7 @@ impl Retrier {
             "OOM retrier started"
         );
         let period = self
-            .shared
+            .io
             .timers
             .tick
             .min(self.settings.poll_interval)
@@ -189,7 +189,7 @@ impl Retrier {
             }
             if pruned.elapsed() > Duration::from_secs(60) {
                 pruned = Instant::now();
-                lock(&self.book).prune(OffsetDateTime::now_utc(), self.shared.timers.lookback);
+                lock(&self.book).prune(OffsetDateTime::now_utc(), self.io.timers.lookback);
             }
         }
         leased.finish().await;
@@ -253,7 +253,7 @@ impl Retrier {
                     project_id,
                 } => {
                     let key = format!("pipeline:{}:{}", pipeline.1, pipeline.2);
-                    let Some(gl) = self.shared.forges.gitlab.clone() else {
+                    let Some(gl) = self.io.forges.gitlab.clone() else {
                         continue;
                     };
                     if !self.due(&key) {
@@ -279,7 +279,7 @@ impl Retrier {
     /// Reads a GitHub run and its latest attempt's jobs, and acts on
     /// [`Book::decide_run`].
     async fn check_run(&mut self, run: book::UnitRef, repo: String, stop: &CancellationToken) {
-        let Some(gh) = self.shared.forges.github.clone() else {
+        let Some(gh) = self.io.forges.github.clone() else {
             return;
         };
         let Some((owner, name)) = split_repo(&repo) else {
@@ -386,12 +386,7 @@ impl Retrier {
             key_token(&target.instance),
             key_token(&target.unit)
         );
-        match self
-            .shared
-            .coord
-            .claim(&claim, self.shared.coord.replica())
-            .await
-        {
+        match self.io.coord.claim(&claim, self.io.coord.replica()).await {
             Ok(Claim::Won) => {}
             Ok(Claim::Held(by)) => {
                 tracing::info!(unit = %target.unit, held_by = %by, "retry claimed before; left to its holder");
@@ -557,7 +552,7 @@ impl Retrier {
     }
 
     fn count(&self, forge: Forge, outcome: &'static str, reason: &'static str) {
-        self.shared
+        self.io
             .metrics
             .retries
             .get_or_create(&RetryLabel {
@@ -570,7 +565,7 @@ impl Retrier {
 
     /// Publishes a retry event (a few attempts) and folds it in.
     async fn publish(&self, id: String, forge: Forge, instance: &str, body: Body) -> Option<Event> {
-        let event = publish_own(&self.shared, forge, instance, id, body, 5).await?;
+        let event = publish_own(&self.io, forge, instance, id, body, 5).await?;
         lock(&self.book).observe(&event);
         Some(event)
     }
@@ -582,7 +577,7 @@ impl Retrier {
         look_first: bool,
         stop: &CancellationToken,
     ) -> (Asked<Made>, Spent) {
-        let Some(gl) = self.shared.forges.gitlab.clone() else {
+        let Some(gl) = self.io.forges.gitlab.clone() else {
             return (no_client("GitLab"), Spent::default());
         };
         let failed = target.pipeline_id;
@@ -640,7 +635,7 @@ impl Retrier {
         r: &RetryRequested,
         stop: &CancellationToken,
     ) -> (Asked<Made>, Spent) {
-        let Some(gl) = self.shared.forges.gitlab.clone() else {
+        let Some(gl) = self.io.forges.gitlab.clone() else {
             return (no_client("GitLab"), Spent::default());
         };
         let Some(job_id) = r
@@ -680,7 +675,7 @@ impl Retrier {
         r: &RetryRequested,
         stop: &CancellationToken,
     ) -> (Asked<Made>, Spent) {
-        let Some(gh) = self.shared.forges.github.clone() else {
+        let Some(gh) = self.io.forges.github.clone() else {
             return (no_client("GitHub"), Spent::default());
         };
         let Some((owner, name)) = split_repo(&target.project) else {
