@@ -22,6 +22,7 @@ use crate::config::{PoolConfig, StoppedAction};
 use crate::forges::{ForgeRunner, Unregistered};
 use crate::io::Io;
 use crate::kv::Claim;
+use crate::listing::{self, Finding, Listing, Sightings};
 use crate::metadata::InstanceSecrets;
 use crate::policy::{self, Decision, Knobs, PoolSpec, PoolStatus};
 use crate::provider::tools::{ToolsCache, github_scope};
@@ -141,8 +142,8 @@ pub struct Engine {
     leases: HashMap<String, Lease>,
     outcomes_tx: mpsc::Sender<Outcome>,
     outcomes: mpsc::Receiver<Outcome>,
-    /// Listing mismatches seen per name (acted on at the second sighting).
-    suspects: HashMap<String, u32>,
+    /// Listing mismatches seen (acted on at the second sighting).
+    sightings: Sightings,
     last_idle_check: HashMap<String, Clock>,
     tasks: tokio::task::JoinSet<()>,
     idle_counter: u64,
@@ -189,7 +190,7 @@ impl Engine {
             leases: HashMap::new(),
             outcomes_tx,
             outcomes,
-            suspects: HashMap::new(),
+            sightings: Sightings::default(),
             last_idle_check: HashMap::new(),
             tasks: tokio::task::JoinSet::new(),
             idle_counter: 0,
@@ -1110,34 +1111,7 @@ impl Engine {
         }
     }
 
-    /// Counts a sighting of `kind`/`name` in a listing of `scope` (a pool
-    /// id); true at the second listing in a row showing it, so a create or
-    /// delete whose event is still on its way is never mistaken.
-    fn sighted(
-        &mut self,
-        scope: &str,
-        kind: &str,
-        name: &str,
-        seen_now: &mut HashSet<String>,
-    ) -> bool {
-        let key = format!("{scope}/{kind}/{name}");
-        seen_now.insert(key.clone());
-        let count = self.suspects.entry(key.clone()).or_default();
-        *count += 1;
-        if *count < 2 {
-            return false;
-        }
-        self.suspects.remove(&key);
-        true
-    }
-
-    /// Forgets what a listing of `scope` no longer shows.
-    fn settle(&mut self, scope: &str, seen_now: &HashSet<String>) {
-        let prefix = format!("{scope}/");
-        self.suspects
-            .retain(|k, _| !k.starts_with(&prefix) || seen_now.contains(k));
-    }
-
+    /// Acts on what a pool's listings show (see [`crate::listing`]).
     fn on_listed(
         &mut self,
         pool: &str,
@@ -1147,70 +1121,33 @@ impl Engine {
         let Some(p) = self.shared.pools.get(pool).cloned() else {
             return;
         };
-        let scope = p.id.clone();
-        let mut seen_now = HashSet::new();
-        let known = |w: &World, name: &str| {
-            w.runners
-                .get(name)
-                .is_some_and(|r| r.phase != Phase::Deleted)
+        let listing = Listing {
+            pool,
+            scope: &p.id,
+            restart_stopped: p.config.stopped == StoppedAction::Start,
+            instances,
+            forge,
         };
-        // What nothing owns, by name: its provider id and forge id.
-        let mut orphans: std::collections::BTreeMap<String, (Option<String>, Option<u64>)> =
-            std::collections::BTreeMap::new();
-        if let Some(instances) = instances {
-            for i in instances {
-                if !known(&self.world, &i.name) && !self.ops.contains(&i.name) {
-                    orphans.entry(i.name.clone()).or_default().0 = Some(i.provider_id.clone());
-                }
-            }
-            // Runners the provider no longer has.
-            let listed: HashSet<&str> = instances.iter().map(|i| i.name.as_str()).collect();
-            let missing: Vec<Runner> = self
-                .world
-                .runners
-                .values()
-                .filter(|r| r.pool == pool)
-                .filter(|r| matches!(r.phase, Phase::Created | Phase::Online | Phase::Assigned))
-                .filter(|r| !listed.contains(r.name.as_str()) && !self.ops.contains(&r.name))
-                .cloned()
-                .collect();
-            // Creates another replica (or an earlier life of this one)
-            // began and never finished: adopt what the provider made, start
-            // over where it made nothing.
-            let interrupted: Vec<Runner> = self
-                .world
-                .runners
-                .values()
-                .filter(|r| r.pool == pool && r.phase == Phase::Requested)
-                .filter(|r| !self.ops.contains(&r.name))
-                .cloned()
-                .collect();
-            // Runners whose machine is stopped or in error.
-            let troubled: Vec<(Runner, Instance)> = instances
-                .iter()
-                .filter(|i| matches!(i.status.as_str(), "stopped" | "error"))
-                .filter_map(|i| {
-                    let r = self.world.runners.get(&i.name)?;
-                    (r.pool == pool
-                        && matches!(r.phase, Phase::Created | Phase::Online | Phase::Assigned)
-                        && !self.ops.contains(&r.name))
-                    .then(|| (r.clone(), i.clone()))
-                })
-                .collect();
-            for r in interrupted {
-                if !self.sighted(&scope, "interrupted", &r.name, &mut seen_now) {
-                    continue;
-                }
-                let listed_instance = instances.iter().find(|i| i.name == r.name).cloned();
-                let forge_id = forge
-                    .as_ref()
-                    .and_then(|f| f.iter().find(|f| f.name == r.name))
-                    .map(|f| f.id);
-                let shared = self.shared.clone();
-                let p = p.clone();
-                let name = r.name.clone();
-                self.spawn(name.clone(), async move {
-                    let body = match (listed_instance, forge_id) {
+        let ops = &self.ops;
+        let findings = listing::diff(
+            &mut self.world,
+            &listing,
+            &|n| ops.contains(n),
+            &mut self.sightings,
+            &mut self.restarted,
+        );
+        for finding in findings {
+            let op = finding.op();
+            let shared = self.shared.clone();
+            let p = p.clone();
+            match finding {
+                Finding::Interrupted {
+                    runner: r,
+                    instance,
+                    forge_id,
+                } => self.spawn(op, async move {
+                    let name = r.name.clone();
+                    let body = match (instance, forge_id) {
                         (Some(i), Some(id)) => Body::RunnerCreated(RunnerCreated {
                             runner: Some(rref(&p, &name)),
                             provider_id: i.provider_id,
@@ -1238,18 +1175,11 @@ impl Engine {
                         }
                     };
                     record(&shared, &p, name, body).await
-                });
-            }
-            for r in missing {
-                if !self.sighted(&scope, "gone", &r.name, &mut seen_now) {
-                    continue;
-                }
-                let shared = self.shared.clone();
-                let p = p.clone();
-                let name = r.name.clone();
-                self.spawn(name.clone(), async move {
+                }),
+                Finding::Gone { runner: r } => self.spawn(op, async move {
                     // Its process ended (an ephemeral runner after its job) or
                     // the machine went: tidy the forge side, record it.
+                    let name = r.name.clone();
                     let _ = remove(&shared, &p, &r).await;
                     let body = if r.phase == Phase::Assigned {
                         Body::RunnerDeleted(RunnerDeleted {
@@ -1267,147 +1197,46 @@ impl Engine {
                         })
                     };
                     record(&shared, &p, name, body).await
-                });
-            }
-            for (r, i) in troubled {
-                if !self.sighted(&scope, "stopped", &r.name, &mut seen_now) {
-                    continue;
+                }),
+                Finding::Stopped {
+                    runner,
+                    instance,
+                    start,
+                } => self.spawn(op, async move {
+                    stopped_instance(shared, p, runner, instance, start).await
+                }),
+                Finding::Online { name } => {
+                    let body = Body::RunnerOnline(RunnerOnline {
+                        runner: Some(rref(&p, &name)),
+                        source: "forge_list".into(),
+                    });
+                    self.spawn(op, async move { record(&shared, &p, name, body).await });
                 }
-                // Started again once: stopped a second time, it is replaced
-                // (and its replacement may be started again once).
-                let start = i.status == "stopped"
-                    && p.config.stopped == StoppedAction::Start
-                    && !self.restarted.remove(&r.name);
-                if start {
-                    self.restarted.insert(r.name.clone());
-                }
-                let shared = self.shared.clone();
-                let p = p.clone();
-                self.spawn(r.name.clone(), async move {
-                    stopped_instance(shared, p, r, i, start).await
-                });
-            }
-        }
-        // Registrations under a live runner's name that are not its own: a
-        // register whose answer was lost, retried (GitLab names runners by
-        // description, which need not be unique).
-        let mut stale: Vec<(String, u64)> = Vec::new();
-        if let Some(forge) = forge {
-            for f in forge {
-                match self.world.runners.get_mut(&f.name) {
-                    Some(r) if r.phase != Phase::Deleted => {
-                        if r.forge_runner_id.is_none() {
-                            r.forge_runner_id = Some(f.id);
-                        } else if r.forge_runner_id != Some(f.id) {
-                            if !self.ops.contains(&f.name) {
-                                stale.push((f.name.clone(), f.id));
-                            }
-                            continue;
-                        }
-                        if f.busy && r.phase < Phase::Assigned && r.phase != Phase::Failed {
-                            r.phase = Phase::Assigned;
-                        } else if f.online
-                            && matches!(r.phase, Phase::Requested | Phase::Created)
-                            && !self.ops.contains(&f.name)
-                        {
-                            let body = Body::RunnerOnline(RunnerOnline {
-                                runner: Some(rref(&p, &f.name)),
-                                source: "forge_list".into(),
-                            });
-                            let shared = self.shared.clone();
-                            let p = p.clone();
-                            let name = f.name.clone();
-                            self.spawn(name.clone(), async move {
-                                record(&shared, &p, name, body).await
-                            });
-                        }
-                    }
-                    _ if !f.busy && !self.ops.contains(&f.name) => {
-                        orphans.entry(f.name.clone()).or_default().1 = Some(f.id);
-                    }
-                    _ => {}
-                }
-            }
-        }
-        for (name, (provider_id, forge_id)) in orphans {
-            let op = format!("orphan:{name}");
-            if self.ops.contains(&op) || !self.sighted(&scope, "orphan", &name, &mut seen_now) {
-                continue;
-            }
-            let shared = self.shared.clone();
-            let p = p.clone();
-            self.spawn(op.clone(), async move {
-                // A forge runner that is busy (or could not be asked) keeps
-                // its instance: deleting that would kill the job all the
-                // same. The next listings try again.
-                if let Some(id) = forge_id {
+                Finding::Orphan {
+                    name,
+                    provider_id,
+                    forge_id,
+                } => self.spawn(op.clone(), remove_orphan(shared, p, op, name, provider_id, forge_id)),
+                Finding::Stale { name, id } => self.spawn(op.clone(), async move {
                     match shared.io.forges.unregister(&p.config, id).await {
-                        Ok(Unregistered::Gone) => {}
+                        Ok(Unregistered::Gone) => {
+                            tracing::info!(runner = %name, forge_runner_id = id, "stale registration removed");
+                        }
                         Ok(Unregistered::Busy(_)) => {
-                            tracing::info!(runner = %name, pool = %p.config.name, "orphan busy; kept until its job is done");
-                            return Outcome::Done {
-                                name: op,
-                                events: Vec::new(),
-                                local: None,
-                            };
+                            tracing::info!(runner = %name, forge_runner_id = id, "stale registration busy; kept");
                         }
                         Err(error) => {
-                            tracing::warn!(%error, runner = %name, "removing an orphan forge runner failed");
-                            return Outcome::Done {
-                                name: op,
-                                events: Vec::new(),
-                                local: None,
-                            };
+                            tracing::warn!(%error, runner = %name, forge_runner_id = id, "removing a stale registration failed");
                         }
                     }
-                }
-                if let Some(id) = provider_id {
-                    let started = Instant::now();
-                    let r = p.provider.delete(&p.id, &id).await;
-                    shared
-                        .io.metrics
-                        .provider_call(&p.provider_name, "delete", started, r.is_ok());
-                    if let Err(error) = &r {
-                        tracing::warn!(%error, runner = %name, "deleting an orphan instance failed");
+                    Outcome::Done {
+                        name: op,
+                        events: Vec::new(),
+                        local: None,
                     }
-                }
-                forget_secrets(&shared, &name).await;
-                tracing::info!(runner = %name, pool = %p.config.name, "orphan removed");
-                Outcome::Done {
-                    name: op,
-                    events: Vec::new(),
-                    local: None,
-                }
-            });
-        }
-        for (name, id) in stale {
-            let key = format!("{name}#{id}");
-            let op = format!("stale:{key}");
-            if self.ops.contains(&op) || !self.sighted(&scope, "stale", &key, &mut seen_now) {
-                continue;
+                }),
             }
-            let shared = self.shared.clone();
-            let p = p.clone();
-            self.spawn(op.clone(), async move {
-                match shared.io.forges.unregister(&p.config, id).await {
-                    Ok(Unregistered::Gone) => {
-                        tracing::info!(runner = %name, forge_runner_id = id, "stale registration removed");
-                    }
-                    Ok(Unregistered::Busy(_)) => {
-                        tracing::info!(runner = %name, forge_runner_id = id, "stale registration busy; kept");
-                    }
-                    Err(error) => {
-                        tracing::warn!(%error, runner = %name, forge_runner_id = id, "removing a stale registration failed");
-                    }
-                }
-                Outcome::Done {
-                    name: op,
-                    events: Vec::new(),
-                    local: None,
-                }
-            });
         }
-        self.settle(&scope, &seen_now);
     }
 
     /// The listing of a removed pool (`pool_id`, made through `host`'s
@@ -1433,7 +1262,9 @@ impl Engine {
             let op = format!("orphan:{}", i.name);
             if self.ops.contains(&op)
                 || self.ops.contains(&i.name)
-                || !self.sighted(pool_id, "orphan", &i.name, &mut seen_now)
+                || !self
+                    .sightings
+                    .sighted(pool_id, "orphan", &i.name, &mut seen_now)
             {
                 continue;
             }
@@ -1485,7 +1316,10 @@ impl Engine {
             .map(|r| r.name.clone())
             .collect();
         for name in gone {
-            if !self.sighted(pool_id, "gone", &name, &mut seen_now) {
+            if !self
+                .sightings
+                .sighted(pool_id, "gone", &name, &mut seen_now)
+            {
                 continue;
             }
             let shared = self.shared.clone();
@@ -1502,7 +1336,60 @@ impl Engine {
                 }
             });
         }
-        self.settle(pool_id, &seen_now);
+        self.sightings.settle(pool_id, &seen_now);
+    }
+}
+
+/// Removes what nothing owns under `name` (operation `op`): its forge
+/// registration first, then its instance and secrets. A forge runner that
+/// is busy (or could not be asked) keeps its instance: deleting that would
+/// kill the job all the same. The next listings try again.
+async fn remove_orphan(
+    shared: Arc<Shared>,
+    p: Arc<Pool>,
+    op: String,
+    name: String,
+    provider_id: Option<String>,
+    forge_id: Option<u64>,
+) -> Outcome {
+    if let Some(id) = forge_id {
+        match shared.io.forges.unregister(&p.config, id).await {
+            Ok(Unregistered::Gone) => {}
+            Ok(Unregistered::Busy(_)) => {
+                tracing::info!(runner = %name, pool = %p.config.name, "orphan busy; kept until its job is done");
+                return Outcome::Done {
+                    name: op,
+                    events: Vec::new(),
+                    local: None,
+                };
+            }
+            Err(error) => {
+                tracing::warn!(%error, runner = %name, "removing an orphan forge runner failed");
+                return Outcome::Done {
+                    name: op,
+                    events: Vec::new(),
+                    local: None,
+                };
+            }
+        }
+    }
+    if let Some(id) = provider_id {
+        let started = Instant::now();
+        let r = p.provider.delete(&p.id, &id).await;
+        shared
+            .io
+            .metrics
+            .provider_call(&p.provider_name, "delete", started, r.is_ok());
+        if let Err(error) = &r {
+            tracing::warn!(%error, runner = %name, "deleting an orphan instance failed");
+        }
+    }
+    forget_secrets(&shared, &name).await;
+    tracing::info!(runner = %name, pool = %p.config.name, "orphan removed");
+    Outcome::Done {
+        name: op,
+        events: Vec::new(),
+        local: None,
     }
 }
 

@@ -10,6 +10,7 @@ pub mod engine;
 pub mod forges;
 pub mod io;
 pub mod kv;
+pub mod listing;
 pub mod metadata;
 mod metrics;
 pub mod policy;
