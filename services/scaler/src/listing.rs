@@ -256,7 +256,13 @@ pub fn diff(
                     });
                 }
             }
-            _ if !f.busy && !is_busy(&taken, &f.name) => {
+            // A job runs on it: its instance stays too (deleting that
+            // would kill the job all the same) until a listing shows it
+            // idle.
+            _ if f.busy => {
+                orphans.remove(&f.name);
+            }
+            _ if !is_busy(&taken, &f.name) => {
                 orphans.entry(f.name.clone()).or_default().1 = Some(f.id);
             }
             _ => {}
@@ -455,15 +461,17 @@ mod tests {
     }
 
     #[test]
-    fn orphans_are_what_no_runner_owns() {
+    fn orphans_are_what_no_runner_owns_and_one_running_a_job_keeps_its_instance() {
         let mut pool = Pool::new(world(&[("ours", Phase::Online, Some(1))]));
         let instances = [
             Instance::running("p-ours", "ours"),
             Instance::running("p-left", "left"),
+            Instance::running("p-busy", "busy"),
         ];
         let forge = [
             forge_runner(1, "ours", true, false),
             forge_runner(2, "left", true, false),
+            forge_runner(3, "busy", true, true),
             forge_runner(4, "registered-only", false, false),
         ];
         assert!(pool.list(Some(&instances), Some(&forge)).is_empty());
@@ -482,6 +490,16 @@ mod tests {
                 .list(Some(&instances), Some(&forge))
                 .iter()
                 .any(|f| f.starts_with("orphan left"))
+        );
+        // Its job done, the busy one is an orphan like any other.
+        let idle = [
+            forge_runner(1, "ours", true, false),
+            forge_runner(3, "busy", true, false),
+        ];
+        assert!(pool.list(Some(&instances), Some(&idle)).is_empty());
+        assert_eq!(
+            pool.list(Some(&instances), Some(&idle)),
+            ["orphan busy instance=Some(\"p-busy\") forge=Some(3)"]
         );
     }
 
