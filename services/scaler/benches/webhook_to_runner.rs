@@ -66,8 +66,8 @@ use runyard_bus::consumer::{
 };
 use runyard_bus::{Bus, StreamSettings, TraceParent};
 use runyard_events::{
-    Body, Event, Forge, JobKey, JobStatus, Namespace, RunnerCreated, RunnerRef, RunnerRequested,
-    Source, claim_key, instance_name, runner_event_id_for, timestamp,
+    Body, Event, Forge, JobStatus, Namespace, RunnerCreated, RunnerRef, Source, claim_key,
+    instance_name, runner_event_id_for, timestamp,
 };
 use runyard_forge::api::github::{GitHubAuth, GitHubClient, GitHubScope};
 use runyard_scaler::ScalerFile;
@@ -75,7 +75,7 @@ use runyard_scaler::config::PoolConfig;
 use runyard_scaler::forges::Forges;
 use runyard_scaler::kv::{Claim, Coordination};
 use runyard_scaler::provider::{CreateRequest, Provider};
-use runyard_scaler::sizing::Allocator;
+use runyard_scaler::sizing::{Allocator, runner_requested};
 use runyard_scaler::world::{Job, JobId};
 use runyard_testkit::fake_github::FakeGitHub;
 use runyard_testkit::{NatsServer, TestDb, free_port, github_signature, unique_namespace};
@@ -1531,25 +1531,14 @@ impl Direct {
         let sizing = self.allocator.size(&job, &self.pool.flavors).await;
         let flavor = &self.pool.flavors[sizing.flavor];
         t[3] = now_ns();
-        self.publish(Body::RunnerRequested(RunnerRequested {
-            runner: Some(self.rref(&name)),
-            job: Some(JobKey {
-                forge: Forge::Github as i32,
-                instance: job.id.instance.clone(),
-                job_id: job.id.job_id,
-            }),
-            run_attempt: job.run_attempt,
-            claim_key: key,
-            reason: "queued_job".into(),
-            flavor: flavor.name.clone(),
-            memory_bytes: flavor.memory.as_u64(),
-            cpus: flavor.cpus,
-            recommended_memory_limit_bytes: sizing.recommended_limit,
-            allocator_unavailable: sizing.allocator_unavailable,
-            workload_key: String::new(),
-            labels: job.labels.clone().unwrap_or_default(),
-            image: self.pool.image.clone(),
-        }))
+        self.publish(Body::RunnerRequested(runner_requested(
+            self.rref(&name),
+            &self.pool,
+            Some(&job),
+            key,
+            "queued_job",
+            Some(&sizing),
+        )))
         .await?;
         t[4] = now_ns();
         let reg = self.forges.register(&self.pool, &name).await?;

@@ -6,11 +6,11 @@ use std::time::Duration;
 
 use runyard_allocator_api::RecommendRequest;
 use runyard_allocator_api::allocator_client::AllocatorClient;
-use runyard_events::Forge;
+use runyard_events::{Forge, JobKey, RunnerRef, RunnerRequested};
 use secrecy::{ExposeSecret as _, SecretString};
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
-use crate::config::Flavor;
+use crate::config::{Flavor, PoolConfig};
 use crate::world::Job;
 
 /// The workload attributes a job is known by, the same names usage reports
@@ -34,6 +34,39 @@ pub struct Sizing {
     pub recommended_limit: Option<u64>,
     /// True when the allocator could not be asked (first flavor used).
     pub allocator_unavailable: bool,
+}
+
+/// The request event of a runner made for `job` (a free one, for `reason`,
+/// without), sized by `sizing` (without: the pool's first flavor, the
+/// allocator not asked). The engine and the benchmarks publish this one.
+pub fn runner_requested(
+    runner: RunnerRef,
+    pool: &PoolConfig,
+    job: Option<&Job>,
+    claim_key: String,
+    reason: &str,
+    sizing: Option<&Sizing>,
+) -> RunnerRequested {
+    let flavor = &pool.flavors[sizing.map_or(0, |s| s.flavor)];
+    RunnerRequested {
+        runner: Some(runner),
+        job: job.map(|j| JobKey {
+            forge: j.id.forge as i32,
+            instance: j.id.instance.clone(),
+            job_id: j.id.job_id,
+        }),
+        run_attempt: job.map_or(0, |j| j.run_attempt),
+        claim_key,
+        reason: reason.into(),
+        flavor: flavor.name.clone(),
+        memory_bytes: flavor.memory.as_u64(),
+        cpus: flavor.cpus,
+        recommended_memory_limit_bytes: sizing.and_then(|s| s.recommended_limit),
+        allocator_unavailable: sizing.is_some_and(|s| s.allocator_unavailable),
+        workload_key: String::new(),
+        labels: job.and_then(|j| j.labels.clone()).unwrap_or_default(),
+        image: pool.image.clone(),
+    }
 }
 
 /// The smallest flavor whose memory covers `limit` (the largest when none

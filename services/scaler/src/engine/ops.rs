@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use runyard_events::{
-    Body, Event, Forge, RunnerCreated, RunnerDeleted, RunnerFailed, RunnerRef, RunnerRequested,
-    Source, forge_token, runner_event_id_for, timestamp,
+    Body, Event, Forge, RunnerCreated, RunnerDeleted, RunnerFailed, RunnerRef, Source, forge_token,
+    runner_event_id_for, timestamp,
 };
 use secrecy::{ExposeSecret as _, SecretString};
 
@@ -17,6 +17,7 @@ use crate::kv::Claim;
 use crate::metadata::InstanceSecrets;
 use crate::provider::tools::{ToolsCache, github_scope};
 use crate::provider::{Bootstrap, CreateRequest, Instance, ProviderError};
+use crate::sizing::runner_requested;
 use crate::world::{JobId, Phase, Runner};
 use runyard_forge::api::github::endpoint;
 
@@ -246,22 +247,14 @@ pub(super) async fn create_for_job(
         return abandon(name, true);
     }
     let sizing = shared.io.allocator.size(&job, &p.config.flavors).await;
-    let flavor = &p.config.flavors[sizing.flavor];
-    let body = Body::RunnerRequested(RunnerRequested {
-        runner: Some(rref(&p, &name)),
-        job: Some(job_key(&job.id)),
-        run_attempt: job.run_attempt,
-        claim_key: key,
-        reason: "queued_job".into(),
-        flavor: flavor.name.clone(),
-        memory_bytes: flavor.memory.as_u64(),
-        cpus: flavor.cpus,
-        recommended_memory_limit_bytes: sizing.recommended_limit,
-        allocator_unavailable: sizing.allocator_unavailable,
-        workload_key: String::new(),
-        labels: job.labels.clone().unwrap_or_default(),
-        image: p.config.image.clone(),
-    });
+    let body = Body::RunnerRequested(runner_requested(
+        rref(&p, &name),
+        &p.config,
+        Some(&job),
+        key,
+        "queued_job",
+        Some(&sizing),
+    ));
     let mut events = publish(&shared, &p, &name, body).await;
     let made = provision(&shared, &p, &tools, &name, sizing.flavor, 1).await;
     let local = made.local();
@@ -281,22 +274,14 @@ pub(super) async fn create_free(
     reason: &'static str,
     tools: Arc<ToolsCache>,
 ) -> Outcome {
-    let flavor = &p.config.flavors[0];
-    let body = Body::RunnerRequested(RunnerRequested {
-        runner: Some(rref(&p, &name)),
-        job: None,
-        run_attempt: 0,
-        claim_key: key,
-        reason: reason.into(),
-        flavor: flavor.name.clone(),
-        memory_bytes: flavor.memory.as_u64(),
-        cpus: flavor.cpus,
-        recommended_memory_limit_bytes: None,
-        allocator_unavailable: false,
-        workload_key: String::new(),
-        labels: Vec::new(),
-        image: p.config.image.clone(),
-    });
+    let body = Body::RunnerRequested(runner_requested(
+        rref(&p, &name),
+        &p.config,
+        None,
+        key,
+        reason,
+        None,
+    ));
     let mut events = publish(&shared, &p, &name, body).await;
     let made = provision(&shared, &p, &tools, &name, 0, 1).await;
     let local = made.local();
