@@ -16,8 +16,9 @@ use serde_json::Value;
 /// names. PENDING: empty this list once they are gone; an entry that no
 /// longer matches an edge fails the test too, so it cannot outlive its edge.
 const PENDING: &[(&str, &str)] = &[
-    // The CLI's `check provider` uses the scaler's garm provider code
-    // (tools/cli/src/check.rs) until that code moves to libs/provider.
+    // The CLI's `provider check` validates a whole scaler file with the
+    // scaler's own `ScalerFile`/`PoolConfig` (tools/cli/src/check.rs) until
+    // that schema moves to a lib.
     ("runyard-cli", "runyard-scaler"),
 ];
 
