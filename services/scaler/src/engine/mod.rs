@@ -21,9 +21,10 @@ use crate::config::{PoolConfig, StoppedAction};
 use crate::forges::{ForgeRunner, Unregistered};
 use crate::io::Io;
 use crate::listing::{self, Finding, Listing, Sightings};
+use crate::metrics::ScalerMetrics;
 use crate::policy::{self, Decision, Knobs, PoolSpec, PoolStatus};
 use crate::provider::tools::ToolsCache;
-use crate::provider::{Instance, Provider};
+use crate::provider::{Instance, Provider, ProviderError};
 use crate::world::{Clock, JobId, Phase, Runner, World, create_backoff};
 
 mod ops;
@@ -45,6 +46,23 @@ pub struct Pool {
     pub provider: Provider,
     /// Provider name.
     pub provider_name: String,
+}
+
+impl Pool {
+    /// Deletes the instance `target` (a provider id, or a name) of the pool
+    /// id `pool_id` through this pool's provider, the call counted in
+    /// `metrics`.
+    pub(crate) async fn delete_instance(
+        &self,
+        metrics: &ScalerMetrics,
+        pool_id: &str,
+        target: &str,
+    ) -> Result<(), ProviderError> {
+        let started = Instant::now();
+        let deleted = self.provider.delete(pool_id, target).await;
+        metrics.provider_call(&self.provider_name, "delete", started, deleted.is_ok());
+        deleted
+    }
 }
 
 /// What the engine and its operations share: the IO handles, the pools,
@@ -102,6 +120,18 @@ enum Outcome {
         host: String,
         instances: Option<Vec<Instance>>,
     },
+}
+
+impl Outcome {
+    /// An operation `name` done that published nothing (what the forge
+    /// said, if anything, in `local`).
+    fn unpublished(name: String, local: Option<Local>) -> Self {
+        Self::Done {
+            name,
+            events: Vec::new(),
+            local,
+        }
+    }
 }
 
 /// A pool id the log's runner events name: what they said of its pool,
@@ -671,11 +701,7 @@ impl Engine {
                         tracing::warn!(%error, job_id = job.id.job_id, "publishing an unserved job failed");
                     }
                 }
-                Outcome::Done {
-                    name,
-                    events: Vec::new(),
-                    local: None,
-                }
+                Outcome::unpublished(name, None)
             });
         }
     }
@@ -797,11 +823,9 @@ impl Engine {
                 let shared = self.shared.clone();
                 self.spawn(name.clone(), async move {
                     match remove(&shared, &p, &runner).await {
-                        Ok(Unregistered::Busy(jobs)) => Outcome::Done {
-                            name,
-                            events: Vec::new(),
-                            local: Some(Local::Busy(jobs)),
-                        },
+                        Ok(Unregistered::Busy(jobs)) => {
+                            Outcome::unpublished(name, Some(Local::Busy(jobs)))
+                        }
                         Ok(Unregistered::Gone) => {
                             let body = Body::RunnerFailed(RunnerFailed {
                                 runner: Some(rref(&p, &name)),
@@ -816,11 +840,9 @@ impl Engine {
                             });
                             record(&shared, &p, name, body).await
                         }
-                        Err(RemoveFailed::Forge | RemoveFailed::Instance) => Outcome::Done {
-                            name,
-                            events: Vec::new(),
-                            local: None,
-                        },
+                        Err(RemoveFailed::Forge | RemoveFailed::Instance) => {
+                            Outcome::unpublished(name, None)
+                        }
                     }
                 });
             }
@@ -843,16 +865,12 @@ impl Engine {
                             });
                             record(&shared, &p, name, body).await
                         }
-                        Ok(Unregistered::Busy(jobs)) => Outcome::Done {
-                            name,
-                            events: Vec::new(),
-                            local: Some(Local::Busy(jobs)),
-                        },
-                        Err(RemoveFailed::Forge | RemoveFailed::Instance) => Outcome::Done {
-                            name,
-                            events: Vec::new(),
-                            local: None,
-                        },
+                        Ok(Unregistered::Busy(jobs)) => {
+                            Outcome::unpublished(name, Some(Local::Busy(jobs)))
+                        }
+                        Err(RemoveFailed::Forge | RemoveFailed::Instance) => {
+                            Outcome::unpublished(name, None)
+                        }
                     }
                 });
             }
@@ -1231,11 +1249,7 @@ impl Engine {
                             tracing::warn!(%error, runner = %name, forge_runner_id = id, "removing a stale registration failed");
                         }
                     }
-                    Outcome::Done {
-                        name: op,
-                        events: Vec::new(),
-                        local: None,
-                    }
+                    Outcome::unpublished(op, None)
                 }),
             }
         }
@@ -1280,14 +1294,9 @@ impl Engine {
             };
             let provider_id = i.provider_id.clone();
             self.spawn(op.clone(), async move {
-                let started = Instant::now();
-                let deleted = host.provider.delete(&pool_id, &provider_id).await;
-                shared.io.metrics.provider_call(
-                    &host.provider_name,
-                    "delete",
-                    started,
-                    deleted.is_ok(),
-                );
+                let deleted = host
+                    .delete_instance(&shared.io.metrics, &pool_id, &provider_id)
+                    .await;
                 let mut events = Vec::new();
                 match deleted {
                     Ok(()) => {

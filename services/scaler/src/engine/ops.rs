@@ -38,40 +38,23 @@ pub(super) async fn remove_orphan(
             Ok(Unregistered::Gone) => {}
             Ok(Unregistered::Busy(_)) => {
                 tracing::info!(runner = %name, pool = %p.config.name, "orphan busy; kept until its job is done");
-                return Outcome::Done {
-                    name: op,
-                    events: Vec::new(),
-                    local: None,
-                };
+                return Outcome::unpublished(op, None);
             }
             Err(error) => {
                 tracing::warn!(%error, runner = %name, "removing an orphan forge runner failed");
-                return Outcome::Done {
-                    name: op,
-                    events: Vec::new(),
-                    local: None,
-                };
+                return Outcome::unpublished(op, None);
             }
         }
     }
     if let Some(id) = provider_id {
-        let started = Instant::now();
-        let r = p.provider.delete(&p.id, &id).await;
-        shared
-            .io
-            .metrics
-            .provider_call(&p.provider_name, "delete", started, r.is_ok());
+        let r = p.delete_instance(&shared.io.metrics, &p.id, &id).await;
         if let Err(error) = &r {
             tracing::warn!(%error, runner = %name, "deleting an orphan instance failed");
         }
     }
     forget_secrets(&shared, &name).await;
     tracing::info!(runner = %name, pool = %p.config.name, "orphan removed");
-    Outcome::Done {
-        name: op,
-        events: Vec::new(),
-        local: None,
-    }
+    Outcome::unpublished(op, None)
 }
 
 /// Publishes a runner event and reports it as the operation's outcome.
@@ -161,11 +144,7 @@ pub(super) async fn stopped_instance(
         match result {
             Ok(()) => {
                 tracing::info!(runner = %name, pool = %p.config.name, "stopped instance started again");
-                return Outcome::Done {
-                    name,
-                    events: Vec::new(),
-                    local: None,
-                };
+                return Outcome::unpublished(name, None);
             }
             Err(error) => {
                 tracing::warn!(%error, runner = %name, "starting the stopped instance failed; replacing it");
@@ -202,16 +181,8 @@ pub(super) async fn stopped_instance(
             };
             record(&shared, &p, name, body).await
         }
-        Ok(Unregistered::Busy(jobs)) => Outcome::Done {
-            name,
-            events: Vec::new(),
-            local: Some(Local::Busy(jobs)),
-        },
-        Err(RemoveFailed::Forge | RemoveFailed::Instance) => Outcome::Done {
-            name,
-            events: Vec::new(),
-            local: None,
-        },
+        Ok(Unregistered::Busy(jobs)) => Outcome::unpublished(name, Some(Local::Busy(jobs))),
+        Err(RemoveFailed::Forge | RemoveFailed::Instance) => Outcome::unpublished(name, None),
     }
 }
 
@@ -488,12 +459,7 @@ pub(super) async fn provision_inner(
                 ProviderError::InstanceError { provider_id, .. } => provider_id.clone(),
                 _ => name.to_owned(),
             };
-            let started = Instant::now();
-            let deleted = p.provider.delete(&p.id, &target).await;
-            shared
-                .io
-                .metrics
-                .provider_call(&p.provider_name, "delete", started, deleted.is_ok());
+            let deleted = p.delete_instance(&shared.io.metrics, &p.id, &target).await;
             if let Err(e) = &deleted {
                 tracing::warn!(error = %e, runner = %name, "deleting the failed instance failed");
             }
@@ -619,12 +585,7 @@ pub(super) async fn remove(
         }
     }
     let target = r.provider_id.clone().unwrap_or_else(|| r.name.clone());
-    let started = Instant::now();
-    let deleted = p.provider.delete(&p.id, &target).await;
-    shared
-        .io
-        .metrics
-        .provider_call(&p.provider_name, "delete", started, deleted.is_ok());
+    let deleted = p.delete_instance(&shared.io.metrics, &p.id, &target).await;
     match deleted {
         Ok(()) => {
             forget_secrets(shared, &r.name).await;
@@ -648,11 +609,7 @@ pub(super) async fn confirm_idle(
     window_passed: bool,
 ) -> Outcome {
     let name = r.name.clone();
-    let done = |local| Outcome::Done {
-        name: name.clone(),
-        events: Vec::new(),
-        local,
-    };
+    let done = |local| Outcome::unpublished(name.clone(), local);
     let Some(id) = r.forge_runner_id else {
         return done(None);
     };

@@ -35,7 +35,6 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Instant;
 
 use axum::Router;
 use axum::body::Bytes;
@@ -316,10 +315,7 @@ async fn status(State(api): State<Api>, caller: Caller, body: Bytes) -> Response
 /// A failed install, handled as a failed create attempt: the instance is
 /// removed (a retry must not adopt it), then `RunnerFailed` is recorded.
 async fn fail_instance(io: &Io, p: &Pool, name: &str, attempt: u32, message: &str) {
-    let started = Instant::now();
-    let deleted = p.provider.delete(&p.id, name).await;
-    io.metrics
-        .provider_call(&p.provider_name, "delete", started, deleted.is_ok());
+    let deleted = p.delete_instance(&io.metrics, &p.id, name).await;
     if let Err(error) = &deleted {
         tracing::warn!(%error, runner = %name, "removing the failed instance failed");
     }
