@@ -12,16 +12,6 @@ use std::process::Command;
 
 use serde_json::Value;
 
-/// Edges known to break the rule and being removed: `(from, to)` package
-/// names. PENDING: empty this list once they are gone; an entry that no
-/// longer matches an edge fails the test too, so it cannot outlive its edge.
-const PENDING: &[(&str, &str)] = &[
-    // The CLI's `provider check` validates a whole scaler file with the
-    // scaler's own `ScalerFile`/`PoolConfig` (tools/cli/src/check.rs) until
-    // that schema moves to a lib.
-    ("runyard-cli", "runyard-scaler"),
-];
-
 fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
@@ -86,7 +76,6 @@ fn no_service_depends_on_another_outside_dev_dependencies() {
     let edges = service_edges(&metadata());
     let offending: Vec<String> = edges
         .iter()
-        .filter(|(from, to, _)| !PENDING.contains(&(from.as_str(), to.as_str())))
         .map(|(from, to, kind)| format!("{from} -> {to} ({kind} dependency)"))
         .collect();
     assert!(
@@ -95,16 +84,5 @@ fn no_service_depends_on_another_outside_dev_dependencies() {
          move what it is used for into a lib under libs/, or make it a \
          [dev-dependency]:\n  {}",
         offending.join("\n  ")
-    );
-    let stale: Vec<String> = PENDING
-        .iter()
-        .filter(|(from, to)| !edges.iter().any(|(f, t, _)| f == from && t == to))
-        .map(|(from, to)| format!("{from} -> {to}"))
-        .collect();
-    assert!(
-        stale.is_empty(),
-        "PENDING (libs/testkit/tests/service_edges.rs) lists edges that are gone; \
-         remove them:\n  {}",
-        stale.join("\n  ")
     );
 }

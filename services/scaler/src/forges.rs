@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use runyard_events::Forge;
 use runyard_forge::api::ApiError;
 use runyard_forge::api::github::{DeleteRunner, GitHubClient, GitHubScope, RunnerGroup, endpoint};
 use runyard_forge::api::gitlab::{GitLabClient, RunnerType};
@@ -331,7 +332,7 @@ impl Forges {
         name: &str,
     ) -> Result<Registration, ForgeError> {
         let mut labels = pool.labels.clone();
-        if pool.forge == "gitlab" {
+        if pool.forge == Forge::Gitlab {
             let gl = self.gitlab()?;
             let kind = gitlab_type(&pool.scope);
             let runner = self
@@ -388,7 +389,7 @@ impl Forges {
         pool: &PoolConfig,
         runner_id: u64,
     ) -> Result<Unregistered, ForgeError> {
-        if pool.forge == "gitlab" {
+        if pool.forge == Forge::Gitlab {
             let gl = self.gitlab()?;
             if !patiently(|| gl.pause_runner(runner_id)).await? {
                 return Ok(Unregistered::Gone);
@@ -425,7 +426,7 @@ impl Forges {
         pool: &PoolConfig,
         runner_id: u64,
     ) -> Result<Option<ForgeRunner>, ForgeError> {
-        if pool.forge == "gitlab" {
+        if pool.forge == Forge::Gitlab {
             // GitLab's runner says whether it exists, is online and paused;
             // its running jobs whether it is busy.
             let gl = self.gitlab()?;
@@ -465,7 +466,7 @@ impl Forges {
     /// (`ry-<pool>-<10 hex>`); a listing does not say whether a runner is
     /// busy (`busy` is false: a removal asks for its jobs).
     pub async fn list(&self, pool: &PoolConfig) -> Result<Vec<ForgeRunner>, ForgeError> {
-        if pool.forge == "gitlab" {
+        if pool.forge == Forge::Gitlab {
             let gl = self.gitlab()?;
             let kind = gitlab_type(&pool.scope);
             return Ok(patiently(|| gl.list_runners(kind, &pool.labels))
@@ -576,7 +577,7 @@ impl Forges {
     ) -> Result<HashMap<String, Vec<String>>, GroupError> {
         let mut admitted: HashMap<String, Vec<String>> = HashMap::new();
         let mut groups: HashMap<GitHubScope, Option<Vec<RunnerGroup>>> = HashMap::new();
-        for pool in pools.iter().filter(|p| p.forge != "gitlab") {
+        for pool in pools.iter().filter(|p| p.forge != Forge::Gitlab) {
             let Ok(gh) = self.github_for(&pool.scope) else {
                 continue;
             };

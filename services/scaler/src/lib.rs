@@ -76,7 +76,7 @@ fn forge_host(pool: &config::PoolConfig, config: &Config) -> String {
     if let Some(i) = &pool.instance {
         return i.clone();
     }
-    if pool.forge == "gitlab" {
+    if pool.forge == Forge::Gitlab {
         return config
             .gitlab_api_url
             .as_deref()
@@ -117,7 +117,7 @@ fn forges(config: &Config, file: &ScalerFile) -> anyhow::Result<Forges> {
         && let Some(pool) = file
             .pools
             .iter()
-            .find(|p| p.forge == "github" && p.scope.enterprise.is_some())
+            .find(|p| p.forge == Forge::Github && p.scope.enterprise.is_some())
     {
         anyhow::bail!(
             "pool {:?} is enterprise-scoped but only GitHub App credentials are configured: a GitHub App cannot manage enterprise runners (there is no enterprise installation, and enterprise runner endpoints refuse installation tokens); set RUNYARD_GITHUB_TOKEN to a classic personal access token with manage_runners:enterprise",
@@ -295,11 +295,7 @@ impl App {
             let provider_config = &file.providers[&p.provider];
             let spec = PoolSpec {
                 name: p.name.clone(),
-                forge: if p.forge == "gitlab" {
-                    Forge::Gitlab
-                } else {
-                    Forge::Github
-                },
+                forge: p.forge,
                 instance: forge_host(p, &config),
                 labels: p.labels.iter().map(|l| l.to_ascii_lowercase()).collect(),
                 min_idle: p.min_idle,

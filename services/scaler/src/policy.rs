@@ -47,20 +47,7 @@ impl PoolSpec {
     }
 }
 
-/// How a job that several pools of the same priority match picks one
-/// (garm's pool balancer: `pack` and `round-robin`). Either way a job goes
-/// to the highest priority that has room, and spills over to the next.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Balance {
-    /// Round-robin among the tied pools (by job id, so every replica picks
-    /// the same): load spread over them.
-    #[default]
-    Spread,
-    /// Fill the tied pools in name order: the first until it is full, then
-    /// the next.
-    Pack,
-}
+pub use runyard_scaler_config::Balance;
 
 /// Policy knobs shared by every pool.
 #[derive(Debug, Clone)]

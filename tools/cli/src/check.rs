@@ -23,13 +23,12 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use runyard_events::{Namespace, valid_pool_name};
+use runyard_events::{Forge, Namespace, forge_token, valid_pool_name};
 use runyard_forge::api::github::RunnerDownload;
 use runyard_provider::{
     Bootstrap, CreateRequest, Instance, Provider, ProviderConfig, ProviderError,
 };
-use runyard_scaler::ScalerFile;
-use runyard_scaler::config::PoolConfig;
+use runyard_scaler_config::{PoolConfig, ScalerFile};
 use secrecy::SecretString;
 use serde::Serialize;
 
@@ -553,7 +552,7 @@ fn runnable(path: &Path) -> Result<(), String> {
 /// script stops before it configures anything).
 fn create_request(t: &Target) -> (CreateRequest, Bootstrap) {
     let p = t.pool.as_ref();
-    let forge = p.map_or("github", |p| p.forge.as_str()).to_owned();
+    let forge = p.map_or(Forge::Github, |p| p.forge);
     let os_type = p.map_or("linux", |p| p.os_type.as_str()).to_owned();
     let os_arch = p.map_or("amd64", |p| p.os_arch.as_str()).to_owned();
     let mut labels: Vec<String> = p.map(|p| p.labels.clone()).unwrap_or_default();
@@ -576,7 +575,7 @@ fn create_request(t: &Target) -> (CreateRequest, Bootstrap) {
     // GitHub pools get a runner download for the machine's OS and
     // architecture (garm's providers refuse a create without one); it
     // points nowhere.
-    let tools = if forge == "gitlab" {
+    let tools = if forge == Forge::Gitlab {
         Vec::new()
     } else {
         vec![placeholder_tool(&os_type, &os_arch)]
@@ -586,7 +585,7 @@ fn create_request(t: &Target) -> (CreateRequest, Bootstrap) {
         instance_token: SecretString::from(PLACEHOLDER.to_owned()),
         os_type,
         os_arch,
-        forge,
+        forge: forge_token(forge).to_owned(),
         ..Bootstrap::default()
     };
     (req, boot)
@@ -596,7 +595,7 @@ fn create_request(t: &Target) -> (CreateRequest, Bootstrap) {
 fn repo_url(p: &PoolConfig) -> String {
     let s = &p.scope;
     let host = p.instance.clone().unwrap_or_else(|| {
-        if p.forge == "gitlab" {
+        if p.forge == Forge::Gitlab {
             "gitlab.com".into()
         } else {
             "github.com".into()
