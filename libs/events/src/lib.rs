@@ -529,15 +529,16 @@ pub mod limits {
     /// Why `value` (the field `field`) is over the caps, if it is: longer
     /// than [`MAX_TEXT_BYTES`], or holding NUL (Postgres `text` and `jsonb`
     /// cannot). The message names the field and never echoes the value.
-    pub fn text(field: &str, value: &str) -> Result<(), String> {
+    pub fn text(field: &str, value: &str) -> Result<(), super::FieldError> {
+        use super::FieldError;
         if value.len() > MAX_TEXT_BYTES {
-            return Err(format!(
-                "{field}: {} bytes, longer than {MAX_TEXT_BYTES}",
-                value.len()
+            return Err(FieldError::new(
+                field,
+                format!("{} bytes, longer than {MAX_TEXT_BYTES}", value.len()),
             ));
         }
         if value.contains('\0') {
-            return Err(format!("{field}: must not contain NUL (\\u0000)"));
+            return Err(FieldError::new(field, "must not contain NUL (\\u0000)"));
         }
         Ok(())
     }
@@ -550,13 +551,35 @@ pub mod limits {
         fn text_names_the_field_and_keeps_the_value_out() {
             assert_eq!(text("ref", &"a".repeat(MAX_TEXT_BYTES)), Ok(()));
             let long = "b".repeat(MAX_TEXT_BYTES + 1);
-            let e = text("ref", &long).unwrap_err();
+            let e = text("ref", &long).unwrap_err().to_string();
             assert_eq!(e, "ref: 1025 bytes, longer than 1024");
-            let e = text("requests[2].ref", "a\0b").unwrap_err();
+            let e = text("requests[2].ref", "a\0b").unwrap_err().to_string();
             assert!(
                 e.starts_with("requests[2].ref: ") && e.contains("NUL"),
                 "{e}"
             );
+        }
+    }
+}
+
+/// A value refused, naming its field: shown as `<field>: <message>`, the
+/// way every runyard door words a refusal (a request field such as
+/// `requests[2].ref`, a workload attribute, or an environment variable).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct FieldError {
+    /// The field, e.g. `workload.package` or `RUNYARD_ALLOCATOR_TOKENS`.
+    pub field: String,
+    /// What is wrong with it.
+    pub message: String,
+}
+
+impl FieldError {
+    /// `field` refused because of `message`.
+    pub fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            field: field.into(),
+            message: message.into(),
         }
     }
 }

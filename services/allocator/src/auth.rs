@@ -15,6 +15,7 @@
 
 use std::path::Path;
 
+use runyard_events::FieldError;
 use runyard_forge::bearer;
 use runyard_telemetry::secrets::{self, Weak};
 use secrecy::ExposeSecret as _;
@@ -100,6 +101,20 @@ impl Refusal {
     }
 }
 
+/// Why the tokens the environment names are refused.
+#[derive(Debug, thiserror::Error)]
+pub enum TokensError {
+    /// The list and the file are both set.
+    #[error("{TOKENS_VAR} and {TOKENS_FILE_VAR} are both set: set one of them")]
+    Both,
+    /// A variable or one of its tokens is unusable.
+    #[error(transparent)]
+    Invalid(#[from] FieldError),
+    /// The file cannot be read.
+    #[error(transparent)]
+    File(#[from] secrets::SecretError),
+}
+
 impl Tokens {
     /// Accepts exactly `tokens` (for tests and embedding; the service reads
     /// them with [`Tokens::from_process_env`]); weak ones are named as
@@ -157,11 +172,13 @@ impl Tokens {
     }
 
     /// The tokens the process environment names (see [`Tokens::from_vars`]).
-    pub fn from_process_env() -> Result<Self, String> {
+    pub fn from_process_env() -> Result<Self, TokensError> {
         let get = |name: &str, value: Result<String, std::env::VarError>| match value {
             Ok(v) => Ok(Some(v)),
             Err(std::env::VarError::NotPresent) => Ok(None),
-            Err(std::env::VarError::NotUnicode(_)) => Err(format!("{name}: not valid UTF-8")),
+            Err(std::env::VarError::NotUnicode(_)) => {
+                Err(TokensError::from(FieldError::new(name, "not valid UTF-8")))
+            }
         };
         Self::from_vars(
             get(TOKENS_VAR, std::env::var(TOKENS_VAR))?,
@@ -177,46 +194,47 @@ impl Tokens {
     /// variable (never the token). An empty `RUNYARD_ALLOCATOR_TOKENS` is
     /// an empty list; an empty `RUNYARD_ALLOCATOR_TOKENS_FILE` names no
     /// file (unset). The file is read by [`secrets::read_file`].
-    pub fn from_vars(list: Option<String>, file: Option<String>) -> Result<Self, String> {
+    pub fn from_vars(list: Option<String>, file: Option<String>) -> Result<Self, TokensError> {
         let file = file.filter(|v| !v.trim().is_empty());
         match (list, file) {
-            (Some(_), Some(_)) => Err(format!(
-                "{TOKENS_VAR} and {TOKENS_FILE_VAR} are both set: set one of them"
-            )),
+            (Some(_), Some(_)) => Err(TokensError::Both),
             (Some(list), None) => {
                 let tokens: Vec<&str> = list
                     .split([',', '\n'])
                     .map(str::trim)
                     .filter(|t| !t.is_empty())
                     .collect();
-                Self::checked(TOKENS_VAR, "item", &tokens)
+                Ok(Self::checked(TOKENS_VAR, "item", &tokens)?)
             }
             (None, Some(path)) => {
-                let text = secrets::read_file(TOKENS_FILE_VAR, Path::new(path.trim()))
-                    .map_err(|e| e.to_string())?;
+                let text = secrets::read_file(TOKENS_FILE_VAR, Path::new(path.trim()))?;
                 let tokens: Vec<&str> = text
                     .expose_secret()
                     .lines()
                     .map(str::trim)
                     .filter(|t| !t.is_empty() && !t.starts_with('#'))
                     .collect();
-                Self::checked(TOKENS_FILE_VAR, "line", &tokens)
+                Ok(Self::checked(TOKENS_FILE_VAR, "line", &tokens)?)
             }
             (None, None) => Ok(Self::default()),
         }
     }
 
-    fn checked(var: &str, what: &str, tokens: &[&str]) -> Result<Self, String> {
+    fn checked(var: &str, what: &str, tokens: &[&str]) -> Result<Self, FieldError> {
         if tokens.is_empty() {
-            return Err(format!(
-                "{var}: no token in it (unset it to run without authentication)"
+            return Err(FieldError::new(
+                var,
+                "no token in it (unset it to run without authentication)",
             ));
         }
         for (i, t) in tokens.iter().enumerate() {
             if !t.bytes().all(|b| b.is_ascii_graphic()) {
-                return Err(format!(
-                    "{var}: {what} {} has a character no client can send in a bearer token (whitespace, control or non-ASCII)",
-                    i + 1
+                return Err(FieldError::new(
+                    var,
+                    format!(
+                        "{what} {} has a character no client can send in a bearer token (whitespace, control or non-ASCII)",
+                        i + 1
+                    ),
                 ));
             }
         }
@@ -235,6 +253,7 @@ mod tests {
             vars.get(TOKENS_VAR).cloned(),
             vars.get(TOKENS_FILE_VAR).cloned(),
         )
+        .map_err(|e| e.to_string())
     }
 
     #[test]

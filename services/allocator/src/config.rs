@@ -196,7 +196,9 @@ impl Config {
         let mut config: Self = runyard_telemetry::load_config(file, ENV_KEYS)
             .map_err(|e| Box::new(naming_the_variable(*e)))?;
         let refuse = |e: String| Box::new(figment::Error::from(e));
-        config.apply_target_oom().map_err(refuse)?;
+        config
+            .apply_target_oom()
+            .map_err(|e| refuse(e.to_string()))?;
         if config.allocator_max_in_flight == 0 {
             return Err(refuse(
                 "RUNYARD_ALLOCATOR_MAX_IN_FLIGHT: 0 would refuse every call; at least 1".into(),
@@ -208,7 +210,7 @@ impl Config {
             ));
         }
         config.model.max_workloads = config.allocator_max_workloads;
-        config.allocator_tokens = Tokens::from_process_env().map_err(refuse)?;
+        config.allocator_tokens = Tokens::from_process_env().map_err(|e| refuse(e.to_string()))?;
         config.insecure_dev = runyard_telemetry::secrets::insecure_dev_from_env()
             .map_err(|e| refuse(e.to_string()))?;
         Ok(config)
@@ -227,11 +229,12 @@ impl Config {
     }
 
     /// Checks `allocator_target_oom` and hands it to the model.
-    pub fn apply_target_oom(&mut self) -> Result<(), String> {
+    pub fn apply_target_oom(&mut self) -> Result<(), runyard_events::FieldError> {
         let t = self.allocator_target_oom;
         if !(t.is_finite() && t > 0.0 && t < 0.5) {
-            return Err(format!(
-                "RUNYARD_ALLOCATOR_TARGET_OOM: {t} is not a fraction between 0 and 0.5 (exclusive), e.g. 0.03"
+            return Err(runyard_events::FieldError::new(
+                "RUNYARD_ALLOCATOR_TARGET_OOM",
+                format!("{t} is not a fraction between 0 and 0.5 (exclusive), e.g. 0.03"),
             ));
         }
         self.model.target_oom = t;

@@ -12,7 +12,7 @@ use futures::StreamExt as _;
 use runyard_bus::consumer::{
     Consumer, ConsumerConfig, Deliver, Delivery, Handler, HandlerError, Rejected,
 };
-use runyard_events::{Body, Event, UsageReported, from_timestamp};
+use runyard_events::{Body, Event, FieldError, UsageReported, from_timestamp};
 use sqlx::Row as _;
 use tokio_util::sync::CancellationToken;
 
@@ -380,7 +380,7 @@ impl UsageFollower {
 
     /// An event over the limits: not used, counted and logged naming the
     /// field (never silently).
-    fn refuse(&self, d: &Delivery, why: &str) {
+    fn refuse(&self, d: &Delivery, why: &FieldError) {
         tracing::warn!(event_id = %d.event.id, subject = %d.subject, seq = d.seq, reason = %why, "followed event not used: over the limits ingest holds events to (was it published around ingest?)");
         self.state.metrics.followed_refused.inc();
     }
@@ -415,7 +415,7 @@ type JobRef = (i32, String, u64);
 /// Why a followed usage report is over the caps ingest holds events to
 /// ([`runyard_events::limits`]), if it is: the field and what is wrong.
 /// Ingest publishes none such; one on the log came around it.
-pub fn usage_over_limits(u: &UsageReported) -> Result<(), String> {
+pub fn usage_over_limits(u: &UsageReported) -> Result<(), FieldError> {
     use runyard_events::limits::{MAX_WORKLOAD_ATTRIBUTES, text};
     if let Some(k) = &u.job {
         text("job.instance", &k.instance)?;
@@ -423,9 +423,12 @@ pub fn usage_over_limits(u: &UsageReported) -> Result<(), String> {
     text("ref", &u.r#ref)?;
     text("project", &u.project)?;
     if u.workload.len() > MAX_WORKLOAD_ATTRIBUTES {
-        return Err(format!(
-            "workload: {} attributes, more than {MAX_WORKLOAD_ATTRIBUTES}",
-            u.workload.len()
+        return Err(FieldError::new(
+            "workload",
+            format!(
+                "{} attributes, more than {MAX_WORKLOAD_ATTRIBUTES}",
+                u.workload.len()
+            ),
         ));
     }
     for (key, value) in &u.workload {
@@ -437,7 +440,7 @@ pub fn usage_over_limits(u: &UsageReported) -> Result<(), String> {
 }
 
 /// [`usage_over_limits`] for the fields of a job event the follow keeps.
-pub fn job_over_limits(j: &runyard_events::JobObserved) -> Result<(), String> {
+pub fn job_over_limits(j: &runyard_events::JobObserved) -> Result<(), FieldError> {
     use runyard_events::limits::text;
     if let Some(k) = &j.job {
         text("job.instance", &k.instance)?;

@@ -181,7 +181,7 @@ fn gantry_answer(
     // Parse errors name the spec already; validation errors name the workload.
     let workload = match model::parse_spec(&spec) {
         Ok(w) => w,
-        Err(e) => return bad_request(&e),
+        Err(e) => return bad_request(&e.to_string()),
     };
     if let Err(e) = model::validate(&workload) {
         return bad_request(&format!("spec: {e}"));

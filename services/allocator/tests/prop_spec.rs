@@ -178,7 +178,7 @@ proptest! {
         let (part, why) = bad;
         // A spec that names its arch already says "second arch" for one more.
         let why = if spec.contains("arch=") && part.starts_with("arch=") { "second arch" } else { why };
-        let err = parse_spec(&format!("{spec} {part}")).expect_err("refused");
+        let err = parse_spec(&format!("{spec} {part}")).expect_err("refused").to_string();
         prop_assert!(err.starts_with("spec: ") && err.contains(why), "{:?}: {}", spec, err);
     }
 }

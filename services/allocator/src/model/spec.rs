@@ -1,6 +1,7 @@
 //! The edges of the maths: validating a workload, parsing a gantry-style
 //! Spack spec into one, and formatting a recommendation as CI variables.
 
+use runyard_events::FieldError;
 use runyard_store::workload::normalize_variants;
 
 use super::{MB, Recommendation, VARIANTS, Workload};
@@ -22,49 +23,55 @@ fn is_name_char(c: char) -> bool {
 /// most 32 attributes, names of letters, digits, `_`, `-`, `.` (≤ 64 bytes),
 /// values non-empty (only `variants` may be empty), ≤ 1024 bytes, without
 /// control characters. The error names the offending field.
-pub fn validate(workload: &Workload) -> Result<(), String> {
+pub fn validate(workload: &Workload) -> Result<(), FieldError> {
     if workload.is_empty() {
-        return Err("workload: no attributes".to_owned());
+        return Err(FieldError::new("workload", "no attributes"));
     }
     if workload.len() > MAX_ATTRIBUTES {
-        return Err(format!(
-            "workload: {} attributes, at most {MAX_ATTRIBUTES}",
-            workload.len()
+        return Err(FieldError::new(
+            "workload",
+            format!("{} attributes, at most {MAX_ATTRIBUTES}", workload.len()),
         ));
     }
     let mut any_value = false;
     for (name, value) in workload {
         if name.is_empty() {
-            return Err("workload: empty attribute name".to_owned());
+            return Err(FieldError::new("workload", "empty attribute name"));
         }
         if name.len() > MAX_NAME {
-            return Err(format!(
-                "workload: attribute name longer than {MAX_NAME} bytes"
+            return Err(FieldError::new(
+                "workload",
+                format!("attribute name longer than {MAX_NAME} bytes"),
             ));
         }
         if !name.chars().all(is_name_char) {
-            return Err(format!(
-                "workload: invalid attribute name {name:?} (letters, digits, '_', '-', '.')"
+            return Err(FieldError::new(
+                "workload",
+                format!("invalid attribute name {name:?} (letters, digits, '_', '-', '.')"),
             ));
         }
         if value.len() > MAX_VALUE {
-            return Err(format!(
-                "workload.{name}: value longer than {MAX_VALUE} bytes"
+            return Err(FieldError::new(
+                format!("workload.{name}"),
+                format!("value longer than {MAX_VALUE} bytes"),
             ));
         }
         if value.chars().any(char::is_control) {
-            return Err(format!("workload.{name}: control character in value"));
+            return Err(FieldError::new(
+                format!("workload.{name}"),
+                "control character in value",
+            ));
         }
         if value.trim().is_empty() {
             if name != VARIANTS {
-                return Err(format!("workload.{name}: empty value"));
+                return Err(FieldError::new(format!("workload.{name}"), "empty value"));
             }
         } else {
             any_value = true;
         }
     }
     if !any_value {
-        return Err("workload: no attribute has a value".to_owned());
+        return Err(FieldError::new("workload", "no attribute has a value"));
     }
     Ok(())
 }
@@ -119,23 +126,35 @@ fn tokens(spec: &str) -> Vec<&str> {
 }
 
 /// `name@version` → (name, Some(version)); `@=1.2` versions lose the `=`.
-fn name_version<'a>(token: &'a str, what: &str) -> Result<(&'a str, Option<&'a str>), String> {
+fn name_version<'a>(token: &'a str, what: &str) -> Result<(&'a str, Option<&'a str>), FieldError> {
     let (name, version) = match token.split_once('@') {
         Some((name, version)) => (name, Some(version.strip_prefix('=').unwrap_or(version))),
         None => (token, None),
     };
     if name.is_empty() {
-        return Err(format!("spec: missing {what} name in {token:?}"));
+        return Err(FieldError::new(
+            "spec",
+            format!("missing {what} name in {token:?}"),
+        ));
     }
     if !name.chars().all(is_name_char) {
-        return Err(format!("spec: invalid {what} name {name:?}"));
+        return Err(FieldError::new(
+            "spec",
+            format!("invalid {what} name {name:?}"),
+        ));
     }
     if let Some(version) = version {
         if version.is_empty() {
-            return Err(format!("spec: empty {what} version in {token:?}"));
+            return Err(FieldError::new(
+                "spec",
+                format!("empty {what} version in {token:?}"),
+            ));
         }
         if !version.chars().all(is_name_char) {
-            return Err(format!("spec: invalid {what} version {version:?}"));
+            return Err(FieldError::new(
+                "spec",
+                format!("invalid {what} version {version:?}"),
+            ));
         }
     }
     Ok((name, version))
@@ -147,16 +166,19 @@ fn name_version<'a>(token: &'a str, what: &str) -> Result<(&'a str, Option<&'a s
 /// `package`, `version`, `variants` (normalized, possibly empty), `compiler`,
 /// `compiler_version` and, when given, `arch`. `key=value` parts other than
 /// `arch` are variants; `-name` is read as `~name`.
-pub fn parse_spec(spec: &str) -> Result<Workload, String> {
+pub fn parse_spec(spec: &str) -> Result<Workload, FieldError> {
     let spec = spec.trim();
     if spec.is_empty() {
-        return Err("spec: empty".to_owned());
+        return Err(FieldError::new("spec", "empty"));
     }
     if spec.len() > MAX_SPEC {
-        return Err(format!("spec: longer than {MAX_SPEC} bytes"));
+        return Err(FieldError::new(
+            "spec",
+            format!("longer than {MAX_SPEC} bytes"),
+        ));
     }
     if spec.chars().any(char::is_control) {
-        return Err("spec: control character".to_owned());
+        return Err(FieldError::new("spec", "control character"));
     }
     let mut package: Option<(&str, Option<&str>)> = None;
     let mut compiler: Option<(&str, Option<&str>)> = None;
@@ -165,11 +187,17 @@ pub fn parse_spec(spec: &str) -> Result<Workload, String> {
     for token in tokens(spec) {
         if let Some(rest) = token.strip_prefix('%') {
             if compiler.is_some() {
-                return Err(format!("spec: second compiler {token:?}"));
+                return Err(FieldError::new(
+                    "spec",
+                    format!("second compiler {token:?}"),
+                ));
             }
             compiler = Some(name_version(rest, "compiler")?);
         } else if token.starts_with('^') {
-            return Err(format!("spec: dependencies are not supported ({token:?})"));
+            return Err(FieldError::new(
+                "spec",
+                format!("dependencies are not supported ({token:?})"),
+            ));
         } else if let Some(name) = token
             .strip_prefix(['+', '~'])
             .map(|n| (&token[..1], n))
@@ -177,26 +205,32 @@ pub fn parse_spec(spec: &str) -> Result<Workload, String> {
         {
             let (sign, name) = name;
             if name.is_empty() || !name.chars().all(is_name_char) {
-                return Err(format!("spec: invalid variant {token:?}"));
+                return Err(FieldError::new(
+                    "spec",
+                    format!("invalid variant {token:?}"),
+                ));
             }
             variants.push(format!("{sign}{name}"));
         } else if let Some((key, value)) =
             token.split_once('=').filter(|(key, _)| !key.contains('@'))
         {
             if key.is_empty() || !key.chars().all(is_name_char) {
-                return Err(format!("spec: invalid key in {token:?}"));
+                return Err(FieldError::new("spec", format!("invalid key in {token:?}")));
             }
             if value.is_empty() {
-                return Err(format!("spec: empty value in {token:?}"));
+                return Err(FieldError::new("spec", format!("empty value in {token:?}")));
             }
             if key == "arch" {
                 if arch.is_some() {
-                    return Err("spec: second arch".to_owned());
+                    return Err(FieldError::new("spec", "second arch"));
                 }
                 arch = Some(value);
             } else {
                 if value.contains(char::is_whitespace) || value.contains('=') {
-                    return Err(format!("spec: invalid variant value in {token:?}"));
+                    return Err(FieldError::new(
+                        "spec",
+                        format!("invalid variant value in {token:?}"),
+                    ));
                 }
                 variants.push(token.to_owned());
             }
@@ -204,32 +238,50 @@ pub fn parse_spec(spec: &str) -> Result<Workload, String> {
             // `zlib @1.3`: a version after a space.
             let version = version.strip_prefix('=').unwrap_or(version);
             if version.is_empty() || !version.chars().all(is_name_char) {
-                return Err(format!("spec: invalid package version {token:?}"));
+                return Err(FieldError::new(
+                    "spec",
+                    format!("invalid package version {token:?}"),
+                ));
             }
             match &mut package {
                 Some((_, v @ None)) => *v = Some(version),
-                _ => return Err(format!("spec: unexpected version {token:?}")),
+                _ => {
+                    return Err(FieldError::new(
+                        "spec",
+                        format!("unexpected version {token:?}"),
+                    ));
+                }
             }
         } else {
             if package.is_some() {
-                return Err(format!("spec: unexpected {token:?}; one package per spec"));
+                return Err(FieldError::new(
+                    "spec",
+                    format!("unexpected {token:?}; one package per spec"),
+                ));
             }
             package = Some(name_version(token, "package")?);
         }
     }
 
     let Some((name, version)) = package else {
-        return Err("spec: missing package name".to_owned());
+        return Err(FieldError::new("spec", "missing package name"));
     };
     let Some(version) = version else {
-        return Err(format!("spec: missing version of {name:?} (pkg@version)"));
+        return Err(FieldError::new(
+            "spec",
+            format!("missing version of {name:?} (pkg@version)"),
+        ));
     };
     let Some((compiler, compiler_version)) = compiler else {
-        return Err("spec: missing compiler (%compiler@version)".to_owned());
+        return Err(FieldError::new(
+            "spec",
+            "missing compiler (%compiler@version)",
+        ));
     };
     let Some(compiler_version) = compiler_version else {
-        return Err(format!(
-            "spec: missing version of compiler {compiler:?} (%compiler@version)"
+        return Err(FieldError::new(
+            "spec",
+            format!("missing version of compiler {compiler:?} (%compiler@version)"),
         ));
     };
     let mut workload = Workload::new();

@@ -835,13 +835,14 @@ fn parse_spec_names_what_is_wrong() {
         ("+shared %gcc@12", "missing package name"),
     ];
     for (spec, want) in cases {
-        let err = parse_spec(spec).unwrap_err();
+        let err = parse_spec(spec).unwrap_err().to_string();
         assert!(err.starts_with("spec: "), "{spec:?}: {err}");
         assert!(err.contains(want), "{spec:?}: {err} (want {want:?})");
     }
     assert!(
         parse_spec(&"a".repeat(5000))
             .unwrap_err()
+            .to_string()
             .contains("longer than")
     );
 }
@@ -918,11 +919,11 @@ fn validate_names_the_offending_field() {
         ),
     ];
     for (w, want) in cases {
-        assert_eq!(validate(&w).unwrap_err(), want);
+        assert_eq!(validate(&w).unwrap_err().to_string(), want);
     }
     let many: Workload = (0..33).map(|i| (format!("a{i}"), "x".to_owned())).collect();
     assert_eq!(
-        validate(&many).unwrap_err(),
+        validate(&many).unwrap_err().to_string(),
         "workload: 33 attributes, at most 32"
     );
     // Variants may be empty when something else has a value.

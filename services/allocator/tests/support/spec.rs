@@ -10,6 +10,7 @@
 //! workload key gives it back.
 
 use runyard_allocator::model::{Workload, parse_spec, validate};
+use runyard_events::FieldError;
 use runyard_store::workload::{key, normalize_variants, parse_key};
 
 /// The attributes a spec becomes, `arch` optional.
@@ -34,9 +35,9 @@ fn is_name(s: &str) -> bool {
 }
 
 /// Checks `parse_spec`'s answer to a spec.
-pub fn check(result: &Result<Workload, String>) {
+pub fn check(result: &Result<Workload, FieldError>) {
     let w = match result {
-        Err(e) => return assert!(e.starts_with("spec: "), "error {e:?}"),
+        Err(e) => return assert_eq!(e.field, "spec", "error {e:?}"),
         Ok(w) => w,
     };
     for k in w.keys() {
