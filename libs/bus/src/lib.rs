@@ -297,7 +297,7 @@ impl NatsAccess {
         let password = match (&self.password, &self.password_file) {
             (Some(p), _) => Some(p.clone()),
             (None, Some(path)) => Some(
-                runyard_telemetry::secrets::read_file(NATS_PASSWORD_FILE_VAR, path)
+                runyard_config::secrets::read_file(NATS_PASSWORD_FILE_VAR, path)
                     .map_err(|e| BusError::Settings(e.to_string()))?,
             ),
             (None, None) => None,

@@ -1,15 +1,13 @@
 //! Process-wide chores every runyard binary does the same way: the rustls
 //! crypto provider, tracing (JSON or pretty), the Prometheus registry and its
-//! text exposition, OTLP trace export ([`traces`]), the shutdown signal, and
-//! configuration: [`load_config`] and the operator's secrets ([`secrets`]:
-//! the `*_FILE` reader and the check every service runs at start).
+//! text exposition, OTLP trace export ([`traces`]) and the shutdown signal.
+//! Configuration and secrets are `runyard-config`'s.
 
 use std::io::IsTerminal;
 use std::sync::{Arc, Mutex};
 
 mod filter;
 mod log;
-pub mod secrets;
 pub mod traces;
 
 pub use prometheus_client;
@@ -185,27 +183,6 @@ pub async fn shutdown_signal() {
         () = term => {},
     }
     tracing::info!("shutdown signal received");
-}
-
-/// Loads a service's typed configuration: `T::default()`, then the TOML
-/// `file` if given, then `RUNYARD_<KEY>` environment variables for the keys
-/// the service reads (other services' variables in the same environment are
-/// left alone; unknown keys in the file are rejected by the type's
-/// `deny_unknown_fields`).
-pub fn load_config<T>(
-    file: Option<&std::path::Path>,
-    env_keys: &[&str],
-) -> Result<T, Box<figment::Error>>
-where
-    T: serde::Serialize + serde::de::DeserializeOwned + Default,
-{
-    use figment::providers::{Env, Format, Serialized, Toml};
-    let mut fig = figment::Figment::from(Serialized::defaults(T::default()));
-    if let Some(file) = file {
-        fig = fig.merge(Toml::file_exact(file));
-    }
-    fig = fig.merge(Env::prefixed("RUNYARD_").only(env_keys));
-    fig.extract().map_err(Box::new)
 }
 
 /// A token cancelled when `shutdown` resolves, so one signal can stop

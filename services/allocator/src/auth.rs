@@ -10,14 +10,14 @@
 //! compared with every one of them in constant time: neither a token's
 //! bytes nor its length, nor which token matched, shows in response times.
 //! Which of them are weak (empty, short, a placeholder:
-//! [`runyard_telemetry::secrets`]) is noted when they are read, so the
+//! [`runyard_config::secrets`]) is noted when they are read, so the
 //! allocator can refuse them at start.
 
 use std::path::Path;
 
+use runyard_config::secrets::{self, Weak};
 use runyard_events::FieldError;
 use runyard_forge::bearer;
-use runyard_telemetry::secrets::{self, Weak};
 use secrecy::ExposeSecret as _;
 use sha2::{Digest as _, Sha256};
 use subtle::ConstantTimeEq as _;

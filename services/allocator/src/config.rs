@@ -166,35 +166,13 @@ impl Default for Config {
     }
 }
 
-const ENV_KEYS: &[&str] = &[
-    "nats_url",
-    "namespace",
-    "database_url",
-    "allocator_listen",
-    "allocator_http_listen",
-    "allocator_protected_refs",
-    "allocator_publish_allocations",
-    "allocator_events_per_second",
-    "allocator_events_burst",
-    "allocator_max_batch",
-    "allocator_target_oom",
-    "allocator_anonymous_gantry",
-    "allocator_max_in_flight",
-    "allocator_max_workloads",
-    "allocator_history_days",
-    "allocator_tls_cert",
-    "allocator_tls_key",
-    "allocator_tls_client_ca",
-];
-
 impl Config {
     /// Loads defaults, then `file` (TOML) if given, then the environment,
     /// and the accepted tokens from the environment; refuses a value of the
     /// wrong type, a target OOM rate outside (0, 0.5), an in-flight limit of
     /// 0 and an unusable token setting, naming the variable.
     pub fn load(file: Option<&Path>) -> Result<Self, Box<figment::Error>> {
-        let mut config: Self = runyard_telemetry::load_config(file, ENV_KEYS)
-            .map_err(|e| Box::new(naming_the_variable(*e)))?;
+        let mut config: Self = runyard_config::load(file)?;
         let refuse = |e: String| Box::new(figment::Error::from(e));
         config
             .apply_target_oom()
@@ -211,16 +189,16 @@ impl Config {
         }
         config.model.max_workloads = config.allocator_max_workloads;
         config.allocator_tokens = Tokens::from_process_env().map_err(|e| refuse(e.to_string()))?;
-        config.insecure_dev = runyard_telemetry::secrets::insecure_dev_from_env()
-            .map_err(|e| refuse(e.to_string()))?;
+        config.insecure_dev =
+            runyard_config::secrets::insecure_dev_from_env().map_err(|e| refuse(e.to_string()))?;
         Ok(config)
     }
 
     /// Refuses an empty, short or placeholder token among those accepted
     /// (none at all is anonymous, with its own WARN), unless
-    /// `insecure_dev` ([`runyard_telemetry::secrets::enforce`]).
-    pub fn check_secrets(&self) -> Result<(), runyard_telemetry::secrets::SecretError> {
-        runyard_telemetry::secrets::enforce(
+    /// `insecure_dev` ([`runyard_config::secrets::enforce`]).
+    pub fn check_secrets(&self) -> Result<(), runyard_config::secrets::SecretError> {
+        runyard_config::secrets::enforce(
             [],
             self.allocator_tokens.weak().to_vec(),
             self.insecure_dev,
@@ -249,21 +227,6 @@ impl Config {
             .filter(|r| !r.is_empty())
             .map(str::to_owned)
             .collect()
-    }
-}
-
-/// A figment error about one of [`ENV_KEYS`] set in the environment, with
-/// the variable's full name in front (figment names it without the prefix).
-fn naming_the_variable(e: figment::Error) -> figment::Error {
-    let from_env = e
-        .metadata
-        .as_ref()
-        .is_some_and(|m| m.name.contains("environment"));
-    let key = e.path.join("_");
-    if from_env && ENV_KEYS.contains(&key.as_str()) {
-        figment::Error::from(format!("RUNYARD_{}: {e}", key.to_ascii_uppercase()))
-    } else {
-        e
     }
 }
 

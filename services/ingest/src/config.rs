@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use bytesize::ByteSize;
-use runyard_telemetry::secrets::{self, SecretError};
+use runyard_config::secrets::{self, SecretError};
 use secrecy::{ExposeSecret as _, SecretString};
 use serde::{Deserialize, Serialize};
 
@@ -220,39 +220,6 @@ impl Default for Config {
     }
 }
 
-/// The environment keys ingest reads (without the `RUNYARD_` prefix); other
-/// services' variables in the same environment are ignored, not rejected.
-const ENV_KEYS: &[&str] = &[
-    "nats_url",
-    "namespace",
-    "ingest_listen",
-    "github_webhook_secret",
-    "github_webhook_secret_file",
-    "gitlab_webhook_token",
-    "gitlab_webhook_token_file",
-    "usage_token",
-    "usage_token_file",
-    "usage_oidc",
-    "usage_oidc_refetch",
-    "usage_oidc_projects",
-    "usage_oidc_rate",
-    "github_instances",
-    "ingest_max_body",
-    "ingest_max_in_flight",
-    "ingest_max_in_flight_bytes",
-    "ingest_max_unverified_per_peer",
-    "ingest_body_timeout",
-    "ingest_ack_timeout",
-    "events_max_age",
-    "raw_max_age",
-    "events_max_bytes",
-    "raw_max_bytes",
-    "stream_replicas",
-    "ingest_tls_cert",
-    "ingest_tls_key",
-    "ingest_tls_client_ca",
-];
-
 /// A configuration that could not be loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -268,7 +235,7 @@ pub enum ConfigError {
 impl Config {
     /// Loads defaults, then `file` (TOML) if given, then the environment.
     pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
-        let mut config: Config = runyard_telemetry::load_config(file, ENV_KEYS)?;
+        let mut config: Config = runyard_config::load(file)?;
         config.resolve_secret_files()?;
         config.insecure_dev = secrets::insecure_dev_from_env()?;
         Ok(config)

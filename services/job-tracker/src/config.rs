@@ -108,26 +108,11 @@ impl Default for Config {
     }
 }
 
-const ENV_KEYS: &[&str] = &[
-    "nats_url",
-    "namespace",
-    "database_url",
-    "tracker_http_listen",
-    "tracker_batch_size",
-    "tracker_batch_wait",
-    "tracker_max_attempts",
-    "tracker_ack_wait",
-    "database_pool_size",
-    "tracker_tls_cert",
-    "tracker_tls_key",
-    "tracker_tls_client_ca",
-];
-
 impl Config {
     /// Loads defaults, then `file` (TOML) if given, then the environment.
     pub fn load(file: Option<&Path>) -> Result<Self, Box<figment::Error>> {
-        let mut config: Self = runyard_telemetry::load_config(file, ENV_KEYS)?;
-        config.insecure_dev = runyard_telemetry::secrets::insecure_dev_from_env()
+        let mut config: Self = runyard_config::load(file)?;
+        config.insecure_dev = runyard_config::secrets::insecure_dev_from_env()
             .map_err(|e| Box::new(figment::Error::from(e.to_string())))?;
         Ok(config)
     }

@@ -61,7 +61,7 @@ impl App {
     /// not-ready service. NATS is waited for in the background as always.
     pub async fn build(config: Config) -> anyhow::Result<Self> {
         // No secret of its own: with RUNYARD_INSECURE_DEV=1, only the WARN.
-        runyard_telemetry::secrets::enforce([], vec![], config.insecure_dev)?;
+        runyard_config::secrets::enforce([], vec![], config.insecure_dev)?;
         let ns = Namespace::new(config.namespace.clone())?;
         let tls = tls(&config)?;
         let listener = std::net::TcpListener::bind(config.tracker_http_listen)

@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::Parser;
-use secrecy::SecretString;
+use secrecy::{ExposeSecret as _, SecretString};
 
 mod cgroup;
 mod child;
@@ -117,14 +117,8 @@ pub enum Error {
         reason: String,
     },
     /// The token file can't be read.
-    #[error("cannot read token file {path}")]
-    TokenFile {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    TokenFile(#[from] runyard_config::secrets::SecretError),
     /// The report can't be encoded (not expected to happen).
     #[error("cannot encode the report")]
     Encode(#[source] serde_json::Error),
@@ -475,8 +469,8 @@ pub enum Outcome {
 }
 
 /// The usage token: `--token` / `RUNYARD_USAGE_TOKEN`, else the file's
-/// contents by the services' `*_FILE` rule (trailing whitespace trimmed,
-/// nothing else: [`runyard_telemetry::secrets::trim`]).
+/// contents read by the services' one `*_FILE` reader (trailing whitespace
+/// trimmed, nothing else: [`runyard_config::secrets::read_file`]).
 pub fn resolve_token(
     token: Option<&SecretString>,
     token_file: Option<&Path>,
@@ -485,15 +479,11 @@ pub fn resolve_token(
         return Ok(token.clone());
     }
     let path = token_file.ok_or(Error::MissingToken)?;
-    let contents = std::fs::read_to_string(path).map_err(|source| Error::TokenFile {
-        path: path.to_owned(),
-        source,
-    })?;
-    let token = runyard_telemetry::secrets::trim(&contents);
-    if token.is_empty() {
+    let token = runyard_config::secrets::read_file("RUNYARD_USAGE_TOKEN_FILE", path)?;
+    if token.expose_secret().is_empty() {
         return Err(Error::MissingToken);
     }
-    Ok(SecretString::from(token))
+    Ok(token)
 }
 
 /// The bearer credential a report is sent with (see [`identity`]): the
@@ -776,7 +766,7 @@ mod tests {
         ));
         assert!(matches!(
             resolve_token(None, Some(&dir.path().join("missing"))),
-            Err(Error::TokenFile { .. })
+            Err(Error::TokenFile(_))
         ));
     }
 }

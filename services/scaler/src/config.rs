@@ -6,7 +6,7 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use runyard_telemetry::secrets;
+use runyard_config::secrets;
 use secrecy::SecretString;
 use serde::{Deserialize, Serialize};
 
@@ -187,33 +187,6 @@ impl Default for Config {
     }
 }
 
-const ENV_KEYS: &[&str] = &[
-    "nats_url",
-    "namespace",
-    "database_url",
-    "scaler_http_listen",
-    "scaler_config",
-    "allocator_url",
-    "allocator_client_token",
-    "allocator_ca_file",
-    "allocator_client_cert",
-    "allocator_client_key",
-    "github_api_url",
-    "github_token",
-    "github_app_id",
-    "github_app_private_key_file",
-    "github_app_installation_id",
-    "gitlab_api_url",
-    "gitlab_token",
-    "scaler_metadata_listen",
-    "scaler_metadata_url",
-    "scaler_instance_token_key",
-    "scaler_tls_cert",
-    "scaler_tls_key",
-    "scaler_tls_client_ca",
-    "stream_replicas",
-];
-
 /// Secrets that may come from `RUNYARD_<NAME>_FILE`.
 const SECRET_FILES: &[&str] = &[
     "allocator_client_token",
@@ -227,8 +200,7 @@ impl Config {
     /// `*_FILE` variables fill secrets not given directly
     /// ([`secrets::read_file`]).
     pub fn load(file: Option<&Path>) -> anyhow::Result<Self> {
-        let mut config: Self =
-            runyard_telemetry::load_config(file, ENV_KEYS).map_err(|e| anyhow::anyhow!(e))?;
+        let mut config: Self = runyard_config::load(file).map_err(|e| anyhow::anyhow!(e))?;
         for name in SECRET_FILES {
             let var = format!("RUNYARD_{}_FILE", name.to_ascii_uppercase());
             let Ok(path) = std::env::var(&var) else {

@@ -89,7 +89,7 @@ fn forge_host(pool: &config::PoolConfig, config: &Config) -> String {
 
 /// A credential file named by `var` (the shared `*_FILE` rule).
 fn read_secret(var: &str, path: &std::path::Path) -> anyhow::Result<SecretString> {
-    Ok(runyard_telemetry::secrets::read_file(var, path)?)
+    Ok(runyard_config::secrets::read_file(var, path)?)
 }
 
 fn forges(config: &Config, file: &ScalerFile) -> anyhow::Result<Forges> {
