@@ -172,6 +172,30 @@ impl Runner {
         }
     }
 
+    /// A `Retry` decision taken: the runner is being made again, as its
+    /// next attempt (returned), from `now`.
+    pub fn retrying(&mut self, now: Clock) -> u32 {
+        self.phase = Phase::Requested;
+        self.attempts += 1;
+        self.attempt_started_at = now;
+        self.attempts
+    }
+
+    /// The forge said it runs a job (a refused delete, a busy reading): it
+    /// is at least assigned, and its idle readings start over.
+    pub fn found_busy(&mut self) {
+        if self.phase < Phase::Assigned {
+            self.phase = Phase::Assigned;
+        }
+        self.idle_confirmed_from = None;
+    }
+
+    /// The forge read it idle at `now`: the idle window runs from the
+    /// first such reading.
+    pub fn found_idle(&mut self, now: Clock) {
+        self.idle_confirmed_from.get_or_insert(now);
+    }
+
     /// Exists (or is being made) and so counts toward `max_runners`.
     pub fn is_alive(&self) -> bool {
         matches!(

@@ -776,12 +776,11 @@ impl Engine {
                     .as_ref()
                     .and_then(|j| self.world.jobs.get(j))
                     .cloned();
-                if let Some(r) = self.world.runners.get_mut(&name) {
-                    r.phase = Phase::Requested;
-                    r.attempts += 1;
-                    r.attempt_started_at = now;
-                }
-                let attempt = runner.attempts + 1;
+                let attempt = self
+                    .world
+                    .runners
+                    .get_mut(&name)
+                    .map_or(runner.attempts + 1, |r| r.retrying(now));
                 let shared = self.shared.clone();
                 let tools = self.tools.clone();
                 self.spawn(name.clone(), async move {
@@ -951,10 +950,7 @@ impl Engine {
                 if let Some(r) = self.world.runners.get_mut(&name) {
                     match local {
                         Some(Local::Busy(running)) => {
-                            if r.phase < Phase::Assigned {
-                                r.phase = Phase::Assigned;
-                            }
-                            r.idle_confirmed_from = None;
+                            r.found_busy();
                             // The jobs the forge names keep it until they
                             // complete (one whose completion was seen is
                             // the forge lagging).
@@ -974,9 +970,7 @@ impl Engine {
                                 }
                             }
                         }
-                        Some(Local::Idle) => {
-                            r.idle_confirmed_from.get_or_insert(now);
-                        }
+                        Some(Local::Idle) => r.found_idle(now),
                         Some(Local::Waited(waited)) => {
                             r.attempt_started_at += waited;
                         }

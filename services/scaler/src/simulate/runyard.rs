@@ -3,7 +3,7 @@
 //! every event and every tick, and its decisions change the World the way
 //! the engine's operations do (here they finish in no time).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use rand::rngs::StdRng;
@@ -15,6 +15,8 @@ use runyard_events::{
 
 use super::Scaler;
 use super::forge::{Forge, Obs, State};
+use crate::forges::ForgeRunner;
+use crate::listing::{self, Finding, Listing, Sightings};
 use crate::policy::{self, Decision, Knobs, PoolSpec};
 use crate::world::{Clock, JobId, Phase, Runner, World, create_backoff};
 
@@ -55,6 +57,8 @@ pub(crate) struct Runyard {
     /// Runner name → its current forge instance.
     instances: HashMap<String, usize>,
     last_idle_check: HashMap<String, Clock>,
+    /// The forge listing's second-sighting counts.
+    sightings: Sightings,
     free_counter: u64,
     rng: StdRng,
 }
@@ -114,6 +118,7 @@ impl Runyard {
             names: HashMap::new(),
             instances: HashMap::new(),
             last_idle_check: HashMap::new(),
+            sightings: Sightings::default(),
             free_counter: 0,
             rng: StdRng::seed_from_u64(seed),
         }
@@ -167,30 +172,63 @@ impl Runyard {
         self.apply(now, body);
     }
 
-    /// The forge listing: online runners the engine still thinks are
-    /// booting get `RunnerOnline`; busy ones are marked assigned.
-    fn sync(&mut self, forge: &Forge, now: Clock) {
-        let booting: Vec<(String, usize)> = self
-            .world
-            .runners
-            .values()
-            .filter(|r| matches!(r.phase, Phase::Requested | Phase::Created))
-            .filter_map(|r| Some((r.name.clone(), *self.instances.get(&r.name)?)))
+    /// The forge listing, read by the engine's own [`listing::diff`]: busy
+    /// runners are marked assigned there, booting ones listed online get
+    /// `RunnerOnline`, and a registration no runner owns is removed at the
+    /// second listing showing it.
+    fn sync(&mut self, forge: &mut Forge, now: Clock) {
+        let mut listed: Vec<ForgeRunner> = self
+            .instances
+            .iter()
+            .filter_map(|(name, &id)| {
+                let state = forge.runners[id].state;
+                matches!(state, State::Idle | State::Busy).then(|| ForgeRunner {
+                    id: id as u64,
+                    name: name.clone(),
+                    online: true,
+                    busy: state == State::Busy,
+                    paused: false,
+                    running_jobs: Vec::new(),
+                })
+            })
             .collect();
-        for (name, id) in booting {
-            match forge.runners[id].state {
-                State::Busy => {
-                    if let Some(r) = self.world.runners.get_mut(&name) {
-                        r.phase = Phase::Assigned;
-                    }
-                }
-                State::Idle => self.apply(
+        listed.sort_by(|a, b| a.name.cmp(&b.name));
+        let listing = Listing {
+            pool: POOL,
+            scope: POOL,
+            restart_stopped: false,
+            instances: None,
+            forge: Some(&listed),
+        };
+        // Operations finish in no time here: none is ever under way.
+        let findings = listing::diff(
+            &mut self.world,
+            &listing,
+            &|_| false,
+            &mut self.sightings,
+            &mut HashSet::new(),
+        );
+        for finding in findings {
+            match finding {
+                Finding::Online { name } => self.apply(
                     now,
                     Body::RunnerOnline(RunnerOnline {
                         runner: Some(rref(&name)),
                         source: "forge_list".into(),
                     }),
                 ),
+                Finding::Orphan {
+                    forge_id: Some(id), ..
+                } => {
+                    // One running a job is not listed as an orphan; a
+                    // delete refused all the same is tried at a later
+                    // listing.
+                    if let Ok(id) = usize::try_from(id) {
+                        let _ = forge.delete(now, id);
+                    }
+                }
+                // Without a provider listing nothing is interrupted, gone
+                // or stopped; a runner's registration is its instance.
                 _ => {}
             }
         }
@@ -261,10 +299,7 @@ impl Runyard {
     /// reading): the engine's `Local::Busy`.
     fn mark_busy(&mut self, name: &str) {
         if let Some(r) = self.world.runners.get_mut(name) {
-            if r.phase < Phase::Assigned {
-                r.phase = Phase::Assigned;
-            }
-            r.idle_confirmed_from = None;
+            r.found_busy();
         }
     }
 
@@ -300,10 +335,7 @@ impl Runyard {
                 let Some(r) = self.world.runners.get_mut(&name) else {
                     return;
                 };
-                r.phase = Phase::Requested;
-                r.attempts += 1;
-                r.attempt_started_at = now;
-                let attempt = r.attempts;
+                let attempt = r.retrying(now);
                 self.provision(forge, now, &name, attempt);
             }
             Decision::GiveUp { name } => {
@@ -391,7 +423,7 @@ impl Runyard {
         }
         if !confirmed {
             if let Some(r) = self.world.runners.get_mut(name) {
-                r.idle_confirmed_from.get_or_insert(now);
+                r.found_idle(now);
             }
             return;
         }
