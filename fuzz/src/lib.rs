@@ -5,9 +5,8 @@
 #[path = "../../libs/forge/tests/support/invariants.rs"]
 pub mod invariants;
 
-/// `parse_spec`'s promises (`services/allocator/tests/support/spec.rs`).
-#[path = "../../services/allocator/tests/support/spec.rs"]
-pub mod spec;
+/// `parse_spec`'s promises (`services/allocator/src/testing/spec.rs`).
+pub use runyard_allocator::testing::spec;
 
 use time::OffsetDateTime;
 use time::macros::datetime;
