@@ -1,9 +1,8 @@
 //! What the fuzz targets share: the checks of the property tests, and the
 //! split of an input into its header choices and its body.
 
-/// The normalizers' promises (`libs/forge/tests/support/invariants.rs`).
-#[path = "../../libs/forge/tests/support/invariants.rs"]
-pub mod invariants;
+/// The normalizers' promises (`libs/forge/src/testing/invariants.rs`).
+pub use runyard_forge::testing::invariants;
 
 /// `parse_spec`'s promises (`services/allocator/src/testing/spec.rs`).
 pub use runyard_allocator::testing::spec;
