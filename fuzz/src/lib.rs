@@ -1,13 +1,11 @@
 //! What the fuzz targets share: the checks of the property tests, and the
 //! split of an input into its header choices and its body.
 
-/// The normalizers' promises (`libs/forge/tests/support/invariants.rs`).
-#[path = "../../libs/forge/tests/support/invariants.rs"]
-pub mod invariants;
+/// The normalizers' promises (`libs/forge/src/testing/invariants.rs`).
+pub use runyard_forge::testing::invariants;
 
-/// `parse_spec`'s promises (`services/allocator/tests/support/spec.rs`).
-#[path = "../../services/allocator/tests/support/spec.rs"]
-pub mod spec;
+/// `parse_spec`'s promises (`services/allocator/src/testing/spec.rs`).
+pub use runyard_allocator::testing::spec;
 
 use time::OffsetDateTime;
 use time::macros::datetime;

@@ -15,6 +15,8 @@ mod filter;
 mod github;
 mod gitlab;
 mod json;
+#[cfg(feature = "testing")]
+pub mod testing;
 mod timestamps;
 mod usage;
 pub mod verify;

@@ -11,6 +11,8 @@ mod http;
 pub mod model;
 pub mod shed;
 pub mod simulate;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 use std::collections::HashSet;
 use std::future::Future;

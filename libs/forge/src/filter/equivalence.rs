@@ -1,8 +1,8 @@
 //! The filtered parse changes nothing the normalizers return.
 //!
 //! For every fixture, every fixture with one member removed or given another
-//! value, and the generated inputs of `tests/fuzz.rs`, normalizing with the
-//! allowlists (what ingest runs) gives exactly what normalizing the fully
+//! value, and the generated inputs of `tests/forge/fuzz.rs`, normalizing with
+//! the allowlists (what ingest runs) gives exactly what normalizing the fully
 //! parsed body gives, errors included.
 //!
 //! And the normalizers look up no key outside their allowlist: every key
@@ -21,12 +21,8 @@ use time::OffsetDateTime;
 use super::KeySet;
 use super::tests::pruned;
 use crate::json::reads;
+use crate::testing::generators;
 use crate::{GithubDelivery, GitlabDelivery, Members, Normalized, PayloadError, github, gitlab};
-
-// Shared with tests/fuzz.rs, which uses all of it.
-#[allow(dead_code)]
-#[path = "../../tests/support/mod.rs"]
-mod support;
 
 /// What the full parse rejects and the filtered parse does not check in a
 /// member it skips (see the module docs of `filter`).
@@ -179,7 +175,7 @@ fn variants(fixture: &str) -> Vec<Vec<u8>> {
     let original: Value = serde_json::from_str(fixture).expect("fixture is JSON");
     let mut all = vec![fixture.as_bytes().to_vec()];
     let mut paths = Vec::new();
-    support::pointers(&original, "", &mut paths);
+    generators::pointers(&original, "", &mut paths);
     let replacements = [
         None,
         Some(Value::Null),
@@ -221,7 +217,7 @@ fn variants(fixture: &str) -> Vec<Vec<u8>> {
 fn fixtures_and_their_variants_normalize_the_same() {
     let mut reads = Reads::default();
     for (name, fixture) in fixtures() {
-        let rx = support::FIXTURE_RX;
+        let rx = generators::FIXTURE_RX;
         agree(EVERY_HOOK, fixture.as_bytes(), None, rx, false, &mut reads)
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         // Variants only through the hook the fixture is for.
@@ -271,14 +267,14 @@ proptest! {
     #[test]
     fn arbitrary_bytes_normalize_the_same(
         body in prop::collection::vec(any::<u8>(), 0..512),
-        ct in support::content_type(),
-        rx in support::received_at(),
+        ct in generators::content_type(),
+        rx in generators::received_at(),
     ) {
         agree(EVERY_HOOK, &body, ct.as_deref(), rx, true, &mut Reads::default())?;
     }
 
     #[test]
-    fn arbitrary_json_normalizes_the_same(value in support::json(), rx in support::received_at()) {
+    fn arbitrary_json_normalizes_the_same(value in generators::json(), rx in generators::received_at()) {
         let body = serde_json::to_vec(&value).expect("serializes");
         agree(EVERY_HOOK, &body, None, rx, false, &mut Reads::default())?;
         prunes(&body, &github::KEYS)?;
@@ -288,16 +284,16 @@ proptest! {
     #[test]
     fn mutated_fixtures_normalize_the_same(
         which in any::<Index>(),
-        muts in support::mutations(),
-        rx in support::received_at(),
+        muts in generators::mutations(),
+        rx in generators::received_at(),
     ) {
-        let all: Vec<&str> = support::GITHUB_FIXTURES
+        let all: Vec<&str> = generators::GITHUB_FIXTURES
             .iter()
-            .chain(support::GITLAB_JOB_FIXTURES)
-            .chain([&support::GITLAB_PIPELINE])
+            .chain(generators::GITLAB_JOB_FIXTURES)
+            .chain([&generators::GITLAB_PIPELINE])
             .copied()
             .collect();
-        let body = support::mutate(all[which.index(all.len())], &muts);
+        let body = generators::mutate(all[which.index(all.len())], &muts);
         agree(EVERY_HOOK, &body, None, rx, false, &mut Reads::default())?;
         prunes(&body, &github::KEYS)?;
         prunes(&body, &gitlab::KEYS)?;

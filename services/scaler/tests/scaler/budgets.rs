@@ -149,7 +149,7 @@ async fn a_spent_registration_budget_is_waited_out_and_jobs_are_served_in_queue_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_spent_core_budget_holds_the_downloads_read_without_failing_or_reaping() {
     // Three seconds to come online once made: the wait must not eat them.
-    let (stack, fake) = crate::external_stack("3s").await;
+    let (stack, fake) = crate::fake::external_stack("v0.1.0", "3s", "").await;
     let downloads = "/orgs/acme/actions/runners/downloads";
     let jit = "/orgs/acme/actions/runners/generate-jitconfig";
     stack.github.exhaust_rate_limit("core", HOUR);

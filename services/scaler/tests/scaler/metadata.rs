@@ -3,8 +3,6 @@
 //! secrets put in its bucket and tokens minted as the engine does, and the
 //! API asked over HTTP as an instance would.
 
-mod support;
-
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -15,9 +13,10 @@ use runyard_scaler::metadata::{InstanceSecrets, InstanceTokens, SecretStore};
 use runyard_scaler::{App, ScalerFile};
 use secrecy::SecretString;
 use serde_json::{Value, json};
-use support::{Stack, pool_toml, until_async};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
+
+use crate::support::{Stack, pool_toml, until_async};
 
 /// The key `support::Stack::config` gives the scaler.
 const KEY: &str = "e6ba5d7d4016a15dcba16e8905f88fea35bfdd5cfeeb02b8bb711d5885495b87";

@@ -1,16 +1,14 @@
 //! Property tests of `parse_spec`, the entry point the `fuzz_spec` target
-//! drives, with the same checks (`support/spec.rs`): specs built from
+//! drives, with the same checks (`src/testing/spec.rs`): specs built from
 //! `pkg@version`, `+variant`, `~variant`, `-variant`, `key=value`,
 //! `arch=...` and `%compiler@version` in any order and spelling parse to
 //! exactly the workload they describe; random and mutated specs keep the
 //! parser's promises.
 
-#[path = "support/spec.rs"]
-mod spec;
-
 use proptest::prelude::*;
 use proptest::sample::Index;
 use runyard_allocator::model::{Workload, parse_spec};
+use runyard_allocator::testing::spec;
 use runyard_store::workload::normalize_variants;
 
 /// One part of a spec, with what it contributes to the workload.

@@ -3,22 +3,13 @@
 //! runner deleted, faults retried, replicas that fail over.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed unwrap is a failed test
 
-mod budgets;
-mod credentials;
-#[path = "provider/fake.rs"]
-mod fake;
-mod gitlab;
-mod groups;
-mod lifecycle;
-mod reconcile;
-mod support;
-
 use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
-use fake::FakeProvider;
 use runyard_events::{Body, JobStatus};
-use support::{Stack, pool_toml, until};
+
+use crate::fake::{self, external_stack};
+use crate::support::{self, Stack, pool_toml, until};
 
 async fn wait_idle(scaler: &support::Scaler, n: u64) {
     let deadline = tokio::time::Instant::now() + support::WAIT;
@@ -278,19 +269,6 @@ async fn min_idle_is_kept_warm_and_an_idle_runner_gets_the_job() {
     scaler.stop().await;
 }
 
-/// A stack whose `local` provider is the fake external provider, its state
-/// in a directory of its own. Runners come online on GitHub as soon as they
-/// register (a background task plays the machines booting).
-async fn external_stack(bootstrap: &str) -> (Stack, FakeProvider) {
-    let fake = FakeProvider::new(&[]);
-    let providers = fake.provider_toml("local", "v0.1.0", "5s", &[]);
-    let pools = pool_toml(5, 0, "").replace(
-        "bootstrap_timeout = \"30s\"",
-        &format!("bootstrap_timeout = {bootstrap:?}"),
-    );
-    (Stack::with_provider(&pools, &providers).await, fake)
-}
-
 fn failed_attempts(events: &[runyard_events::Event]) -> Vec<(u32, String, bool)> {
     events
         .iter()
@@ -303,7 +281,7 @@ fn failed_attempts(events: &[runyard_events::Event]) -> Vec<(u32, String, bool)>
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn provider_faults_are_retried_at_most_five_times_and_leak_nothing() {
-    let (stack, fake) = external_stack("3s").await;
+    let (stack, fake) = external_stack("v0.1.0", "3s", "").await;
     fake.set_faults(
         "CreateInstance",
         &["exit1", "hang", "error_status", "malformed"],

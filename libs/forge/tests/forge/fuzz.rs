@@ -1,19 +1,18 @@
 //! Property tests: no input makes a normalizer panic, and whatever a
 //! normalizer accepts is a well-formed event. The inputs come from
-//! `support` (shared with the crate's filtered-parse equivalence tests).
-
-mod support;
+//! `runyard_forge::testing::generators` (shared with the crate's
+//! filtered-parse equivalence tests).
 
 use proptest::prelude::*;
 use proptest::sample::Index;
 use runyard_events::{Body, Event};
+use runyard_forge::testing::generators::{
+    FIXTURE_RX, GITHUB_FIXTURES, GITLAB_JOB_FIXTURES, GITLAB_PIPELINE, USAGE, content_type, json,
+    mutate, mutations, received_at,
+};
 use runyard_forge::{
     GithubDelivery, GitlabDelivery, Normalized, PayloadError, normalize_github, normalize_gitlab,
     normalize_usage,
-};
-use support::{
-    FIXTURE_RX, GITHUB_FIXTURES, GITLAB_JOB_FIXTURES, GITLAB_PIPELINE, USAGE, content_type, json,
-    mutate, mutations, received_at,
 };
 use time::OffsetDateTime;
 

@@ -1,15 +1,14 @@
 //! OOM-killed jobs come back with more memory: the whole loop, with every
-//! service as a real process (see `retry/mod.rs`).
-
-mod retry;
+//! service as a real process (see `retry.rs`).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use retry::{Stack, WAIT, kind};
 use runyard_events::Body;
 use runyard_testkit::eventually;
 use serde_json::json;
+
+use crate::retry::{Stack, WAIT, kind};
 
 /// Short timers; no pools needed for GitLab pipeline retries.
 const GITLAB_ONLY: &str = r#"

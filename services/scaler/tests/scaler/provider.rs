@@ -6,21 +6,18 @@
 //! configuration.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed unwrap is a failed test
 
-#[path = "provider/fake.rs"]
-mod fake;
-mod support;
-
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
-use fake::FakeProvider;
 use runyard_events::{Body, Event, Forge};
 use runyard_scaler::metadata::{InstanceTokens, SecretStore};
 use runyard_scaler::provider::{Bootstrap, CreateRequest, Provider, ProviderError};
 use runyard_scaler::{Config, ScalerFile};
 use secrecy::SecretString;
 use serde_json::{Value, json};
-use support::{Stack, pool_toml, until, until_async};
+
+use crate::fake::{self, FakeProvider, external_stack};
+use crate::support::{Stack, pool_toml, until, until_async};
 
 /// The key `support::Stack::config` gives the scaler.
 const KEY: &str = "e6ba5d7d4016a15dcba16e8905f88fea35bfdd5cfeeb02b8bb711d5885495b87";
@@ -288,18 +285,6 @@ async fn bad_answers_are_provider_errors() {
     }
     no_violations(&fake);
     nothing_running(&fake).await;
-}
-
-/// A stack on the fake provider (interface `version`, the pool's
-/// `bootstrap` timeout and `extra` settings), and the fake.
-async fn external_stack(version: &str, bootstrap: &str, extra: &str) -> (Stack, FakeProvider) {
-    let fake = FakeProvider::new(&[]);
-    let providers = fake.provider_toml("local", version, "5s", &[]);
-    let pools = pool_toml(5, 0, extra).replace(
-        "bootstrap_timeout = \"30s\"",
-        &format!("bootstrap_timeout = {bootstrap:?}"),
-    );
-    (Stack::with_provider(&pools, &providers).await, fake)
 }
 
 fn config(stack: &Stack) -> Config {

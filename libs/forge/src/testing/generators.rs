@@ -1,7 +1,7 @@
-//! Input generators shared by the property tests: `tests/fuzz.rs`, and the
-//! filtered-parse equivalence tests inside the crate
-//! (`src/filter/equivalence.rs`, which includes this file by path so that it
-//! can reach the normalizers' internal switch).
+//! Input generators shared by the property tests: `tests/forge/fuzz.rs`,
+//! and the filtered-parse equivalence tests inside the crate
+//! (`src/filter/equivalence.rs`, which reach the normalizers' internal
+//! switch).
 //!
 //! Three kinds of input: arbitrary bytes, arbitrary JSON built from the
 //! vocabulary of the real payloads (so it reaches deep into the
@@ -16,19 +16,19 @@ use time::macros::datetime;
 pub const FIXTURE_RX: OffsetDateTime = datetime!(2024-06-01 12:20:00 UTC);
 
 pub const GITHUB_FIXTURES: &[&str] = &[
-    include_str!("../fixtures/github_workflow_job_queued.json"),
-    include_str!("../fixtures/github_workflow_job_waiting.json"),
-    include_str!("../fixtures/github_workflow_job_in_progress.json"),
-    include_str!("../fixtures/github_workflow_job_completed.json"),
+    include_str!("../../tests/fixtures/github_workflow_job_queued.json"),
+    include_str!("../../tests/fixtures/github_workflow_job_waiting.json"),
+    include_str!("../../tests/fixtures/github_workflow_job_in_progress.json"),
+    include_str!("../../tests/fixtures/github_workflow_job_completed.json"),
 ];
 pub const GITLAB_JOB_FIXTURES: &[&str] = &[
-    include_str!("../fixtures/gitlab_job_pending.json"),
-    include_str!("../fixtures/gitlab_job_running.json"),
-    include_str!("../fixtures/gitlab_job_failed.json"),
-    include_str!("../fixtures/gitlab_job_manual.json"),
+    include_str!("../../tests/fixtures/gitlab_job_pending.json"),
+    include_str!("../../tests/fixtures/gitlab_job_running.json"),
+    include_str!("../../tests/fixtures/gitlab_job_failed.json"),
+    include_str!("../../tests/fixtures/gitlab_job_manual.json"),
 ];
-pub const GITLAB_PIPELINE: &str = include_str!("../fixtures/gitlab_pipeline_failed.json");
-pub const USAGE: &str = include_str!("../fixtures/usage_report.json");
+pub const GITLAB_PIPELINE: &str = include_str!("../../tests/fixtures/gitlab_pipeline_failed.json");
+pub const USAGE: &str = include_str!("../../tests/fixtures/usage_report.json");
 
 /// Keys the normalizers look for, so random objects hit real code paths.
 pub const KEYS: &[&str] = &[

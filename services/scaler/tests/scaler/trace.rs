@@ -3,16 +3,14 @@
 //! job's webhook is one trace from ingest through the job-tracker and the
 //! scaler to the allocator and provider calls that made its runner.
 
-#[allow(dead_code)]
-mod retry;
-
 use std::time::Duration;
 
-use retry::{Stack, WAIT};
 use runyard_bus::TraceParent;
 use runyard_testkit::eventually;
 use runyard_testkit::otlp::{AnyValue, Collector, Span, attribute, hex_id};
 use serde_json::json;
+
+use crate::retry::{Stack, WAIT};
 
 const POOL: &str = r#"
 [providers.local]

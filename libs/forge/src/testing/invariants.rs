@@ -1,5 +1,5 @@
 //! What a normalizer's answer must satisfy, whatever the delivery: the
-//! checks shared by the property tests (`tests/prop.rs`) and the fuzz
+//! checks shared by the property tests (`tests/forge/prop.rs`) and the fuzz
 //! targets (`fuzz/`). Each check panics with what is wrong.
 //!
 //! Beyond "no panic":
@@ -23,10 +23,11 @@ use runyard_events::{
     Body, Conclusion, Event, Forge, JobObserved, JobStatus, PipelineObserved, UsageReported,
     from_timestamp,
 };
-use runyard_forge::{GithubDelivery, GitlabDelivery, Normalized, PayloadError};
 use serde_json::Value;
 use time::macros::datetime;
 use time::{Duration, OffsetDateTime};
+
+use crate::{GithubDelivery, GitlabDelivery, Normalized, PayloadError};
 
 /// Longest field name a rejection may echo.
 const MAX_FIELD: usize = 256;
@@ -577,8 +578,8 @@ pub fn github_form_matches_json(json: &GithubDelivery<'_>) {
         ..*json
     };
     let (a, b) = (
-        runyard_forge::normalize_github(json),
-        runyard_forge::normalize_github(&form),
+        crate::normalize_github(json),
+        crate::normalize_github(&form),
     );
     match (&a, &b) {
         (Ok(a), Ok(b)) => assert_eq!(a, b),

@@ -1,7 +1,6 @@
 //! The scaler under test: a real nats-server (a namespace per test), a
 //! fake GitHub on loopback, the `process` provider starting real processes,
 //! and helpers to play the forge's part (jobs queued, started, finished).
-#![allow(dead_code)] // not every test binary uses every helper
 
 pub mod hooks;
 

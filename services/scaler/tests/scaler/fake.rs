@@ -1,12 +1,13 @@
 //! The fake garm provider (`tests/fixtures/fake-provider`) from the test's
 //! side: its state directory, its config file (faults it is to play) and
 //! what it recorded (calls, protocol violations, instances, children).
-#![allow(dead_code)] // not every test binary uses every helper
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
+
+use crate::support::{Stack, pool_toml};
 
 /// One fake provider's state directory.
 #[derive(Debug)]
@@ -18,6 +19,20 @@ pub struct FakeProvider {
 /// The fake provider executable.
 pub fn executable() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/fake-provider")
+}
+
+/// A stack whose `local` provider is the fake (interface `version`, the
+/// pool's `bootstrap` timeout and `extra` settings), its state in a
+/// directory of its own, and the fake. Runners come online on GitHub as
+/// soon as they register (a background task plays the machines booting).
+pub async fn external_stack(version: &str, bootstrap: &str, extra: &str) -> (Stack, FakeProvider) {
+    let fake = FakeProvider::new(&[]);
+    let providers = fake.provider_toml("local", version, "5s", &[]);
+    let pools = pool_toml(5, 0, extra).replace(
+        "bootstrap_timeout = \"30s\"",
+        &format!("bootstrap_timeout = {bootstrap:?}"),
+    );
+    (Stack::with_provider(&pools, &providers).await, fake)
 }
 
 impl FakeProvider {

@@ -1,25 +1,21 @@
 //! Property tests of the normalizers' promises, on the entry points the
 //! fuzz targets (`fuzz/`) drive, with the same checks
-//! (`support/invariants.rs`): real payloads with members given hostile
+//! (`src/testing/invariants.rs`): real payloads with members given hostile
 //! values (NUL, ids past `i64::MAX`, huge and negative numbers, long
 //! strings, many labels), and exact answers for the members that matter.
-
-// Shared with tests/fuzz.rs, which uses all of it.
-#[allow(dead_code)]
-mod support;
-
-#[path = "support/invariants.rs"]
-mod invariants;
 
 use proptest::prelude::*;
 use proptest::sample::Index;
 use runyard_events::{Body, Event, JobObserved};
+use runyard_forge::testing::generators::{
+    self, FIXTURE_RX, GITHUB_FIXTURES, GITLAB_JOB_FIXTURES, GITLAB_PIPELINE, USAGE,
+};
+use runyard_forge::testing::invariants;
 use runyard_forge::{
     GithubDelivery, GitlabDelivery, Normalized, PayloadError, normalize_github, normalize_gitlab,
     normalize_usage,
 };
 use serde_json::{Value, json};
-use support::{FIXTURE_RX, GITHUB_FIXTURES, GITLAB_JOB_FIXTURES, GITLAB_PIPELINE, USAGE};
 use time::macros::datetime;
 use time::{Duration, OffsetDateTime};
 
@@ -114,7 +110,7 @@ fn hostile_string() -> impl Strategy<Value = String> {
 /// Values for any member: the vocabulary of the payloads and the extremes.
 fn hostile() -> impl Strategy<Value = Value> {
     prop_oneof![
-        4 => support::leaf(),
+        4 => generators::leaf(),
         1 => hostile_string().prop_map(Value::String),
         1 => prop_oneof![
             Just(json!(PAST_BIGINT)),
@@ -127,7 +123,7 @@ fn hostile() -> impl Strategy<Value = Value> {
         ],
         1 => prop::collection::vec(hostile_string().prop_map(Value::String), 0..100)
             .prop_map(Value::Array),
-        1 => support::json(),
+        1 => generators::json(),
     ]
 }
 
@@ -294,7 +290,7 @@ proptest! {
     }
 
     #[test]
-    fn random_json_answers_keep_their_promises(value in support::json()) {
+    fn random_json_answers_keep_their_promises(value in generators::json()) {
         let body = serde_json::to_vec(&value).expect("serializes");
         let _ = run_github(&github(&body));
         let _ = run_gitlab(&gitlab("Job Hook", &body));

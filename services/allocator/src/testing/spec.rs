@@ -1,5 +1,5 @@
 //! What `parse_spec` must satisfy, whatever the spec: the checks shared by
-//! the property tests (`tests/prop_spec.rs`) and the fuzz target
+//! the property tests (`tests/allocator/prop_spec.rs`) and the fuzz target
 //! (`fuzz/fuzz_targets/fuzz_spec.rs`). Each check panics with what is wrong.
 //!
 //! A rejection starts with `spec: `. An accepted spec is a workload of the
@@ -9,9 +9,10 @@
 //! is over-long (which the HTTP handler answers after parsing); and its
 //! workload key gives it back.
 
-use runyard_allocator::model::{Workload, parse_spec, validate};
 use runyard_events::FieldError;
 use runyard_store::workload::{key, normalize_variants, parse_key};
+
+use crate::model::{Workload, parse_spec, validate};
 
 /// The attributes a spec becomes, `arch` optional.
 const ATTRIBUTES: [&str; 6] = [

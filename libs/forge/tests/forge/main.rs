@@ -1,0 +1,7 @@
+//! runyard-forge's integration tests, one binary: the REST clients against
+//! the fake forge servers of `runyard-testkit`, and property tests of the
+//! normalizers (with the generators and checks of `runyard_forge::testing`).
+
+mod api;
+mod fuzz;
+mod prop;
