@@ -513,10 +513,10 @@ fn rows_of(events: &[Event], batch: usize) -> anyhow::Result<Vec<Rows>> {
     Ok(out)
 }
 
-/// Every `jobs` column in binding order: keys and status, the tracker's
-/// picked columns, then times and rank.
+/// Every `jobs` column in binding order: keys, the tracker's picked
+/// columns (status first), then times and rank.
 fn job_columns() -> Vec<&'static str> {
-    ["forge", "instance", "job_id", "status"]
+    ["forge", "instance", "job_id"]
         .into_iter()
         .chain(runyard_job_tracker::apply::JOB_PICKED.iter().copied())
         .chain([
