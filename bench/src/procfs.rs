@@ -1,5 +1,6 @@
 //! Per-process readings from Linux `/proc`: resident memory (current and
-//! peak), CPU time, and finding a child process by name.
+//! peak), CPU time, whether a process still runs, finding processes by
+//! name or command line, and the file system a path is on.
 
 use std::io;
 use std::sync::Arc;
@@ -75,6 +76,42 @@ pub fn cpu_time(pid: u32) -> io::Result<Duration> {
     Ok(Duration::from_millis(total * 1000 / USER_HZ))
 }
 
+/// User + system CPU time of the children `pid` has waited for (`cutime +
+/// cstime`: a reaped child's time is its parent's from then on).
+pub fn children_cpu_time(pid: u32) -> io::Result<Duration> {
+    let (_, f) = stat_fields(pid)?;
+    // cutime=13, cstime=14 after `(comm)` (fields 16 and 17 of proc(5)).
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    Ok(Duration::from_millis(
+        (ticks(13) + ticks(14)) * 1000 / USER_HZ,
+    ))
+}
+
+/// The first field of a `schedstat` file: time on a CPU, in nanoseconds.
+fn schedstat(path: &str) -> Option<Duration> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let ns = text.split_whitespace().next()?.parse().ok()?;
+    Some(Duration::from_nanos(ns))
+}
+
+/// Time `pid` has spent on a CPU (all threads), from `/proc/<pid>/schedstat`:
+/// nanoseconds, where [`cpu_time`] counts 10 ms ticks (a process that only
+/// starts takes well under one).
+pub fn on_cpu(pid: u32) -> Option<Duration> {
+    schedstat(&format!("/proc/{pid}/schedstat"))
+}
+
+/// Time the calling thread has spent on a CPU, nanoseconds
+/// (`/proc/thread-self/schedstat`); zero when it cannot be read.
+pub fn thread_on_cpu() -> Duration {
+    schedstat("/proc/thread-self/schedstat").unwrap_or_default()
+}
+
+/// Whether `pid` runs (exists and is neither a zombie nor dead).
+pub fn alive(pid: u32) -> bool {
+    stat_fields(pid).is_ok_and(|(_, f)| f.first().is_some_and(|s| s != "Z" && s != "X"))
+}
+
 /// Busy CPU time of the whole machine so far (all cores: everything but
 /// idle and iowait in the first line of `/proc/stat`).
 pub fn machine_busy() -> io::Result<Duration> {
@@ -111,17 +148,80 @@ pub async fn wait_for_quiet(max_cores: f64, limit: Duration) -> f64 {
     }
 }
 
+/// Waits like [`wait_for_quiet`] and says on stderr when the machine
+/// stayed busy; returns the load of the last second in cores.
+pub async fn settle(max_cores: f64, limit: Duration) -> f64 {
+    let load = wait_for_quiet(max_cores, limit).await;
+    if load >= max_cores {
+        eprintln!(
+            "  the machine is still busy ({load:.2} cores) after {} s; measuring anyway",
+            limit.as_secs()
+        );
+    }
+    load
+}
+
 /// The first process whose parent is `parent` and whose `comm` is `comm`
 /// (e.g. the `nats-server` a helper started on our behalf).
 pub fn find_child(parent: u32, comm: &str) -> Option<u32> {
-    let dir = std::fs::read_dir("/proc").ok()?;
-    dir.filter_map(Result::ok)
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .find(|&pid| {
-            stat_fields(pid).is_ok_and(|(c, f)| {
-                c == comm && f.get(1).and_then(|p| p.parse::<u32>().ok()) == Some(parent)
+    pids().into_iter().find(|&pid| {
+        stat_fields(pid).is_ok_and(|(c, f)| {
+            c == comm && f.get(1).and_then(|p| p.parse::<u32>().ok()) == Some(parent)
+        })
+    })
+}
+
+/// Pids of every process in `/proc`.
+fn pids() -> Vec<u32> {
+    std::fs::read_dir("/proc").map_or_else(
+        |_| Vec::new(),
+        |dir| {
+            dir.filter_map(Result::ok)
+                .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+                .collect()
+        },
+    )
+}
+
+/// CPU time of every process whose `comm` is `comm` (e.g. every backend of
+/// a Postgres cluster), by pid.
+pub fn cpu_by_comm(comm: &str) -> Vec<(u32, Duration)> {
+    pids()
+        .into_iter()
+        .filter(|&pid| stat_fields(pid).is_ok_and(|(c, _)| c == comm))
+        .filter_map(|pid| Some((pid, cpu_time(pid).ok()?)))
+        .collect()
+}
+
+/// Running processes whose command line holds every one of `parts`.
+pub fn with_cmdline(parts: &[&str]) -> Vec<u32> {
+    pids()
+        .into_iter()
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+                let c = String::from_utf8_lossy(&c);
+                parts.iter().all(|p| c.contains(p))
             })
         })
+        .filter(|pid| alive(*pid))
+        .collect()
+}
+
+/// The type of the file system `path` is on (that of the longest mount
+/// point above it in `/proc/mounts`), or `"unknown"`.
+pub fn fs_type(path: &std::path::Path) -> String {
+    let path = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+    mounts
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let (_, point, kind) = (f.next()?, f.next()?, f.next()?);
+            path.starts_with(point)
+                .then(|| (point.len(), kind.to_owned()))
+        })
+        .max()
+        .map_or_else(|| "unknown".into(), |(_, kind)| kind)
 }
 
 /// CPU time of a set of processes, and of the whole machine, between two
@@ -234,32 +334,58 @@ impl RssSampler {
     }
 }
 
-/// Starts `perf record` (call graphs, 999 Hz) on `pid` for `secs` seconds,
-/// writing `file`; the child is killed when dropped.
-pub fn perf_record(
-    file: &std::path::Path,
-    pid: u32,
+/// A `perf record` of one process.
+#[derive(Debug)]
+pub struct Perf {
+    child: tokio::process::Child,
     secs: u64,
-) -> io::Result<tokio::process::Child> {
-    tokio::process::Command::new("perf")
-        .args([
-            "record",
-            "-q",
-            "-F",
-            "999",
-            "--call-graph",
-            "dwarf,16384",
-            "-p",
-        ])
-        .arg(pid.to_string())
-        .arg("-o")
-        .arg(file)
-        .args(["--", "sleep"])
-        .arg(secs.to_string())
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
+}
+
+impl Perf {
+    /// Starts `perf record` (call graphs, 999 Hz) of `pid`, named `what` in
+    /// the progress line, for `secs` seconds, writing `file`; the recording
+    /// is killed when dropped.
+    pub fn start(file: &std::path::Path, pid: u32, secs: u64, what: &str) -> anyhow::Result<Self> {
+        use anyhow::Context as _;
+        eprintln!(
+            "  perf record of {what} (pid {pid}) for {secs} s into {}",
+            file.display()
+        );
+        let child = tokio::process::Command::new("perf")
+            .args([
+                "record",
+                "-q",
+                "-F",
+                "999",
+                "--call-graph",
+                "dwarf,16384",
+                "-p",
+            ])
+            .arg(pid.to_string())
+            .arg("-o")
+            .arg(file)
+            .args(["--", "sleep"])
+            .arg(secs.to_string())
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .context("starting perf (apt-get install linux-perf)")?;
+        Ok(Self { child, secs })
+    }
+
+    /// Waits for the recording, which stops by itself after its seconds
+    /// (killed when it has not 30 s later); says on stderr how it ended.
+    pub async fn finish(mut self) {
+        let limit = Duration::from_secs(self.secs + 30);
+        match tokio::time::timeout(limit, self.child.wait()).await {
+            Ok(Ok(status)) => eprintln!("  perf record finished: {status}"),
+            _ => {
+                let _ = self.child.kill().await;
+                eprintln!("  perf record did not finish; killed");
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -274,5 +400,12 @@ mod tests {
         assert!(cpu_time(me).is_ok());
         assert!(machine_busy().is_ok());
         assert_eq!(find_child(me, "no-such-process-name"), None);
+        assert!(alive(me));
+        assert!(on_cpu(me).is_some_and(|t| t > Duration::ZERO));
+        assert!(thread_on_cpu() > Duration::ZERO);
+        assert!(children_cpu_time(me).is_ok());
+        assert!(cpu_by_comm("no-such-process-name").is_empty());
+        assert!(with_cmdline(&["no-such-argument-anywhere-\u{1}"]).is_empty());
+        assert_ne!(fs_type(std::path::Path::new("/")), "unknown");
     }
 }

@@ -14,7 +14,7 @@
 
 use std::borrow::Cow;
 use std::fmt::Write as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -24,23 +24,22 @@ use async_nats::jetstream::{self, message::PublishMessage};
 use bytes::Bytes;
 use clap::Parser;
 use http_body_util::Full;
-use hyper::header::{ACCEPT, CONTENT_TYPE, HeaderValue, USER_AGENT};
+use hyper::header::{ACCEPT, HeaderValue, USER_AGENT};
 use hyper::{Request, StatusCode, Uri};
+use runyard_bench::args::key_value;
+use runyard_bench::attempts::Attempts;
 use runyard_bench::http::{self, HttpClient};
 use runyard_bench::load::{self, ClosedLoopResult, OpenLoopResult, Outcome, Tally};
-use runyard_bench::procfs::{self, CpuMeter, CpuUsage, Memory, RssSampler};
-use runyard_bench::report::{Percentiles, Table, mib, ms, rate, thousands};
+use runyard_bench::process::{Service, service_command};
+use runyard_bench::procfs::{self, CpuMeter, CpuUsage, Memory, Perf, RssSampler};
+use runyard_bench::report::{Percentiles, Table, mib, ms, rate, thousands, verdict};
+use runyard_bench::webhook::{self, FIXTURE, SECRET};
 use runyard_bus::{Bus, StreamSettings};
 use runyard_events::{Forge, JobStatus, Namespace};
 use runyard_forge::{GithubDelivery, Normalized};
 use runyard_testkit::{NatsServer, free_port, github_signature, unique_namespace};
 use time::OffsetDateTime;
 
-/// The webhook secret ingest is configured with for the run.
-// As `openssl rand -hex 32` makes them (runyard refuses weak secrets).
-const SECRET: &str = "eb89231c58ed9fced922076eb9fe720d5c448dc36c9db1be8d433ce2d3f17f56";
-/// The fixture every delivery is made from.
-const FIXTURE: &str = "github_workflow_job_queued.json";
 /// The fixture's `workflow_job.id`, replaced by a unique id of equal width
 /// in every delivery (it also appears in the job's URLs).
 const FIXTURE_JOB_ID: &str = "21870573124";
@@ -87,7 +86,7 @@ struct Args {
     /// Extra environment for ingest, `KEY=VALUE` (repeatable), e.g.
     /// `TOKIO_WORKER_THREADS=1` or `LD_PRELOAD=...` for A/B experiments;
     /// shown next to `RUST_LOG` in the report.
-    #[arg(long, value_parser = parse_env_pair)]
+    #[arg(long, value_parser = key_value)]
     ingest_env: Vec<(String, String)>,
     /// Before each measured run, wait up to this many seconds for the
     /// machine to be quiet (other builds and tests share it).
@@ -218,93 +217,15 @@ async fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn parse_env_pair(s: &str) -> Result<(String, String), String> {
-    match s.split_once('=') {
-        Some((k, v)) if !k.is_empty() => Ok((k.to_owned(), v.to_owned())),
-        _ => Err(format!("expected KEY=VALUE, got {s:?}")),
-    }
-}
-
 /// Other load (cores) during a run: machine busy time not spent in our
 /// processes, over the run's wall time.
 fn other_load(cpu: &CpuUsage, wall: Duration) -> f64 {
     cpu.others().as_secs_f64() / wall.as_secs_f64().max(1e-9)
 }
 
-/// The attempts at one measured run. The first one that other work did
-/// not disturb is kept; when every attempt was disturbed, the least
-/// disturbed one is.
-struct Attempts<T> {
-    tries: Vec<(f64, T)>,
-}
-
-impl<T> Attempts<T> {
-    fn new() -> Self {
-        Self { tries: Vec::new() }
-    }
-
-    /// The number of the attempt about to run (1-based).
-    fn next_number(&self) -> u32 {
-        u32::try_from(self.tries.len())
-            .unwrap_or(u32::MAX)
-            .saturating_add(1)
-    }
-
-    /// Records an attempt during which other work kept `other` cores busy;
-    /// true when no further attempt is needed.
-    fn record(&mut self, args: &Args, other: f64, value: T) -> bool {
-        self.tries.push((other, value));
-        let n = self.next_number() - 1;
-        if other <= args.max_other_load {
-            return true;
-        }
-        if n >= args.attempts {
-            progress(format!(
-                "  other work used {other:.2} cores; all {n} attempts disturbed, keeping the least disturbed"
-            ));
-            return true;
-        }
-        progress(format!(
-            "  other work used {other:.2} cores during the run; repeating it (attempt {n} of {})",
-            args.attempts
-        ));
-        false
-    }
-
-    /// The kept attempt, its number, its other load, and the rest.
-    fn finish(self) -> (T, u32, f64, Vec<T>) {
-        let best = self
-            .tries
-            .iter()
-            .enumerate()
-            .min_by(|a, b| a.1.0.total_cmp(&b.1.0))
-            .map_or(0, |(i, _)| i);
-        let mut kept = None;
-        let mut rest = Vec::new();
-        for (i, (other, value)) in self.tries.into_iter().enumerate() {
-            if i == best {
-                kept = Some((value, u32::try_from(i + 1).unwrap_or(u32::MAX), other));
-            } else {
-                rest.push(value);
-            }
-        }
-        #[allow(clippy::expect_used)] // `record` ran at least once
-        let (value, number, other) = kept.expect("at least one attempt");
-        (value, number, other, rest)
-    }
-}
-
 /// Waits for a quiet machine (bounded) and says how quiet it got.
 async fn settle(args: &Args) -> f64 {
-    let load =
-        procfs::wait_for_quiet(args.quiet_below, Duration::from_secs(args.quiet_wait_secs)).await;
-    if load >= args.quiet_below {
-        progress(format!(
-            "machine still busy ({load:.2} cores) after {} s; measuring anyway",
-            args.quiet_wait_secs
-        ));
-    }
-    load
+    procfs::settle(args.quiet_below, Duration::from_secs(args.quiet_wait_secs)).await
 }
 
 fn progress(msg: impl AsRef<str>) {
@@ -391,12 +312,11 @@ struct Prepared {
 /// ids (of equal width, so every body has the fixture's size), signed.
 /// `phase` keeps the ids of different runs apart.
 fn prepare(template: &str, phase: u64, n: u64) -> anyhow::Result<Arc<Vec<Prepared>>> {
-    let run = u64::from(std::process::id());
     let mut out = Vec::with_capacity(usize::try_from(n)?);
     for i in 0..n {
         let job_id = 30_000_000_000 + phase * 100_000_000 + i;
         let body = template.replace(FIXTURE_JOB_ID, &job_id.to_string());
-        let delivery = format!("{run:08x}-{phase:04x}-4000-8000-{i:012x}");
+        let delivery = webhook::delivery_id(phase, i);
         let signature = github_signature(SECRET, body.as_bytes());
         out.push(Prepared {
             body: Bytes::from(body),
@@ -408,17 +328,15 @@ fn prepare(template: &str, phase: u64, n: u64) -> anyhow::Result<Arc<Vec<Prepare
 }
 
 fn delivery_request(uri: &Uri, p: &Prepared) -> Result<Request<Full<Bytes>>, hyper::http::Error> {
-    Request::post(uri.clone())
-        .header(CONTENT_TYPE, "application/json")
+    let mut request = Request::post(uri.clone())
         .header(ACCEPT, "*/*")
         .header(USER_AGENT, "GitHub-Hookshot/ingest-bench")
-        .header("x-github-event", "workflow_job")
-        .header("x-github-delivery", p.delivery.clone())
-        .header("x-github-hook-id", "4242")
-        .header("x-github-hook-installation-target-id", "33435682")
-        .header("x-github-hook-installation-target-type", "organization")
-        .header("x-hub-signature-256", p.signature.clone())
-        .body(Full::new(p.body.clone()))
+        .header(webhook::DELIVERY, p.delivery.clone())
+        .header(webhook::SIGNATURE, p.signature.clone());
+    for (name, value) in webhook::HEADERS {
+        request = request.header(name, value);
+    }
+    request.body(Full::new(p.body.clone()))
 }
 
 /// An operation that posts delivery `i` of `set`: `Ok` only for a `202`
@@ -440,16 +358,14 @@ fn delivery_op(
             let req =
                 delivery_request(&uri, p).map_err(|e| Cow::Owned(format!("bad request: {e}")))?;
             match http::send(&client, req, OP_TIMEOUT).await? {
-                (StatusCode::ACCEPTED, body) if is_duplicate(&body) => Err("202 duplicate".into()),
+                (StatusCode::ACCEPTED, body) if webhook::is_duplicate(&body) => {
+                    Err("202 duplicate".into())
+                }
                 (StatusCode::ACCEPTED, _) => Ok(()),
                 (status, _) => Err(format!("status {}", status.as_u16()).into()),
             }
         })
     }
-}
-
-fn is_duplicate(body: &[u8]) -> bool {
-    body.windows(16).any(|w| w == b"\"duplicate\":true")
 }
 
 // ---------------------------------------------------------------------------
@@ -531,7 +447,7 @@ async fn run_baseline(
     progress(format!(
         "baseline: {n} raw acked publishes at concurrency {concurrency}"
     ));
-    let mut tries = Attempts::new();
+    let mut tries = Attempts::new(args.max_other_load, args.attempts);
     loop {
         let attempt = tries.next_number();
         settle(args).await;
@@ -552,7 +468,7 @@ async fn run_baseline(
         .await;
         let cpu = meter.stop();
         progress(format!("  {} msgs/s", rate(result.ok_rate())));
-        if tries.record(args, other_load(&cpu, result.elapsed), (result, cpu)) {
+        if tries.record(other_load(&cpu, result.elapsed), (result, cpu)) {
             break;
         }
     }
@@ -563,7 +479,7 @@ async fn run_baseline(
     progress(format!(
         "baseline: {n} raw+event publish pairs at concurrency {concurrency}"
     ));
-    let mut tries = Attempts::new();
+    let mut tries = Attempts::new(args.max_other_load, args.attempts);
     loop {
         let attempt = tries.next_number();
         settle(args).await;
@@ -601,7 +517,7 @@ async fn run_baseline(
         .await;
         let cpu = meter.stop();
         progress(format!("  {} pairs/s", rate(result.ok_rate())));
-        if tries.record(args, other_load(&cpu, result.elapsed), (result, cpu)) {
+        if tries.record(other_load(&cpu, result.elapsed), (result, cpu)) {
             break;
         }
     }
@@ -638,23 +554,9 @@ async fn acked_publish(js: &jetstream::Context, subject: String, msg: PublishMes
 // ---------------------------------------------------------------------------
 // Ingest runs
 
-/// Starts `perf record` on `pid` for `secs` seconds, writing `file`.
-fn start_perf(
-    file: &std::path::Path,
-    pid: u32,
-    secs: u64,
-) -> anyhow::Result<tokio::process::Child> {
-    progress(format!(
-        "  perf record of ingest (pid {pid}) for {secs} s into {}",
-        file.display()
-    ));
-    runyard_bench::procfs::perf_record(file, pid, secs)
-        .context("starting perf (apt-get install linux-perf)")
-}
-
 /// The ingest child process.
 struct Ingest {
-    child: tokio::process::Child,
+    service: Service,
     pid: u32,
     base: String,
     log: PathBuf,
@@ -663,7 +565,7 @@ struct Ingest {
 
 impl Ingest {
     async fn spawn(
-        bin: &std::path::Path,
+        bin: &Path,
         nats_url: &str,
         ns: &Namespace,
         log_level: &str,
@@ -673,28 +575,16 @@ impl Ingest {
         let dir = tempfile::tempdir()?;
         let log = dir.path().join("ingest.log");
         let log_file = std::fs::File::create(&log)?;
-        let mut cmd = tokio::process::Command::new(bin);
-        // A clean environment: no stray RUNYARD_* or OTEL_* of the caller.
-        cmd.env_clear()
-            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-            .env("RUNYARD_NATS_URL", nats_url)
-            .env("RUNYARD_NAMESPACE", ns.as_str())
-            .env("RUNYARD_INGEST_LISTEN", format!("127.0.0.1:{port}"))
+        let mut cmd = service_command(bin, nats_url, ns.as_str(), log_level);
+        cmd.env("RUNYARD_INGEST_LISTEN", format!("127.0.0.1:{port}"))
             .env("RUNYARD_GITHUB_WEBHOOK_SECRET", SECRET)
-            .env("RUST_LOG", log_level)
-            .env("RUNYARD_LOG_FORMAT", "json")
-            .stdin(Stdio::null())
+            .envs(extra_env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())
-            .stderr(Stdio::from(log_file))
-            .kill_on_drop(true);
-        cmd.envs(extra_env.iter().map(|(k, v)| (k, v)));
-        let child = cmd
-            .spawn()
-            .with_context(|| format!("starting {}", bin.display()))?;
-        let pid = child.id().context("ingest exited at once")?;
+            .stderr(Stdio::from(log_file));
+        let service = Service::spawn(&mut cmd)?;
         Ok(Self {
-            child,
-            pid,
+            pid: service.pid,
+            service,
             base: format!("http://127.0.0.1:{port}"),
             log,
             _dir: dir,
@@ -712,7 +602,7 @@ impl Ingest {
     }
 
     async fn stop(mut self) {
-        let _ = self.child.kill().await;
+        let _ = self.service.child.kill().await;
     }
 }
 
@@ -840,7 +730,7 @@ async fn run_ingest(
         args.rate, args.latency_secs
     ));
     let mut discarded = Tally::default();
-    let mut tries = Attempts::new();
+    let mut tries = Attempts::new(args.max_other_load, args.attempts);
     loop {
         let set = prepare(template, phase, n)?;
         phase += 1;
@@ -881,7 +771,7 @@ async fn run_ingest(
             attempts: 1,
             other,
         };
-        if tries.record(args, other, run) {
+        if tries.record(other, run) {
             break;
         }
     }
@@ -899,7 +789,7 @@ async fn run_ingest(
             "  throughput: {} deliveries at concurrency {c}",
             args.deliveries
         ));
-        let mut tries = Attempts::new();
+        let mut tries = Attempts::new(args.max_other_load, args.attempts);
         loop {
             let set = prepare(template, phase, args.deliveries)?;
             phase += 1;
@@ -907,7 +797,9 @@ async fn run_ingest(
             let _ = procfs::reset_peak_rss(ingest.pid);
             let sampler = RssSampler::start(ingest.pid, Duration::from_millis(50));
             let perf = match (&args.perf_record, profile_next) {
-                (Some(file), true) => Some(start_perf(file, ingest.pid, args.perf_secs)?),
+                (Some(file), true) => {
+                    Some(Perf::start(file, ingest.pid, args.perf_secs, "ingest")?)
+                }
                 _ => None,
             };
             let meter = CpuMeter::start(&pids);
@@ -919,18 +811,9 @@ async fn run_ingest(
             )
             .await;
             let cpu = meter.stop();
-            if let Some(mut perf) = perf {
+            if let Some(perf) = perf {
                 profile_next = false;
-                // perf stops by itself after --perf-secs; bounded anyway.
-                match tokio::time::timeout(Duration::from_secs(args.perf_secs + 30), perf.wait())
-                    .await
-                {
-                    Ok(Ok(status)) => progress(format!("  perf record finished: {status}")),
-                    _ => {
-                        let _ = perf.kill().await;
-                        progress("  perf record did not finish; killed");
-                    }
-                }
+                perf.finish().await;
             }
             let mem = procfs::memory(ingest.pid)?;
             let sampled_max_kib = sampler.stop().await;
@@ -949,7 +832,7 @@ async fn run_ingest(
                 attempts: 1,
                 other,
             };
-            if tries.record(args, other, run) {
+            if tries.record(other, run) {
                 break;
             }
         }
@@ -1106,10 +989,6 @@ impl Breakdown {
 
 fn us(d: Duration) -> String {
     format!("{:.1}", d.as_secs_f64() * 1e6)
-}
-
-fn verdict(ok: bool) -> &'static str {
-    if ok { "met" } else { "**not met**" }
 }
 
 /// A verdict, flagged when other work disturbed a run it rests on.

@@ -4,24 +4,27 @@
 //! Health/Check`), a 500-workload `RecommendBatch`, and the server's RSS.
 //!
 //! Run with `bash scripts/bench-allocator.sh` (builds the release binary
-//! first). Flags: `--samples N --workloads N --seconds S --concurrency C[,C..]
-//! --connections K --rounds R --allocator-bin PATH --database-url URL` (a
-//! database that is kept: seeded when it holds no samples, reused as it is
-//! otherwise; by default a fresh one is seeded and dropped).
+//! first); `-- --help` lists the flags.
 //! Besides rates it reports the CPU time each request cost the allocator,
 //! nats-server (the `AllocationIssued` events) and the load generator.
 #![allow(clippy::unwrap_used, clippy::print_stdout)] // a benchmark's main
 
+use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use clap::Parser;
 use hdrhistogram::Histogram;
 use runyard_allocator::proto::allocator_client::AllocatorClient;
 use runyard_allocator::proto::{RecommendBatchRequest, RecommendRequest};
-use runyard_bench::procfs;
+use runyard_bench::http::{client, wait_for_200};
+use runyard_bench::load::latency_histogram;
+use runyard_bench::process::{Service, service_command};
+use runyard_bench::report::{Table, ms};
+use runyard_bench::{args, procfs};
 use runyard_testkit::{NatsServer, TestDb, free_port};
 use tonic::transport::Channel;
 
@@ -30,50 +33,39 @@ use tonic::transport::Channel;
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// Allocator serving benchmark: `Recommend` calls a second with a seeded
+/// history, against the same server's no-op `Health/Check`.
+#[derive(Parser, Debug)]
+#[command(version)]
 struct Args {
+    /// Usage samples seeded.
+    #[arg(long, default_value_t = 1_000_000)]
     samples: usize,
+    /// Workloads the samples are spread over.
+    #[arg(long, default_value_t = 50_000, value_parser = args::at_least_one)]
     workloads: usize,
+    /// Seconds per row, in one-second slices alternating with the other
+    /// call.
+    #[arg(long, default_value_t = 10)]
     seconds: u64,
+    /// Concurrent tasks of the load generator (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "16,64", value_parser = args::at_least_one)]
     concurrency: Vec<usize>,
+    /// HTTP/2 connections the tasks share.
+    #[arg(long, default_value_t = 4, value_parser = args::at_least_one)]
     connections: usize,
-    bin: String,
+    /// The `runyard-allocator` binary.
+    #[arg(long = "allocator-bin", default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../../target/release/runyard-allocator"))]
+    bin: PathBuf,
+    /// A database that is kept: seeded when it holds no samples, reused as
+    /// it is otherwise (by default a fresh one is seeded and dropped).
+    #[arg(long)]
     database_url: Option<String>,
+    /// Rounds over every concurrency.
+    #[arg(long, default_value_t = 1)]
     rounds: usize,
-}
-
-fn args() -> Args {
-    let mut a = Args {
-        samples: 1_000_000,
-        workloads: 50_000,
-        seconds: 10,
-        concurrency: vec![16, 64],
-        connections: 4,
-        bin: concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../target/release/runyard-allocator"
-        )
-        .into(),
-        database_url: None,
-        rounds: 1,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let mut value = || it.next().unwrap_or_default();
-        match flag.as_str() {
-            "--samples" => a.samples = value().parse().unwrap(),
-            "--workloads" => a.workloads = value().parse().unwrap(),
-            "--seconds" => a.seconds = value().parse().unwrap(),
-            "--concurrency" => {
-                a.concurrency = value().split(',').map(|c| c.parse().unwrap()).collect();
-            }
-            "--database-url" => a.database_url = Some(value()),
-            "--rounds" => a.rounds = value().parse().unwrap(),
-            "--connections" => a.connections = value().parse().unwrap(),
-            "--allocator-bin" => a.bin = value(),
-            _ => {} // cargo bench passes --bench
-        }
-    }
-    a
+    #[command(flatten)]
+    cargo: args::Cargo,
 }
 
 fn workload(i: usize) -> Vec<(String, String)> {
@@ -171,12 +163,6 @@ impl Processes {
     }
 }
 
-/// `(VmRSS, VmHWM)` of `pid` in KiB.
-fn rss_kib(pid: u32) -> (u64, u64) {
-    let m = procfs::memory(pid).unwrap_or_default();
-    (m.rss_kib, m.hwm_kib)
-}
-
 struct Run {
     /// Wall-clock seconds driven.
     elapsed: f64,
@@ -199,19 +185,19 @@ impl Run {
         self.hist.add(slice.hist).unwrap();
     }
 
-    fn row(&self, round: usize, name: &str, concurrency: usize) -> String {
+    fn row(&self, round: usize, name: &str, concurrency: usize) -> [String; 8] {
         let calls = self.hist.len().max(1) as f64;
         let cpu_us = self.cpu.map(|c| c * 1e6 / calls);
-        format!(
-            "| {round} | {name} | {concurrency} | {:.0} | {:.2} | {:.2} | {:.2} | {:.0} / {:.0} / {:.0} |",
-            self.rate(),
+        [
+            round.to_string(),
+            name.to_owned(),
+            concurrency.to_string(),
+            format!("{:.0}", self.rate()),
             ms(self.hist.value_at_quantile(0.5)),
             ms(self.hist.value_at_quantile(0.99)),
             ms(self.hist.max()),
-            cpu_us[0],
-            cpu_us[1],
-            cpu_us[2],
-        )
+            format!("{:.0} / {:.0} / {:.0}", cpu_us[0], cpu_us[1], cpu_us[2]),
+        ]
     }
 }
 
@@ -349,7 +335,7 @@ async fn drive<R: Answer>(
         let (call, stop) = (call.clone(), stop.clone());
         let send = connections[t % connections.len()].clone();
         tasks.push(tokio::spawn(async move {
-            let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).unwrap();
+            let mut hist = latency_histogram();
             let mut i = t * 7919;
             while !stop.load(Ordering::Relaxed) {
                 let s = Instant::now();
@@ -362,7 +348,7 @@ async fn drive<R: Answer>(
     }
     tokio::time::sleep(Duration::from_secs(seconds)).await;
     stop.store(true, Ordering::Relaxed);
-    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).unwrap();
+    let mut hist = latency_histogram();
     for t in tasks {
         hist.add(t.await.unwrap()).unwrap();
     }
@@ -375,14 +361,10 @@ async fn drive<R: Answer>(
     }
 }
 
-fn ms(us: u64) -> f64 {
-    us as f64 / 1000.0
-}
-
 #[tokio::main]
 async fn main() {
     runyard_telemetry::install_crypto_provider();
-    let a = args();
+    let a = Args::parse();
     let nats = NatsServer::start().await;
     let fresh = a.database_url.is_none().then(TestDb::new);
     let url = match (&a.database_url, &fresh) {
@@ -414,10 +396,8 @@ async fn main() {
 
     let (grpc_port, http_port) = (free_port(), free_port());
     let started = Instant::now();
-    let mut child = std::process::Command::new(&a.bin)
-        .env("RUNYARD_NATS_URL", nats.url())
-        .env("RUNYARD_NAMESPACE", "bench")
-        .env("RUNYARD_DATABASE_URL", &url)
+    let mut cmd = service_command(&a.bin, &nats.url(), "bench", "warn");
+    cmd.env("RUNYARD_DATABASE_URL", &url)
         .env("RUNYARD_ALLOCATOR_LISTEN", format!("127.0.0.1:{grpc_port}"))
         .env(
             "RUNYARD_ALLOCATOR_HTTP_LISTEN",
@@ -425,31 +405,21 @@ async fn main() {
         )
         // The seeded history has fixed dates: load all of it, however old.
         .env("RUNYARD_ALLOCATOR_HISTORY_DAYS", "0")
-        .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let pid = child.id();
+        .stderr(Stdio::inherit());
+    let allocator = Service::spawn(&mut cmd).unwrap();
+    let pid = allocator.pid;
     let procs = Processes([pid, nats.pid().unwrap(), std::process::id()]);
-    let http = reqwest::Client::new();
-    loop {
-        if let Ok(r) = http
-            .get(format!("http://127.0.0.1:{http_port}/readyz"))
-            .send()
-            .await
-            && r.status() == 200
-        {
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(120),
-            "allocator never became ready"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_for_200(
+        &client(1),
+        &format!("http://127.0.0.1:{http_port}/readyz"),
+        Duration::from_secs(120),
+    )
+    .await
+    .expect("the allocator becomes ready");
     let ready = started.elapsed();
-    let (rss_ready, _) = rss_kib(pid);
+    let memory = || procfs::memory(pid).unwrap_or_default();
+    let rss_ready = memory().rss_kib;
 
     let mut connections = Vec::new();
     for _ in 0..a.connections {
@@ -472,7 +442,16 @@ async fn main() {
     let _ = drive::<Health>(&procs, &connections, grpc_port, 64, 1, &noop).await;
     let _ =
         drive::<CheckedRecommendation>(&procs, &connections, grpc_port, 64, 1, &recommend).await;
-    let mut rows = Vec::new();
+    let mut rows = Table::new([
+        "round",
+        "call",
+        "tasks",
+        "calls/s",
+        "p50 ms",
+        "p99 ms",
+        "max ms",
+        "CPU µs per call: allocator / nats-server / load generator",
+    ]);
     let mut ratios = Vec::new();
     // The two calls alternate in one-second slices, so both see the same
     // machine (this VM's speed drifts by tens of percent within a minute).
@@ -501,15 +480,20 @@ async fn main() {
             let (baseline, rec) = (baseline.unwrap(), rec.unwrap());
             let ratio = 100.0 * rec.rate() / baseline.rate();
             ratios.push(ratio);
-            rows.push(baseline.row(round, "no-op Health/Check", concurrency));
-            rows.push(rec.row(round, "Recommend", concurrency));
-            rows.push(format!(
-                "| {round} | Recommend / no-op | {concurrency} | {ratio:.0}% | | | | |"
-            ));
+            rows.row(baseline.row(round, "no-op Health/Check", concurrency));
+            rows.row(rec.row(round, "Recommend", concurrency));
+            let mut cells = vec![
+                round.to_string(),
+                "Recommend / no-op".to_owned(),
+                concurrency.to_string(),
+                format!("{ratio:.0}%"),
+            ];
+            cells.resize(8, String::new());
+            rows.row(cells);
         }
     }
     ratios.sort_by(f64::total_cmp);
-    let (_, hwm_load) = rss_kib(pid);
+    let hwm_load = memory().hwm_kib;
 
     // A pipeline's generate step: 500 workloads in one call.
     let channel = Channel::from_shared(format!("http://127.0.0.1:{grpc_port}"))
@@ -518,7 +502,7 @@ async fn main() {
         .await
         .unwrap();
     let mut client = AllocatorClient::new(channel);
-    let mut batch_hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).unwrap();
+    let mut batch_hist = latency_histogram();
     for round in 0..20 {
         let requests = (0..500)
             .map(|k| RecommendRequest {
@@ -537,48 +521,53 @@ async fn main() {
         batch_hist.record(s.elapsed().as_micros() as u64).unwrap();
         assert_eq!(resp.recommendations.len(), 500);
     }
-    let (rss_end, hwm_end) = rss_kib(pid);
-    let _ = child.kill();
-    let _ = child.wait();
+    let end = memory();
+    allocator.stop(Duration::ZERO).await;
     if let Some(db) = fresh {
         db.drop_db().await;
     }
 
+    let mut t = Table::new(["measure", "value"]);
+    t.row([
+        "history".to_owned(),
+        format!(
+            "{} samples, {} workloads ({seeded})",
+            a.samples, a.workloads
+        ),
+    ]);
+    t.row([
+        "start-up to ready".to_owned(),
+        format!("{:.2} s", ready.as_secs_f64()),
+    ]);
+    let batch_ms = |us: u64| us as f64 / 1000.0;
+    t.row([
+        "RecommendBatch of 500".to_owned(),
+        format!(
+            "p50 {:.1} ms, max {:.1} ms (20 calls)",
+            batch_ms(batch_hist.value_at_quantile(0.5)),
+            batch_ms(batch_hist.max())
+        ),
+    ]);
+    let whole_mib = |kib: u64| kib / 1024;
+    t.row([
+        "allocator RSS".to_owned(),
+        format!(
+            "{} MiB after load, {} MiB peak under load, {} MiB at end (peak {} MiB)",
+            whole_mib(rss_ready),
+            whole_mib(hwm_load),
+            whole_mib(end.rss_kib),
+            whole_mib(end.hwm_kib)
+        ),
+    ]);
     println!();
-    println!("| measure | value |");
-    println!("|---|---|");
-    println!(
-        "| history | {} samples, {} workloads ({seeded}) |",
-        a.samples, a.workloads,
-    );
-    println!("| start-up to ready | {:.2} s |", ready.as_secs_f64());
-    println!(
-        "| RecommendBatch of 500 | p50 {:.1} ms, max {:.1} ms (20 calls) |",
-        ms(batch_hist.value_at_quantile(0.5)),
-        ms(batch_hist.max())
-    );
-    println!(
-        "| allocator RSS | {} MiB after load, {} MiB peak under load, {} MiB at end (peak {} MiB) |",
-        rss_ready / 1024,
-        hwm_load / 1024,
-        rss_end / 1024,
-        hwm_end / 1024
-    );
-    println!();
+    println!("{t}");
     println!(
         "Load: tasks over {} HTTP/2 connections, {} s per row, taken in one-second slices \
          alternating with the other call of the same round.",
         a.connections, a.seconds
     );
     println!();
-    println!(
-        "| round | call | tasks | calls/s | p50 ms | p99 ms | max ms | CPU µs per call: allocator / nats-server / load generator |"
-    );
-    println!("|---|---|---|---|---|---|---|---|");
-    for row in rows {
-        println!("{row}");
-    }
-    println!();
+    println!("{rows}");
     println!(
         "Recommend / no-op over all rows: min {:.0}%, median {:.0}%, max {:.0}%",
         ratios[0],

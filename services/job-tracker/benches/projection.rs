@@ -28,7 +28,6 @@
 use std::borrow::Borrow;
 use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::os::fd::AsFd as _;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -40,6 +39,9 @@ use prost::Message as _;
 use rand::SeedableRng as _;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom as _;
+use runyard_bench::process::{Service, service_command, stderr_stdio};
+use runyard_bench::report::{Table, median, mib, rate as thousands, verdict};
+use runyard_bench::{args, metrics, procfs};
 use runyard_bus::{Bus, StreamSettings, TraceParent};
 use runyard_events::{Event, Namespace};
 use runyard_job_tracker::apply::{Incoming, apply_batch};
@@ -47,7 +49,7 @@ use runyard_job_tracker::projection::{Delta, JobRow, UsageRow};
 use runyard_testkit::{NatsServer, TestDb, synth, unique_namespace};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{PgPool, Postgres, QueryBuilder};
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 
 /// How often the tracker's progress, RSS and CPU are sampled.
 const POLL: Duration = Duration::from_millis(100);
@@ -97,7 +99,7 @@ struct Args {
     tracker_log: String,
     /// Extra environment of the tracker processes, `KEY=VALUE` (repeatable),
     /// e.g. `RUNYARD_TRACKER_BATCH_WAIT=10ms`.
-    #[arg(long = "tracker-env", value_parser = parse_key_value)]
+    #[arg(long = "tracker-env", value_parser = args::key_value)]
     tracker_env: Vec<(String, String)>,
     /// Outstanding acked publishes while pre-loading.
     #[arg(long, default_value_t = 512)]
@@ -119,15 +121,8 @@ struct Args {
     /// Upper bound of any single phase, seconds.
     #[arg(long, default_value_t = 600)]
     run_limit_secs: u64,
-    /// Passed by `cargo bench`; ignored.
-    #[arg(long, hide = true)]
-    bench: bool,
-}
-
-fn parse_key_value(s: &str) -> Result<(String, String), String> {
-    s.split_once('=')
-        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-        .ok_or_else(|| format!("expected KEY=VALUE, got {s:?}"))
+    #[command(flatten)]
+    cargo: args::Cargo,
 }
 
 #[tokio::main]
@@ -280,7 +275,7 @@ async fn bench(
             );
             let run = run_tracker(args, &nats.url(), &bus, batch, nats_pid, dbs).await?;
             eprintln!(
-                "  steady {:.0} events/s, spawn to done {:.1} s, VmHWM {:.1} MiB",
+                "  steady {:.0} events/s, spawn to done {:.1} s, VmHWM {} MiB",
                 run.steady,
                 run.done.as_secs_f64(),
                 mib(run.hwm_kib)
@@ -417,23 +412,7 @@ fn decode_and_delta_cost(events: &[Event], batch: usize) -> anyhow::Result<(f64,
 /// Waits, bounded by `--quiet-wait-secs`, until the machine is quieter than
 /// `--quiet-below` cores.
 async fn wait_for_quiet(args: &Args) {
-    let deadline = Instant::now() + Duration::from_secs(args.quiet_wait_secs);
-    loop {
-        let before = procfs::machine_busy().unwrap_or_default();
-        let t0 = Instant::now();
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        let busy = procfs::machine_busy()
-            .unwrap_or_default()
-            .saturating_sub(before);
-        let load = busy.as_secs_f64() / t0.elapsed().as_secs_f64();
-        if load < args.quiet_below {
-            return;
-        }
-        if Instant::now() >= deadline {
-            eprintln!("  the machine is still busy ({load:.2} cores); going ahead");
-            return;
-        }
-    }
+    procfs::settle(args.quiet_below, Duration::from_secs(args.quiet_wait_secs)).await;
 }
 
 async fn fresh_db(dbs: &mut Vec<TestDb>) -> anyhow::Result<TestDb> {
@@ -513,10 +492,10 @@ fn rows_of(events: &[Event], batch: usize) -> anyhow::Result<Vec<Rows>> {
     Ok(out)
 }
 
-/// Every `jobs` column in binding order: keys and status, the tracker's
-/// picked columns, then times and rank.
+/// Every `jobs` column in binding order: keys, the tracker's picked
+/// columns (status first), then times and rank.
 fn job_columns() -> Vec<&'static str> {
-    ["forge", "instance", "job_id", "status"]
+    ["forge", "instance", "job_id"]
         .into_iter()
         .chain(runyard_job_tracker::apply::JOB_PICKED.iter().copied())
         .chain([
@@ -683,31 +662,12 @@ struct TrackerRun {
 }
 
 fn tracker_command(args: &Args, nats_url: &str, ns: &Namespace, db_url: &str) -> Command {
-    let mut cmd = Command::new(&args.tracker_bin);
-    // Only what this run sets: nothing from the caller's RUNYARD_* leaks in.
-    for (key, _) in std::env::vars() {
-        if key.starts_with("RUNYARD_") {
-            cmd.env_remove(key);
-        }
-    }
-    cmd.env("RUNYARD_NATS_URL", nats_url)
-        .env("RUNYARD_NAMESPACE", ns.to_string())
-        .env("RUNYARD_DATABASE_URL", db_url)
-        .env("RUST_LOG", &args.tracker_log)
+    let mut cmd = service_command(&args.tracker_bin, nats_url, ns.as_str(), &args.tracker_log);
+    cmd.env("RUNYARD_DATABASE_URL", db_url)
         .envs(args.tracker_env.iter().map(|(k, v)| (k, v)))
-        .stdin(Stdio::null())
         .stdout(stderr_stdio())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true);
+        .stderr(Stdio::inherit());
     cmd
-}
-
-/// The child's stdout goes to our stderr: stdout is the report.
-fn stderr_stdio() -> Stdio {
-    std::io::stderr()
-        .as_fd()
-        .try_clone_to_owned()
-        .map_or_else(|_| Stdio::null(), Stdio::from)
 }
 
 async fn run_tracker(
@@ -737,32 +697,28 @@ async fn run_tracker(
     wait_for_quiet(args).await;
     let mut meter = CpuMeter::start(nats_pid);
     let started = Instant::now();
-    let mut child = cmd.spawn().context("starting the tracker")?;
-    let pid = child.id().context("tracker pid")?;
+    let mut tracker = Service::spawn(&mut cmd)?;
+    let pid = tracker.pid;
 
     // Progress comes from the tracker's own counter of applied events (it
     // moves right after each commit, and reading it costs Postgres nothing);
     // `count(*)` of `applied_events` is the fallback and the final word.
-    let http = reqwest::Client::builder()
-        .timeout(Duration::from_secs(2))
-        .build()?;
+    let http = runyard_bench::http::client(1);
     let mut pool: Option<PgPool> = None;
     let mut samples: Vec<(Duration, i64)> = Vec::new();
     let mut max_rss_kib = 0;
     let mut last_report = Instant::now();
     loop {
-        if let Some(status) = child.try_wait()? {
+        if let Some(status) = tracker.child.try_wait()? {
             bail!("the tracker exited early: {status}");
         }
-        if let Some(m) = procfs::memory(pid) {
+        if let Ok(m) = procfs::memory(pid) {
             max_rss_kib = max_rss_kib.max(m.rss_kib);
         }
         meter.sample();
-        let applied = match scrape(&http, port)
-            .await
-            .ok()
-            .and_then(|m| metric_value(&m, "runyard_tracker_events_total{result=\"applied\"}"))
-        {
+        let applied = match metrics::scrape(&http, port).await.ok().and_then(|m| {
+            metrics::sample(&m, "runyard_tracker_events_total", &["result=\"applied\""])
+        }) {
             Some(v) => v as i64,
             None => db_count(&db.url, &mut pool).await.unwrap_or(0),
         };
@@ -775,7 +731,7 @@ async fn run_tracker(
             last_report = Instant::now();
         }
         if started.elapsed() > limit {
-            let _ = child.start_kill();
+            let _ = tracker.child.start_kill();
             bail!("the tracker did not apply {n} events within {limit:?}");
         }
         tokio::time::sleep(POLL).await;
@@ -783,7 +739,7 @@ async fn run_tracker(
     let done = started.elapsed();
     let memory = procfs::memory(pid).unwrap_or_default();
     let cpu = meter.stop(Some(pid));
-    let metrics = scrape(&http, port).await.unwrap_or_default();
+    let exposition = metrics::scrape(&http, port).await.unwrap_or_default();
     // The projection itself must say so too.
     let confirmed = tokio::time::timeout(Duration::from_secs(10), async {
         loop {
@@ -794,7 +750,10 @@ async fn run_tracker(
         }
     })
     .await;
-    stop(&mut child, pid).await;
+    // SIGTERM: the tracker finishes its batch and exits.
+    if !tracker.stop(Duration::from_secs(15)).await {
+        eprintln!("  the tracker did not stop on SIGTERM; killed it");
+    }
     if let Some(p) = pool {
         p.close().await;
     }
@@ -818,7 +777,7 @@ async fn run_tracker(
         (Some((t1, c1)), Some((t2, c2))) if t2 > t1 => (c2 - c1) as f64 / (t2 - t1).as_secs_f64(),
         _ => n as f64 / done.as_secs_f64(),
     };
-    let metric = |name: &str| metric_value(&metrics, name).unwrap_or(f64::NAN);
+    let metric = |name: &str| metrics::sample(&exposition, name, &[]).unwrap_or(f64::NAN);
     let batches = metric("runyard_tracker_batch_size_count");
     Ok(TrackerRun {
         batch,
@@ -832,33 +791,6 @@ async fn run_tracker(
         batches,
         mean_batch: metric("runyard_tracker_batch_size_sum") / batches,
     })
-}
-
-/// SIGTERM (the tracker finishes its batch and exits), SIGKILL after 15 s.
-async fn stop(child: &mut Child, pid: u32) {
-    let _ = Command::new("kill")
-        .arg("-TERM")
-        .arg(pid.to_string())
-        .status()
-        .await;
-    if tokio::time::timeout(Duration::from_secs(15), child.wait())
-        .await
-        .is_err()
-    {
-        eprintln!("  the tracker did not stop on SIGTERM; killing it");
-        let _ = child.start_kill();
-        let _ = child.wait().await;
-    }
-}
-
-async fn scrape(http: &reqwest::Client, port: u16) -> anyhow::Result<String> {
-    Ok(http
-        .get(format!("http://127.0.0.1:{port}/metrics"))
-        .send()
-        .await?
-        .error_for_status()?
-        .text()
-        .await?)
 }
 
 /// `count(*)` of `applied_events`, connecting on first use; an error until
@@ -875,17 +807,6 @@ async fn db_count(url: &str, pool: &mut Option<PgPool>) -> anyhow::Result<i64> {
     }
     let p = pool.as_ref().context("no pool")?;
     Ok(count_applied(p).await?)
-}
-
-/// The value of the sample `name` (with its labels, if any) in the
-/// Prometheus text exposition.
-fn metric_value(text: &str, name: &str) -> Option<f64> {
-    text.lines().find_map(|l| {
-        l.strip_prefix(name)
-            .and_then(|rest| rest.strip_prefix(' '))
-            .and_then(|v| v.split_whitespace().next())
-            .and_then(|v| v.parse().ok())
-    })
 }
 
 /// One rebuild of a pre-loaded stream by the real binary.
@@ -940,8 +861,7 @@ async fn run_rebuild(
     wait_for_quiet(args).await;
     let mut meter = CpuMeter::start(nats_pid);
     let started = Instant::now();
-    let mut child = cmd.spawn().context("starting the rebuild")?;
-    let pid = child.id().context("rebuild pid")?;
+    let Service { mut child, pid } = Service::spawn(&mut cmd)?;
     let mut hwm_kib = 0;
     let mut last_report = Instant::now();
     let status = loop {
@@ -949,7 +869,7 @@ async fn run_rebuild(
             break status;
         }
         // VmHWM only grows; the last reading is within one poll of the end.
-        if let Some(m) = procfs::memory(pid) {
+        if let Ok(m) = procfs::memory(pid) {
             hwm_kib = hwm_kib.max(m.hwm_kib.max(m.rss_kib));
         }
         meter.sample();
@@ -959,7 +879,7 @@ async fn run_rebuild(
         }
         if last_report.elapsed() > Duration::from_secs(10) {
             eprintln!(
-                "  rebuilding: {:.0} s, RSS {:.1} MiB",
+                "  rebuilding: {:.0} s, RSS {} MiB",
                 started.elapsed().as_secs_f64(),
                 mib(hwm_kib)
             );
@@ -979,7 +899,7 @@ async fn run_rebuild(
     // The rebuild stream's storage is no longer needed.
     let _ = bus.jetstream().delete_stream(ns.events_stream()).await;
     eprintln!(
-        "  rebuilt {n} events in {:.1} s, VmHWM {:.1} MiB",
+        "  rebuilt {n} events in {:.1} s, VmHWM {} MiB",
         took.as_secs_f64(),
         mib(hwm_kib)
     );
@@ -1026,10 +946,10 @@ impl CpuMeter {
         Self {
             nats_pid,
             start: Cpu {
-                tracker: procfs::reaped_children_cpu(me).unwrap_or_default(),
-                nats: nats_pid.and_then(procfs::cpu).unwrap_or_default(),
+                tracker: procfs::children_cpu_time(me).unwrap_or_default(),
+                nats: nats_pid.and_then(cpu).unwrap_or_default(),
                 postgres: Duration::ZERO,
-                bench: procfs::cpu(me).unwrap_or_default(),
+                bench: cpu(me).unwrap_or_default(),
                 machine: procfs::machine_busy().unwrap_or_default(),
             },
             postgres: procfs::cpu_by_comm("postgres")
@@ -1054,12 +974,12 @@ impl CpuMeter {
         self.sample();
         let me = std::process::id();
         Cpu {
-            tracker: (tracker.and_then(procfs::cpu).unwrap_or_default()
-                + procfs::reaped_children_cpu(me).unwrap_or_default())
+            tracker: (tracker.and_then(cpu).unwrap_or_default()
+                + procfs::children_cpu_time(me).unwrap_or_default())
             .saturating_sub(self.start.tracker),
             nats: self
                 .nats_pid
-                .and_then(procfs::cpu)
+                .and_then(cpu)
                 .unwrap_or_default()
                 .saturating_sub(self.start.nats),
             postgres: self
@@ -1067,14 +987,17 @@ impl CpuMeter {
                 .values()
                 .map(|(start, last)| last.saturating_sub(*start))
                 .sum(),
-            bench: procfs::cpu(me)
-                .unwrap_or_default()
-                .saturating_sub(self.start.bench),
+            bench: cpu(me).unwrap_or_default().saturating_sub(self.start.bench),
             machine: procfs::machine_busy()
                 .unwrap_or_default()
                 .saturating_sub(self.start.machine),
         }
     }
+}
+
+/// User + system time of `pid`, when it runs.
+fn cpu(pid: u32) -> Option<Duration> {
+    procfs::cpu_time(pid).ok()
 }
 
 impl Cpu {
@@ -1089,149 +1012,12 @@ impl Cpu {
     }
 }
 
-/// Readings from Linux `/proc`.
-mod procfs {
-    use std::time::Duration;
-
-    /// `USER_HZ`, the unit of the CPU times in `/proc` (100 on Linux).
-    const USER_HZ: u64 = 100;
-
-    #[derive(Debug, Default, Clone, Copy)]
-    pub struct Memory {
-        pub rss_kib: u64,
-        pub hwm_kib: u64,
-    }
-
-    /// `VmRSS` and `VmHWM` of `pid`, KiB.
-    pub fn memory(pid: u32) -> Option<Memory> {
-        let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-        let field = |name: &str| {
-            text.lines()
-                .find_map(|l| l.strip_prefix(name))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-                .unwrap_or(0)
-        };
-        Some(Memory {
-            rss_kib: field("VmRSS:"),
-            hwm_kib: field("VmHWM:"),
-        })
-    }
-
-    /// `comm` and the fields after it of `/proc/<pid>/stat`.
-    fn stat(pid: u32) -> Option<(String, Vec<u64>)> {
-        let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        let open = text.find('(')?;
-        let close = text.rfind(')')?;
-        let comm = text.get(open + 1..close)?.to_owned();
-        // state (a letter) is the first field after comm; keep its slot.
-        let fields = text
-            .get(close + 1..)?
-            .split_whitespace()
-            .map(|f| f.parse().unwrap_or(0))
-            .collect();
-        Some((comm, fields))
-    }
-
-    fn ticks(t: u64) -> Duration {
-        Duration::from_millis(t * 1000 / USER_HZ)
-    }
-
-    /// User + system time of `pid` (all threads).
-    pub fn cpu(pid: u32) -> Option<Duration> {
-        let (_, f) = stat(pid)?;
-        // After comm: state=0, ppid=1, ..., utime=11, stime=12.
-        Some(ticks(f.get(11)? + f.get(12)?))
-    }
-
-    /// User + system time of `pid`'s children it has waited for.
-    pub fn reaped_children_cpu(pid: u32) -> Option<Duration> {
-        let (_, f) = stat(pid)?;
-        // cutime=13, cstime=14.
-        Some(ticks(f.get(13)? + f.get(14)?))
-    }
-
-    fn pids() -> Vec<u32> {
-        std::fs::read_dir("/proc")
-            .map(|d| {
-                d.filter_map(Result::ok)
-                    .filter_map(|e| e.file_name().to_str()?.parse().ok())
-                    .collect()
-            })
-            .unwrap_or_default()
-    }
-
-    /// CPU of every live process whose `comm` is `comm`, by pid.
-    pub fn cpu_by_comm(comm: &str) -> Vec<(u32, Duration)> {
-        pids()
-            .into_iter()
-            .filter_map(|p| {
-                let (c, f) = stat(p)?;
-                if c != comm {
-                    return None;
-                }
-                Some((p, ticks(f.get(11)? + f.get(12)?)))
-            })
-            .collect()
-    }
-
-    /// The child of `parent` whose `comm` is `comm`.
-    pub fn find_child(parent: u32, comm: &str) -> Option<u32> {
-        pids().into_iter().find(|&p| {
-            stat(p).is_some_and(|(c, f)| c == comm && f.get(1).copied() == Some(u64::from(parent)))
-        })
-    }
-
-    /// Busy time of the whole machine (everything but idle and iowait).
-    pub fn machine_busy() -> Option<Duration> {
-        let text = std::fs::read_to_string("/proc/stat").ok()?;
-        let t: Vec<u64> = text
-            .lines()
-            .next()?
-            .split_whitespace()
-            .skip(1)
-            .filter_map(|v| v.parse().ok())
-            .collect();
-        let total: u64 = t.iter().take(8).sum();
-        let idle = t.get(3).copied().unwrap_or(0) + t.get(4).copied().unwrap_or(0);
-        Some(ticks(total.saturating_sub(idle)))
-    }
-}
-
 // ---------------------------------------------------------------------------
 // The report
-
-fn mib(kib: u64) -> f64 {
-    kib as f64 / 1024.0
-}
-
-fn thousands(v: f64) -> String {
-    let s = format!("{:.0}", v.max(0.0));
-    let mut out = String::new();
-    for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
 
 /// Microseconds of CPU per event.
 fn us(d: Duration, events: usize) -> String {
     format!("{:.1}", d.as_secs_f64() * 1e6 / events.max(1) as f64)
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
-}
-
-fn verdict(ok: bool) -> &'static str {
-    if ok { "met" } else { "**missed**" }
 }
 
 impl std::fmt::Display for Results {
@@ -1248,29 +1034,32 @@ impl std::fmt::Display for Results {
             std::thread::available_parallelism().map_or(0, usize::from),
         );
         let _ = writeln!(s, "### Steady projection\n");
-        let _ = writeln!(
-            s,
-            "| round | baseline: plain INSERT (events/s) | tracker SQL in-process (events/s) | \
-             tracker batch | tracker steady (events/s) | spawn → all applied (events/s) | \
-             ratio to baseline | tracker VmHWM (MiB) |"
-        );
-        let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|");
+        let mut t = Table::new([
+            "round",
+            "baseline: plain INSERT (events/s)",
+            "tracker SQL in-process (events/s)",
+            "tracker batch",
+            "tracker steady (events/s)",
+            "spawn → all applied (events/s)",
+            "ratio to baseline",
+            "tracker VmHWM (MiB)",
+        ])
+        .right(1..8);
         for (i, r) in self.rounds.iter().enumerate() {
-            for t in &r.trackers {
-                let _ = writeln!(
-                    s,
-                    "| {} | {} | {} | {} | **{}** | {} | **{:.2}** | {:.1} |",
-                    i + 1,
+            for t_run in &r.trackers {
+                t.row([
+                    (i + 1).to_string(),
                     thousands(r.baseline.per_sec()),
                     thousands(r.in_process.per_sec()),
-                    t.batch,
-                    thousands(t.steady),
-                    thousands(t.events as f64 / t.done.as_secs_f64()),
-                    t.steady / r.baseline.per_sec(),
-                    mib(t.hwm_kib),
-                );
+                    t_run.batch.to_string(),
+                    format!("**{}**", thousands(t_run.steady)),
+                    thousands(t_run.events as f64 / t_run.done.as_secs_f64()),
+                    format!("**{:.2}**", t_run.steady / r.baseline.per_sec()),
+                    mib(t_run.hwm_kib),
+                ]);
             }
         }
+        let _ = write!(s, "{t}");
         let _ = writeln!(
             s,
             "\nSteady = events applied between 10 % and 90 % of the stream over the time between; \
@@ -1278,13 +1067,30 @@ impl std::fmt::Display for Results {
         );
 
         let _ = writeln!(s, "### Where the time goes\n");
-        let _ = writeln!(
-            s,
-            "| run | wall (s) | tracker in apply + commit (s) | batches × mean size | \
-             CPU µs/event: tracker | nats-server | postgres | bench | all of these | other load | \
-             machine busy (cores) |"
-        );
-        let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+        let mut t = Table::new([
+            "run",
+            "wall (s)",
+            "tracker in apply + commit (s)",
+            "batches × mean size",
+            "CPU µs/event: tracker",
+            "nats-server",
+            "postgres",
+            "bench",
+            "all of these",
+            "other load",
+            "machine busy (cores)",
+        ])
+        .right(1..11);
+        // CPU µs per event of each process, ours together and the rest.
+        let cpu_cells = |cpu: &Cpu, n: usize| {
+            [
+                us(cpu.nats, n),
+                us(cpu.postgres, n),
+                us(cpu.bench, n),
+                format!("**{}**", us(cpu.ours(), n)),
+                us(cpu.other(), n),
+            ]
+        };
         for (i, r) in self.rounds.iter().enumerate() {
             let n = self.events;
             for (name, took, cpu) in [
@@ -1295,42 +1101,46 @@ impl std::fmt::Display for Results {
                     r.in_process_cpu,
                 ),
             ] {
-                let _ = writeln!(
-                    s,
-                    "| {} {name} | {:.1} | – | – | – | {} | {} | {} | **{}** | {} | {:.2} |",
-                    i + 1,
-                    took.as_secs_f64(),
-                    us(cpu.nats, n),
-                    us(cpu.postgres, n),
-                    us(cpu.bench, n),
-                    us(cpu.ours(), n),
-                    us(cpu.other(), n),
-                    cpu.machine.as_secs_f64() / took.as_secs_f64(),
+                t.row(
+                    [
+                        format!("{} {name}", i + 1),
+                        format!("{:.1}", took.as_secs_f64()),
+                        "–".to_owned(),
+                        "–".to_owned(),
+                        "–".to_owned(),
+                    ]
+                    .into_iter()
+                    .chain(cpu_cells(&cpu, n))
+                    .chain([format!(
+                        "{:.2}",
+                        cpu.machine.as_secs_f64() / took.as_secs_f64()
+                    )]),
                 );
             }
-            for t in &r.trackers {
-                let wall = t.done.saturating_sub(t.first).as_secs_f64();
-                let _ = writeln!(
-                    s,
-                    "| {} tracker, batch {} | {:.1} (+{:.1} start-up) | {:.1} ({:.0} %) | {:.0} × {:.0} | {} | {} | {} | {} | **{}** | {} | {:.2} |",
-                    i + 1,
-                    t.batch,
-                    wall,
-                    t.first.as_secs_f64(),
-                    t.apply_secs,
-                    100.0 * t.apply_secs / wall,
-                    t.batches,
-                    t.mean_batch,
-                    us(t.cpu.tracker, t.events),
-                    us(t.cpu.nats, t.events),
-                    us(t.cpu.postgres, t.events),
-                    us(t.cpu.bench, t.events),
-                    us(t.cpu.ours(), t.events),
-                    us(t.cpu.other(), t.events),
-                    t.cpu.machine.as_secs_f64() / t.done.as_secs_f64(),
+            for run in &r.trackers {
+                let wall = run.done.saturating_sub(run.first).as_secs_f64();
+                t.row(
+                    [
+                        format!("{} tracker, batch {}", i + 1, run.batch),
+                        format!("{:.1} (+{:.1} start-up)", wall, run.first.as_secs_f64()),
+                        format!(
+                            "{:.1} ({:.0} %)",
+                            run.apply_secs,
+                            100.0 * run.apply_secs / wall
+                        ),
+                        format!("{:.0} × {:.0}", run.batches, run.mean_batch),
+                        us(run.cpu.tracker, run.events),
+                    ]
+                    .into_iter()
+                    .chain(cpu_cells(&run.cpu, run.events))
+                    .chain([format!(
+                        "{:.2}",
+                        run.cpu.machine.as_secs_f64() / run.done.as_secs_f64()
+                    )]),
                 );
             }
         }
+        let _ = write!(s, "{t}");
         let _ = writeln!(
             s,
             "\nIn-process, one core: decoding an event {:.2} µs, merging it into a batch's Delta {:.2} µs. \
@@ -1349,25 +1159,31 @@ impl std::fmt::Display for Results {
 
         if let Some(r) = &self.rebuild {
             let _ = writeln!(s, "### Rebuild\n");
-            let _ = writeln!(
-                s,
-                "| events | batch | seconds | events/s | VmHWM (MiB) | CPU µs/event: rebuild | nats-server | postgres | other load |"
-            );
-            let _ = writeln!(s, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
-            let _ = writeln!(
-                s,
-                "| {} | {} | **{:.1}** | {} | {:.1} | {} | {} | {} | {} |",
+            let mut t = Table::new([
+                "events",
+                "batch",
+                "seconds",
+                "events/s",
+                "VmHWM (MiB)",
+                "CPU µs/event: rebuild",
+                "nats-server",
+                "postgres",
+                "other load",
+            ])
+            .right(0..9);
+            t.row([
                 thousands(r.events as f64),
                 r.batch
                     .map_or_else(|| "5000 (default)".to_owned(), |b| b.to_string()),
-                r.took.as_secs_f64(),
+                format!("**{:.1}**", r.took.as_secs_f64()),
                 thousands(r.events as f64 / r.took.as_secs_f64()),
                 mib(r.hwm_kib),
                 us(r.cpu.tracker, r.events),
                 us(r.cpu.nats, r.events),
                 us(r.cpu.postgres, r.events),
                 us(r.cpu.other(), r.events),
-            );
+            ]);
+            let _ = write!(s, "{t}");
             let _ = writeln!(
                 s,
                 "\nSeconds from spawning `runyard-job-tracker rebuild --into <db>` until it exited \
@@ -1378,8 +1194,7 @@ impl std::fmt::Display for Results {
         }
 
         let _ = writeln!(s, "### Targets\n");
-        let _ = writeln!(s, "| target | measured | |");
-        let _ = writeln!(s, "|---|---:|---|");
+        let mut t = Table::new(["target", "measured", ""]).right([1]);
         let runs: Vec<&TrackerRun> = self.rounds.iter().flat_map(|r| &r.trackers).collect();
         // Judged at the tracker's default batch size when it was run, else
         // at the best one; the median over rounds.
@@ -1395,25 +1210,22 @@ impl std::fmt::Display for Results {
                 .map(f)
                 .fold(f64::NAN, f64::max)
         };
-        let rate = median(self.rounds.iter().map(|r| pick(r, &|t| t.steady)).collect());
+        let rate = median(self.rounds.iter().map(|r| pick(r, &|t| t.steady)));
         let ratio = median(
             self.rounds
                 .iter()
-                .map(|r| pick(r, &|t| t.steady / r.baseline.per_sec()))
-                .collect(),
+                .map(|r| pick(r, &|t| t.steady / r.baseline.per_sec())),
         );
-        let _ = writeln!(
-            s,
-            "| ≥ 10,000 events/s steady | {} ({judged}, median over rounds) | {} |",
-            thousands(rate),
-            verdict(rate >= TARGET_RATE)
-        );
-        let _ = writeln!(
-            s,
-            "| ≥ 30 % of the plain-insert baseline | {:.0} % ({judged}, median over rounds) | {} |",
-            100.0 * ratio,
-            verdict(ratio >= TARGET_RATIO)
-        );
+        t.row([
+            "≥ 10,000 events/s steady".to_owned(),
+            format!("{} ({judged}, median over rounds)", thousands(rate)),
+            verdict(rate >= TARGET_RATE).to_owned(),
+        ]);
+        t.row([
+            "≥ 30 % of the plain-insert baseline".to_owned(),
+            format!("{:.0} % ({judged}, median over rounds)", 100.0 * ratio),
+            verdict(ratio >= TARGET_RATIO).to_owned(),
+        ]);
         if let Some(r) = &self.rebuild {
             // Scaled linearly when a smaller rebuild was asked for.
             let secs = r.took.as_secs_f64() * TARGET_REBUILD_EVENTS / r.events as f64;
@@ -1422,22 +1234,24 @@ impl std::fmt::Display for Results {
             } else {
                 format!(" (scaled from {} events)", thousands(r.events as f64))
             };
-            let _ = writeln!(
-                s,
-                "| rebuild of 1,000,000 events ≤ 3 min | {secs:.0} s{scaled} | {} |",
-                verdict(secs <= TARGET_REBUILD_SECS)
-            );
+            t.row([
+                "rebuild of 1,000,000 events ≤ 3 min".to_owned(),
+                format!("{secs:.0} s{scaled}"),
+                verdict(secs <= TARGET_REBUILD_SECS).to_owned(),
+            ]);
         }
-        let rss = runs
+        let rss_kib = runs
             .iter()
-            .map(|t| mib(t.hwm_kib))
-            .chain(self.rebuild.iter().map(|r| mib(r.hwm_kib)))
-            .fold(0.0, f64::max);
-        let _ = writeln!(
-            s,
-            "| tracker RSS ≤ 128 MiB | {rss:.1} MiB (peak VmHWM, tracker and rebuild) | {} |",
-            verdict(rss <= TARGET_RSS_MIB)
-        );
+            .map(|t| t.hwm_kib)
+            .chain(self.rebuild.iter().map(|r| r.hwm_kib))
+            .max()
+            .unwrap_or(0);
+        t.row([
+            "tracker RSS ≤ 128 MiB".to_owned(),
+            format!("{} MiB (peak VmHWM, tracker and rebuild)", mib(rss_kib)),
+            verdict(rss_kib as f64 / 1024.0 <= TARGET_RSS_MIB).to_owned(),
+        ]);
+        let _ = write!(s, "{t}");
         f.write_str(&s)
     }
 }

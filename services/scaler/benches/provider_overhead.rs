@@ -33,10 +33,11 @@
 //! the least disturbed.
 //!
 //! `cargo bench -p runyard-scaler --bench provider_overhead [-- --calls N
-//! --warmup N]` (1,000 calls of each kind after 50 warm-up calls); prints
-//! markdown. Target: the create's p99 overhead at most 5 ms. Without
-//! `--bench` (`cargo test -p runyard-scaler --bench provider_overhead`) it
-//! is a smoke run: 20 calls of each kind, once.
+//! --warmup N]` (1,000 calls of each kind after 50 warm-up calls; `--
+//! --help` lists the flags); prints markdown. Target: the create's p99
+//! overhead at most 5 ms. Without `--bench` (`cargo test -p runyard-scaler
+//! --bench provider_overhead`) it is a smoke run: 20 calls of each kind
+//! after 2 warm-up calls, once.
 #![allow(clippy::print_stdout)] // the report goes to stdout
 
 use std::path::{Path, PathBuf};
@@ -44,6 +45,11 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
+use clap::Parser;
+use runyard_bench::args;
+use runyard_bench::attempts::Attempts;
+use runyard_bench::procfs;
+use runyard_bench::report::{Dist, Table, verdict};
 use runyard_forge::api::github::RunnerDownload;
 use runyard_scaler::ScalerFile;
 use runyard_scaler::provider::{Bootstrap, CreateRequest, Provider};
@@ -57,10 +63,7 @@ const TARGET_P99_MS: f64 = 5.0;
 const QUIET_CORES: f64 = 0.25;
 
 /// Runs at most, when other work disturbs them.
-const ATTEMPTS: usize = 3;
-
-/// Clock ticks per second of `/proc` times (`CLK_TCK`, 100 on Linux).
-const TICKS_PER_SEC: f64 = 100.0;
+const ATTEMPTS: u32 = 3;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Call {
@@ -83,103 +86,62 @@ impl Call {
 #[derive(Debug, Default)]
 struct Samples {
     wall_ms: Vec<f64>,
-    thread_cpu_ns: u64,
-    child_ticks: u64,
+    thread_cpu: Duration,
+    children_cpu: Duration,
 }
 
-#[derive(Debug)]
+/// What runyard adds around a garm external-provider executable per call,
+/// against a direct spawn of the same executable.
+#[derive(Parser, Debug)]
+#[command(version)]
 struct Args {
+    /// Measured calls of each kind [default: 1000; 20 without `--bench`,
+    /// the smoke run of `cargo test --benches`].
+    #[arg(long, value_parser = args::at_least_one)]
+    calls: Option<usize>,
+    /// Warm-up calls of each kind before them [default: 50; 2 without
+    /// `--bench`].
+    #[arg(long)]
+    warmup: Option<usize>,
+    #[command(flatten)]
+    cargo: args::Cargo,
+}
+
+/// What a run does.
+#[derive(Debug)]
+struct Plan {
     calls: usize,
     warmup: usize,
     /// Attempts at most (1 for a smoke run).
-    attempts: usize,
+    attempts: u32,
     /// How long to wait for a quiet machine before an attempt.
     quiet_wait: Duration,
 }
 
-/// The arguments. Without `--bench` (`cargo test --benches`) it is a smoke
-/// run: 20 calls of each kind, one attempt, no waiting.
-fn args() -> anyhow::Result<Args> {
-    let argv: Vec<String> = std::env::args().skip(1).collect();
-    let smoke = !argv.iter().any(|a| a == "--bench");
-    let mut a = if smoke {
-        Args {
-            calls: 20,
-            warmup: 2,
-            attempts: 1,
-            quiet_wait: Duration::ZERO,
-        }
-    } else {
-        Args {
-            calls: 1000,
-            warmup: 50,
-            attempts: ATTEMPTS,
-            quiet_wait: Duration::from_secs(20),
-        }
-    };
-    let mut it = argv.into_iter();
-    while let Some(flag) = it.next() {
-        match flag.as_str() {
-            "--calls" => a.calls = it.next().context("--calls N")?.parse()?,
-            "--warmup" => a.warmup = it.next().context("--warmup N")?.parse()?,
-            // `--bench` (from `cargo bench`) and filters.
-            _ => {}
+impl Plan {
+    /// A smoke run without `--bench` (`cargo test --benches`): 20 calls of
+    /// each kind, one attempt, no waiting.
+    fn of(args: &Args) -> Self {
+        let smoke = !args.cargo.bench;
+        Self {
+            calls: args.calls.unwrap_or(if smoke { 20 } else { 1000 }),
+            warmup: args.warmup.unwrap_or(if smoke { 2 } else { 50 }),
+            attempts: if smoke { 1 } else { ATTEMPTS },
+            quiet_wait: if smoke {
+                Duration::ZERO
+            } else {
+                Duration::from_secs(20)
+            },
         }
     }
-    anyhow::ensure!(a.calls > 0, "--calls must be at least 1");
-    Ok(a)
 }
 
 fn main() -> anyhow::Result<()> {
-    let args = args()?;
+    let plan = Plan::of(&Args::parse());
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    rt.block_on(run(&args))
-}
-
-/// The CPU time of the calling thread, ns.
-fn thread_cpu_ns() -> u64 {
-    std::fs::read_to_string("/proc/thread-self/schedstat")
-        .ok()
-        .and_then(|s| s.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
-}
-
-/// (this process's utime + stime, its reaped children's cutime + cstime),
-/// clock ticks.
-fn process_ticks() -> (u64, u64) {
-    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
-        return (0, 0);
-    };
-    let Some((_, rest)) = stat.rsplit_once(')') else {
-        return (0, 0);
-    };
-    // Fields after the command: state is field 3, utime 14 .. cstime 17.
-    let f: Vec<u64> = rest
-        .split_whitespace()
-        .map(|v| v.parse().unwrap_or(0))
-        .collect();
-    let at = |field: usize| f.get(field - 3).copied().unwrap_or(0);
-    (at(14) + at(15), at(16) + at(17))
-}
-
-/// The machine's busy clock ticks (all CPUs) so far.
-fn machine_busy_ticks() -> u64 {
-    let Ok(stat) = std::fs::read_to_string("/proc/stat") else {
-        return 0;
-    };
-    let Some(cpu) = stat.lines().next() else {
-        return 0;
-    };
-    let v: Vec<u64> = cpu
-        .split_whitespace()
-        .skip(1)
-        .map(|x| x.parse().unwrap_or(0))
-        .collect();
-    // user nice system idle iowait irq softirq steal ...
-    let total: u64 = v.iter().take(8).sum();
-    total - v.get(3).copied().unwrap_or(0) - v.get(4).copied().unwrap_or(0)
+    rt.block_on(run(&plan))
 }
 
 fn noop_executable() -> PathBuf {
@@ -374,35 +336,6 @@ async fn direct_like_runyard(exe: &Path, call: Call, stdin: &[u8]) -> anyhow::Re
     Ok(())
 }
 
-fn percentile(sorted: &[f64], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let rank = (q * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
-}
-
-#[derive(Debug, Clone, Copy)]
-struct Summary {
-    p50: f64,
-    p90: f64,
-    p99: f64,
-    max: f64,
-    mean: f64,
-}
-
-fn summary(values: &[f64]) -> Summary {
-    let mut v = values.to_vec();
-    v.sort_by(f64::total_cmp);
-    Summary {
-        p50: percentile(&v, 0.50),
-        p90: percentile(&v, 0.90),
-        p99: percentile(&v, 0.99),
-        max: v.last().copied().unwrap_or(0.0),
-        mean: v.iter().sum::<f64>() / v.len().max(1) as f64,
-    }
-}
-
 /// The three ways of making a call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Way {
@@ -422,51 +355,34 @@ struct Run {
     other_cores: f64,
 }
 
-/// The busy cores of the rest of the machine over `d` (nothing of ours runs).
-async fn other_load(d: Duration) -> f64 {
-    let busy0 = machine_busy_ticks();
-    let (own0, children0) = process_ticks();
-    tokio::time::sleep(d).await;
-    let (own1, children1) = process_ticks();
-    let own = (own1 + children1).saturating_sub(own0 + children0);
-    machine_busy_ticks()
-        .saturating_sub(busy0)
-        .saturating_sub(own) as f64
-        / TICKS_PER_SEC
-        / d.as_secs_f64()
-}
-
-/// Waits (at most `limit`) for the rest of the machine to be quiet.
-async fn wait_quiet(limit: Duration) -> f64 {
-    let started = Instant::now();
-    loop {
-        let load = other_load(Duration::from_secs(1)).await;
-        if load < QUIET_CORES || started.elapsed() >= limit {
-            return load;
-        }
-    }
+/// Our own CPU time so far: this process and its reaped children.
+fn own_cpu() -> Duration {
+    let me = std::process::id();
+    procfs::cpu_time(me).unwrap_or_default() + procfs::children_cpu_time(me).unwrap_or_default()
 }
 
 async fn measure(
-    args: &Args,
+    plan: &Plan,
     p: &Provider,
     exe: &Path,
     req: &CreateRequest,
     boot: &Bootstrap,
     stdin: &[u8],
 ) -> anyhow::Result<Run> {
+    let me = std::process::id();
+    let children = || procfs::children_cpu_time(me).unwrap_or_default();
     let mut results = Vec::new();
-    let busy0 = machine_busy_ticks();
-    let (own0, children0) = process_ticks();
+    let busy0 = procfs::machine_busy().unwrap_or_default();
+    let own0 = own_cpu();
     let started = Instant::now();
     for call in [Call::Create, Call::List, Call::Delete] {
         let mut samples: [Samples; 3] = Default::default();
-        for i in 0..args.warmup + args.calls {
-            let measured = i >= args.warmup;
+        for i in 0..plan.warmup + plan.calls {
+            let measured = i >= plan.warmup;
             for k in 0..3 {
                 let way = (i + k) % 3;
-                let cpu0 = thread_cpu_ns();
-                let (_, child0) = process_ticks();
+                let cpu0 = procfs::thread_on_cpu();
+                let child0 = children();
                 let t0 = Instant::now();
                 match WAYS[way] {
                     Way::Runyard => via_runyard(p, call, req, boot).await?,
@@ -474,31 +390,32 @@ async fn measure(
                     Way::Settings => direct_like_runyard(exe, call, stdin).await?,
                 }
                 let wall = t0.elapsed().as_secs_f64() * 1e3;
-                let cpu = thread_cpu_ns().saturating_sub(cpu0);
-                let (_, child1) = process_ticks();
+                let cpu = procfs::thread_on_cpu().saturating_sub(cpu0);
+                let child = children().saturating_sub(child0);
                 if measured {
                     let s = &mut samples[way];
                     s.wall_ms.push(wall);
-                    s.thread_cpu_ns += cpu;
-                    s.child_ticks += child1.saturating_sub(child0);
+                    s.thread_cpu += cpu;
+                    s.children_cpu += child;
                 }
             }
         }
         results.push((call, samples));
     }
     let secs = started.elapsed().as_secs_f64();
-    let (own1, children1) = process_ticks();
-    let busy = machine_busy_ticks().saturating_sub(busy0);
-    let own = (own1 + children1).saturating_sub(own0 + children0);
+    let own = own_cpu().saturating_sub(own0);
+    let busy = procfs::machine_busy()
+        .unwrap_or_default()
+        .saturating_sub(busy0);
     Ok(Run {
         results,
         secs,
-        own_cores: own as f64 / TICKS_PER_SEC / secs,
-        other_cores: busy.saturating_sub(own) as f64 / TICKS_PER_SEC / secs,
+        own_cores: own.as_secs_f64() / secs,
+        other_cores: busy.saturating_sub(own).as_secs_f64() / secs,
     })
 }
 
-async fn run(args: &Args) -> anyhow::Result<()> {
+async fn run(plan: &Plan) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let config = dir.path().join("noop.json");
     std::fs::write(&config, "{}")?;
@@ -507,40 +424,31 @@ async fn run(args: &Args) -> anyhow::Result<()> {
     let (req, boot) = create_request();
     let stdin = captured_stdin(dir.path(), &req, &boot).await?;
 
-    let mut best: Option<(usize, Run)> = None;
-    let mut attempts = 0;
-    for attempt in 1..=args.attempts {
-        attempts = attempt;
-        let before = wait_quiet(args.quiet_wait).await;
-        let run = measure(args, &p, &exe, &req, &boot, &stdin).await?;
+    let mut tries = Attempts::new(QUIET_CORES, plan.attempts);
+    loop {
+        let attempt = tries.next_number();
+        let before = procfs::wait_for_quiet(QUIET_CORES, plan.quiet_wait).await;
+        let run = measure(plan, &p, &exe, &req, &boot, &stdin).await?;
         eprintln!(
             "attempt {attempt}: other load {before:.2} cores before, {:.2} during ({:.1} s)",
             run.other_cores, run.secs
         );
-        let quiet = run.other_cores <= QUIET_CORES;
-        if best
-            .as_ref()
-            .is_none_or(|(_, b)| run.other_cores < b.other_cores)
-        {
-            best = Some((attempt, run));
-        }
-        if quiet {
+        if tries.record(run.other_cores, run) {
             break;
         }
     }
-    let Some((kept, run)) = best else {
-        anyhow::bail!("no run");
-    };
-    report(args, &run, kept, attempts, stdin.len());
+    let attempts = tries.next_number() - 1;
+    let (run, kept, _, _) = tries.finish();
+    report(plan, &run, kept, attempts, stdin.len());
     Ok(())
 }
 
-fn report(args: &Args, run: &Run, kept: usize, attempts: usize, stdin_bytes: usize) {
+fn report(plan: &Plan, run: &Run, kept: u32, attempts: u32, stdin_bytes: usize) {
     let cpus = std::thread::available_parallelism().map_or(0, usize::from);
     let today = time::OffsetDateTime::now_utc().date();
     println!(
         "### provider_overhead — {today}: {} calls of each kind after {} warm-up calls\n",
-        args.calls, args.warmup
+        plan.calls, plan.warmup
     );
     println!(
         "{cpus} CPUs; attempt #{kept} of {attempts} kept ({:.1} s): this process and its children {:.2} cores, other load {:.2} cores{}. \
@@ -554,80 +462,117 @@ fn report(args: &Args, run: &Run, kept: usize, attempts: usize, stdin_bytes: usi
             ""
         }
     );
-    println!(
-        "| call | path | p50 ms | p90 ms | p99 ms | max ms | mean ms | this process's CPU µs/call | provider's CPU µs/call |"
-    );
-    println!("|---|---|---|---|---|---|---|---|---|");
+    let mut t = Table::new([
+        "call",
+        "path",
+        "p50 ms",
+        "p90 ms",
+        "p99 ms",
+        "max ms",
+        "mean ms",
+        "this process's CPU µs/call",
+        "provider's CPU µs/call",
+    ]);
     let mut create_overhead_p99 = f64::NAN;
     for (call, samples) in &run.results {
         let [runyard, baseline, settings] = samples;
         let n = runyard.wall_ms.len() as f64;
-        let (r, b, f) = (
-            summary(&runyard.wall_ms),
-            summary(&baseline.wall_ms),
-            summary(&settings.wall_ms),
-        );
-        let cpu = |s: &Samples| s.thread_cpu_ns as f64 / 1e3 / n;
-        let child = |s: &Samples| s.child_ticks as f64 / TICKS_PER_SEC * 1e6 / n;
+        let wall = |s: &Samples| Dist::of(s.wall_ms.iter().copied());
+        let (r, b, f) = (wall(runyard), wall(baseline), wall(settings));
+        let cpu = |s: &Samples| s.thread_cpu.as_secs_f64() * 1e6 / n;
+        let child = |s: &Samples| s.children_cpu.as_secs_f64() * 1e6 / n;
         let cmd = call.command();
-        let row = |path: &str, s: Summary, x: &Samples| {
-            println!(
-                "| {cmd} | {path} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.0} | {:.0} |",
-                s.p50,
-                s.p90,
-                s.p99,
-                s.max,
-                s.mean,
-                cpu(x),
-                child(x)
-            );
+        let cells = |path: &str, figures: [String; 7]| {
+            [cmd.to_owned(), path.to_owned()].into_iter().chain(figures)
         };
-        row("runyard `Provider`", r, runyard);
-        row("direct spawn (baseline)", b, baseline);
-        row("direct spawn, runyard's spawn settings", f, settings);
-        let diff = |label: &str, bold: bool, a: Summary, z: Summary, x: &Samples, y: &Samples| {
+        for (path, d, x) in [
+            ("runyard `Provider`", &r, runyard),
+            ("direct spawn (baseline)", &b, baseline),
+            ("direct spawn, runyard's spawn settings", &f, settings),
+        ] {
+            let figures = [d.p50(), d.p90(), d.p99(), d.max(), d.mean()].map(|v| format!("{v:.2}"));
+            let [p50, p90, p99, max, mean] = figures;
+            t.row(cells(
+                path,
+                [
+                    p50,
+                    p90,
+                    p99,
+                    max,
+                    mean,
+                    format!("{:.0}", cpu(x)),
+                    format!("{:.0}", child(x)),
+                ],
+            ));
+        }
+        for (label, bold, a, z, x, y) in [
+            ("runyard − baseline", true, &r, &b, runyard, baseline),
+            (
+                "… of which spawn settings",
+                false,
+                &f,
+                &b,
+                settings,
+                baseline,
+            ),
+            (
+                "… of which runyard's code",
+                false,
+                &r,
+                &f,
+                runyard,
+                settings,
+            ),
+        ] {
             let star = if bold { "**" } else { "" };
-            println!(
-                "| {cmd} | {star}{label}{star} | {star}{:+.2}{star} | {:+.2} | {star}{:+.2}{star} | | {:+.2} | {:+.0} | |",
-                a.p50 - z.p50,
-                a.p90 - z.p90,
-                a.p99 - z.p99,
-                a.mean - z.mean,
-                cpu(x) - cpu(y),
-            );
-        };
-        diff("runyard − baseline", true, r, b, runyard, baseline);
-        diff("… of which spawn settings", false, f, b, settings, baseline);
-        diff("… of which runyard's code", false, r, f, runyard, settings);
-        let paired: Vec<f64> = runyard
-            .wall_ms
-            .iter()
-            .zip(&baseline.wall_ms)
-            .map(|(a, b)| a - b)
-            .collect();
-        let d = summary(&paired);
-        println!(
-            "| {cmd} | paired: each runyard call − the baseline call beside it | {:+.2} | {:+.2} | {:+.2} | {:+.2} | {:+.2} | | |",
-            d.p50, d.p90, d.p99, d.max, d.mean
+            t.row(cells(
+                &format!("{star}{label}{star}"),
+                [
+                    format!("{star}{:+.2}{star}", a.p50() - z.p50()),
+                    format!("{:+.2}", a.p90() - z.p90()),
+                    format!("{star}{:+.2}{star}", a.p99() - z.p99()),
+                    String::new(),
+                    format!("{:+.2}", a.mean() - z.mean()),
+                    format!("{:+.0}", cpu(x) - cpu(y)),
+                    String::new(),
+                ],
+            ));
+        }
+        let d = Dist::of(
+            runyard
+                .wall_ms
+                .iter()
+                .zip(&baseline.wall_ms)
+                .map(|(a, b)| a - b),
         );
-        println!(
-            "| {cmd} | ratio runyard / baseline | {:.2}× | | {:.2}× | | {:.2}× | | |",
-            r.p50 / b.p50,
-            r.p99 / b.p99,
-            r.mean / b.mean
-        );
+        let paired = [d.p50(), d.p90(), d.p99(), d.max(), d.mean()].map(|v| format!("{v:+.2}"));
+        let [p50, p90, p99, max, mean] = paired;
+        t.row(cells(
+            "paired: each runyard call − the baseline call beside it",
+            [p50, p90, p99, max, mean, String::new(), String::new()],
+        ));
+        t.row(cells(
+            "ratio runyard / baseline",
+            [
+                format!("{:.2}×", r.p50() / b.p50()),
+                String::new(),
+                format!("{:.2}×", r.p99() / b.p99()),
+                String::new(),
+                format!("{:.2}×", r.mean() / b.mean()),
+                String::new(),
+                String::new(),
+            ],
+        ));
         if *call == Call::Create {
-            create_overhead_p99 = r.p99 - b.p99;
+            create_overhead_p99 = r.p99() - b.p99();
         }
     }
-    println!();
-    println!("| target | measured | verdict |\n|---|---|---|");
-    println!(
-        "| CreateInstance overhead p99 ≤ {TARGET_P99_MS} ms (runyard p99 − baseline p99) | {create_overhead_p99:+.2} ms | {} |",
-        if create_overhead_p99 <= TARGET_P99_MS {
-            "met"
-        } else {
-            "**not met**"
-        }
-    );
+    println!("{t}");
+    let mut t = Table::new(["target", "measured", "verdict"]);
+    t.row([
+        format!("CreateInstance overhead p99 ≤ {TARGET_P99_MS} ms (runyard p99 − baseline p99)"),
+        format!("{create_overhead_p99:+.2} ms"),
+        verdict(create_overhead_p99 <= TARGET_P99_MS).to_owned(),
+    ]);
+    print!("{t}");
 }

@@ -29,21 +29,12 @@
 //!   called by this process without the engine: one at a time, then N at
 //!   once. The baseline for the scaler's per-create cost and rate.
 //!
-//! Run through `scripts/bench-scaler.sh`. Flags: `--jobs N` (1000), `--rate
-//! R` (20 webhooks/s), `--warmup N` (20), `--concurrency C` (32),
-//! `--sequential N` (200), `--rounds R` (1), `--phases
-//! paced,burst,backlog,direct`, `--log LEVEL` (`RUST_LOG` of both services,
-//! `info`), `--ingest-bin PATH`, `--scaler-bin PATH`, `--database-url URL`
-//! (a Postgres server whose database is migrated and kept), `--no-database`
-//! (the scaler gets a closed port, as in its tests), `--keep` (keep logs and
-//! state), `--perf FILE` (`perf record` of the scaler; `--perf-phase`,
-//! `--perf-secs`), `--tmp DIR` (where state directories go).
+//! Run through `scripts/bench-scaler.sh`; `-- --help` lists the flags.
 #![allow(clippy::print_stdout)] // the report goes to stdout
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -53,14 +44,18 @@ use axum::body::Body as HttpBody;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use clap::{Parser, ValueEnum};
 use futures::StreamExt as _;
-use nix::sys::signal::{Signal, kill, killpg};
-use nix::unistd::Pid;
 use runyard_allocator::proto::allocator_server::{Allocator as AllocatorService, AllocatorServer};
 use runyard_allocator::proto::{
     Basis, RecommendBatchRequest, RecommendBatchResponse, RecommendRequest, Recommendation,
 };
-use runyard_bench::procfs::{self, CpuMeter, CpuUsage};
+use runyard_bench::http::{self, HttpClient};
+use runyard_bench::process::{self, Service, service_command, wait_until};
+use runyard_bench::procfs::{self, CpuMeter, CpuUsage, Perf};
+use runyard_bench::report::{Dist, Table, ms_of_ns as ms, verdict};
+use runyard_bench::webhook::{self, FIXTURE, SECRET};
+use runyard_bench::{args, metrics};
 use runyard_bus::consumer::{
     Consumer, ConsumerConfig, Deliver, Delivery, Handler, HandlerError, Rejected,
 };
@@ -87,15 +82,11 @@ use tokio_util::sync::CancellationToken;
 const RUNNER_MODE: &str = "--runner-stamp";
 /// A runner exits after this long, or as soon as its parent is gone.
 const RUNNER_LIFETIME: Duration = Duration::from_secs(1800);
-/// The webhook secret ingest checks signatures with.
-// As `openssl rand -hex 32` makes them (runyard refuses weak secrets).
-const SECRET: &str = "a21cb8f3bcf6eb854009e3d18b7d87dba573fdd5f82b441e6984f5f1f2820e25";
 /// The pool every job goes to.
 const POOL: &str = "bench";
 /// Job names are this plus the job id, so the allocator stub knows the job.
 const JOB_PREFIX: &str = "bench ";
-/// The fixture every delivery is made from; its labels are the pool's.
-const FIXTURE: &str = "github_workflow_job_queued.json";
+/// The labels of the fixture's job: the pool's.
 const LABELS: [&str; 4] = ["self-hosted", "linux", "x64", "gpu"];
 /// The stub allocator's answer: the first flavor (4 GiB) covers it.
 const RECOMMENDED_LIMIT: u64 = 3 << 30;
@@ -107,7 +98,7 @@ fn main() -> anyhow::Result<()> {
     if argv.get(1).map(String::as_str) == Some(RUNNER_MODE) {
         return runner(started, &argv[2..]);
     }
-    let args = Args::parse(&argv[1..])?;
+    let args = Args::parse();
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?
@@ -140,106 +131,87 @@ fn runner(started: SystemTime, args: &[String]) -> anyhow::Result<()> {
 // ---------------------------------------------------------------------------
 // Arguments
 
-#[derive(Debug, Clone)]
+/// The scaler's latency and throughput benchmark: from ingest's 202 for a
+/// queued `workflow_job` to the runner's process, and runners created per
+/// second.
+#[derive(Parser, Debug, Clone)]
+#[command(version)]
 struct Args {
+    /// Jobs per phase.
+    #[arg(long, default_value_t = 1000, value_parser = args::at_least_one)]
     jobs: usize,
+    /// Webhooks a second of the paced phase.
+    #[arg(long, default_value_t = 20.0, value_parser = args::above_zero)]
     rate: f64,
+    /// Jobs before the measured ones in paced and burst.
+    #[arg(long, default_value_t = 20)]
     warmup: usize,
+    /// Connections posting the burst and the backlog.
+    #[arg(long, default_value_t = 32, value_parser = args::at_least_one)]
     concurrency: usize,
+    /// One-at-a-time creates of the direct baseline.
+    #[arg(long, default_value_t = 200)]
     sequential: usize,
+    /// Repeat the phases this many times.
+    #[arg(long, default_value_t = 1)]
     rounds: usize,
-    phases: Vec<String>,
+    /// The phases to run, comma-separated.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "paced,burst,backlog,direct"
+    )]
+    phases: Vec<Phase>,
+    /// `RUST_LOG` of ingest and the scaler.
+    #[arg(long, default_value = "info")]
     log: String,
+    /// The `runyard-ingest` binary.
+    #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../../target/release/runyard-ingest"))]
     ingest_bin: PathBuf,
+    /// The `runyard-scaler` binary.
+    #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../../target/release/runyard-scaler"))]
     scaler_bin: PathBuf,
+    /// A Postgres database for the scaler (migrated, kept); by default a
+    /// fresh one on the local server, dropped at the end.
+    #[arg(long, conflicts_with = "no_database")]
     database_url: Option<String>,
+    /// Give the scaler a closed port instead of a database.
+    #[arg(long)]
     no_database: bool,
+    /// Keep logs and state directories.
+    #[arg(long)]
     keep: bool,
+    /// `perf record` (DWARF call graphs) of the scaler into this file, from
+    /// the start of the measured part of `--perf-phase`.
+    #[arg(long)]
     perf: Option<PathBuf>,
-    perf_phase: String,
+    /// The phase `--perf` profiles.
+    #[arg(long, value_enum, default_value = "burst")]
+    perf_phase: Mode,
+    /// Seconds `--perf` records.
+    #[arg(long, default_value_t = 4)]
     perf_secs: u64,
+    /// Where state, logs, pid files and stamps go (the system's temporary
+    /// directory by default).
+    #[arg(long)]
     tmp: Option<PathBuf>,
+    #[command(flatten)]
+    cargo: args::Cargo,
 }
 
-impl Args {
-    fn parse(argv: &[String]) -> anyhow::Result<Self> {
-        let release = concat!(env!("CARGO_MANIFEST_DIR"), "/../../target/release");
-        let mut a = Self {
-            jobs: 1000,
-            rate: 20.0,
-            warmup: 20,
-            concurrency: 32,
-            sequential: 200,
-            rounds: 1,
-            phases: ["paced", "burst", "backlog", "direct"]
-                .map(String::from)
-                .to_vec(),
-            log: "info".into(),
-            ingest_bin: PathBuf::from(release).join("runyard-ingest"),
-            scaler_bin: PathBuf::from(release).join("runyard-scaler"),
-            database_url: None,
-            no_database: false,
-            keep: false,
-            perf: None,
-            perf_phase: "burst".into(),
-            perf_secs: 4,
-            tmp: None,
-        };
-        let mut it = argv.iter();
-        while let Some(flag) = it.next() {
-            let mut value = || {
-                it.next()
-                    .cloned()
-                    .with_context(|| format!("{flag} needs a value"))
-            };
-            match flag.as_str() {
-                "--jobs" => a.jobs = value()?.parse()?,
-                "--rate" => a.rate = value()?.parse()?,
-                "--warmup" => a.warmup = value()?.parse()?,
-                "--concurrency" => a.concurrency = value()?.parse()?,
-                "--sequential" => a.sequential = value()?.parse()?,
-                "--rounds" => a.rounds = value()?.parse()?,
-                "--phases" => a.phases = value()?.split(',').map(str::to_owned).collect(),
-                "--log" => a.log = value()?,
-                "--ingest-bin" => a.ingest_bin = value()?.into(),
-                "--scaler-bin" => a.scaler_bin = value()?.into(),
-                "--database-url" => a.database_url = Some(value()?),
-                "--no-database" => a.no_database = true,
-                "--keep" => a.keep = true,
-                "--perf" => a.perf = Some(value()?.into()),
-                "--perf-phase" => a.perf_phase = value()?,
-                "--perf-secs" => a.perf_secs = value()?.parse()?,
-                "--tmp" => a.tmp = Some(value()?.into()),
-                "--help" | "-h" => {
-                    eprintln!("{}", HELP);
-                    std::process::exit(0);
-                }
-                _ => {} // cargo bench passes --bench
-            }
-        }
-        anyhow::ensure!(a.jobs > 0 && a.rate > 0.0 && a.concurrency > 0, "bad flags");
-        Ok(a)
-    }
+/// A phase of the run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Phase {
+    /// `--jobs` webhooks at `--rate` (open loop).
+    Paced,
+    /// `--jobs` webhooks as fast as ingest takes them.
+    Burst,
+    /// `--jobs` jobs in the log before the scaler starts.
+    Backlog,
+    /// The create path called without the engine (the baseline).
+    Direct,
 }
-
-const HELP: &str = "webhook_to_runner: the scaler's latency and throughput benchmark
-  --jobs N            jobs per phase (1000)
-  --rate R            webhooks/s of the paced phase (20)
-  --warmup N          jobs before the measured ones in paced and burst (20)
-  --concurrency C     connections posting the burst and the backlog (32)
-  --sequential N      one-at-a-time creates of the direct baseline (200)
-  --rounds R          repeat the phases (1)
-  --phases LIST       paced,burst,backlog,direct
-  --log LEVEL         RUST_LOG of ingest and the scaler (info)
-  --ingest-bin PATH   --scaler-bin PATH (target/release/...)
-  --database-url URL  a Postgres database for the scaler (migrated, kept)
-  --no-database       give the scaler a closed port instead of a database
-  --keep              keep logs and state directories
-  --perf FILE         perf record (DWARF call graphs) of the scaler into FILE,
-                      --perf-secs S long (4), from the start of the measured
-                      part of --perf-phase (burst; paced, backlog)
-  --tmp DIR           where state, logs, pid files and stamps go (the system's
-                      temporary directory)";
 
 // ---------------------------------------------------------------------------
 // Clocks
@@ -508,7 +480,6 @@ struct Prepared {
 /// `n` deliveries of the fixture with unique job ids and delivery ids; each
 /// job is named after its id (the allocator stub reads it back).
 fn prepare(template: &Value, phase: u64, first: u64, n: usize) -> anyhow::Result<Vec<Prepared>> {
-    let run = u64::from(std::process::id());
     let mut out = Vec::with_capacity(n);
     for i in first..first + n as u64 {
         let job_id = 40_000_000_000 + phase * 10_000_000 + i;
@@ -524,7 +495,7 @@ fn prepare(template: &Value, phase: u64, first: u64, n: usize) -> anyhow::Result
         out.push(Prepared {
             job_id,
             body: body.into(),
-            delivery: format!("{run:08x}-{phase:04x}-4000-8000-{i:012x}"),
+            delivery: webhook::delivery_id(phase, i),
             signature,
         });
     }
@@ -533,24 +504,20 @@ fn prepare(template: &Value, phase: u64, first: u64, n: usize) -> anyhow::Result
 
 /// Posts one delivery; the wall-clock time its `202` was read.
 async fn post(http: &reqwest::Client, url: &str, p: &Prepared) -> anyhow::Result<i64> {
-    let answer = http
+    let mut request = http
         .post(url)
-        .header("content-type", "application/json")
         .header("user-agent", "GitHub-Hookshot/scaler-bench")
-        .header("x-github-event", "workflow_job")
-        .header("x-github-delivery", &p.delivery)
-        .header("x-github-hook-id", "4242")
-        .header("x-github-hook-installation-target-id", "33435682")
-        .header("x-github-hook-installation-target-type", "organization")
-        .header("x-hub-signature-256", &p.signature)
-        .body(p.body.clone())
-        .send()
-        .await?;
+        .header(webhook::DELIVERY, &p.delivery)
+        .header(webhook::SIGNATURE, &p.signature);
+    for (name, value) in webhook::HEADERS {
+        request = request.header(name, value);
+    }
+    let answer = request.body(p.body.clone()).send().await?;
     let status = answer.status();
     let body = answer.bytes().await?;
     let at = now_ns();
     anyhow::ensure!(
-        status.as_u16() == 202 && !String::from_utf8_lossy(&body).contains("\"duplicate\":true"),
+        status.as_u16() == 202 && !webhook::is_duplicate(&body),
         "ingest answered {status}: {}",
         String::from_utf8_lossy(&body)
     );
@@ -572,6 +539,8 @@ struct Ctx {
     exe: PathBuf,
     root: tempfile::TempDir,
     http: reqwest::Client,
+    /// For the services' `/readyz` and `/metrics`.
+    probe: HttpClient,
     template: Value,
     phases: AtomicU64,
 }
@@ -582,10 +551,9 @@ impl Ctx {
     }
 }
 
-/// A service binary under test.
-struct Service {
-    child: tokio::process::Child,
-    pid: u32,
+/// A service binary under test, and the port it listens on.
+struct Listening {
+    service: Service,
     port: u16,
 }
 
@@ -600,8 +568,8 @@ struct Stack {
     state_dir: PathBuf,
     stamps: PathBuf,
     file: String,
-    ingest: Option<Service>,
-    scaler: Option<Service>,
+    ingest: Option<Listening>,
+    scaler: Option<Listening>,
     stop: CancellationToken,
     consumer: tokio::task::JoinHandle<()>,
 }
@@ -698,29 +666,17 @@ state_dir = {state:?}
         bin: &Path,
         log: &str,
         env: &[(&str, String)],
-    ) -> anyhow::Result<Service> {
+    ) -> anyhow::Result<Listening> {
         let port = free_port();
         let out = std::fs::File::create(self.dir.join(log))?;
         let err = out.try_clone()?;
-        let mut cmd = tokio::process::Command::new(bin);
-        cmd.env_clear()
-            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-            .env("RUNYARD_NATS_URL", ctx.nats.url())
-            .env("RUNYARD_NAMESPACE", self.ns.as_str())
-            .env("RUST_LOG", &ctx.args.log)
-            .env("RUNYARD_LOG_FORMAT", "json")
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .kill_on_drop(true);
+        let mut cmd = service_command(bin, &ctx.nats.url(), self.ns.as_str(), &ctx.args.log);
+        cmd.stdout(out).stderr(err);
         for (k, v) in env {
             cmd.env(k, v.replace("{port}", &port.to_string()));
         }
-        let child = cmd
-            .spawn()
-            .with_context(|| format!("starting {}", bin.display()))?;
-        let pid = child.id().context("the service exited at once")?;
-        Ok(Service { child, pid, port })
+        let service = Service::spawn(&mut cmd)?;
+        Ok(Listening { service, port })
     }
 
     async fn start_ingest(&mut self, ctx: &Ctx) -> anyhow::Result<()> {
@@ -735,14 +691,7 @@ state_dir = {state:?}
         )?;
         let url = format!("http://127.0.0.1:{}/readyz", ingest.port);
         self.ingest = Some(ingest);
-        wait_until("ingest /readyz", Duration::from_secs(30), || async {
-            ctx.http
-                .get(&url)
-                .send()
-                .await
-                .is_ok_and(|r| r.status().is_success())
-        })
-        .await
+        http::wait_for_200(&ctx.probe, &url, Duration::from_secs(30)).await
     }
 
     /// Starts the scaler without waiting for it.
@@ -770,21 +719,10 @@ state_dir = {state:?}
     /// Waits until the scaler has read the log and holds the pool's lease.
     async fn scaler_ready(&self, ctx: &Ctx) -> anyhow::Result<()> {
         let port = self.scaler.as_ref().context("no scaler")?.port;
+        let pool = format!("pool=\"{POOL}\"");
         wait_until("the scaler's lease", Duration::from_secs(60), || async {
-            let Ok(r) = ctx
-                .http
-                .get(format!("http://127.0.0.1:{port}/metrics"))
-                .send()
-                .await
-            else {
-                return false;
-            };
-            r.text().await.is_ok_and(|t| {
-                t.lines().any(|l| {
-                    l.starts_with("runyard_scaler_pool_lease_held{")
-                        && l.contains(&format!("pool=\"{POOL}\""))
-                        && l.ends_with(" 1")
-                })
+            metrics::scrape(&ctx.probe, port).await.is_ok_and(|t| {
+                metrics::sample(&t, "runyard_scaler_pool_lease_held", &[&pool]) == Some(1.0)
             })
         })
         .await
@@ -906,22 +844,10 @@ state_dir = {state:?}
     /// Mean of the scaler's `provider_call_seconds{op="create"}`, ms.
     async fn create_call_mean(&self, ctx: &Ctx) -> Option<f64> {
         let port = self.scaler.as_ref()?.port;
-        let text = ctx
-            .http
-            .get(format!("http://127.0.0.1:{port}/metrics"))
-            .send()
-            .await
-            .ok()?
-            .text()
-            .await
-            .ok()?;
+        let text = metrics::scrape(&ctx.probe, port).await.ok()?;
         let value = |suffix: &str| {
-            text.lines()
-                .find(|l| {
-                    l.starts_with(&format!("runyard_scaler_provider_call_seconds_{suffix}"))
-                        && l.contains("op=\"create\"")
-                })
-                .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            let name = format!("runyard_scaler_provider_call_seconds_{suffix}");
+            metrics::sample(&text, &name, &["op=\"create\""])
         };
         let (sum, count) = (value("sum")?, value("count")?);
         (count > 0.0).then(|| sum * 1000.0 / count)
@@ -931,7 +857,7 @@ state_dir = {state:?}
     fn runner_cpu(&self) -> Duration {
         runner_pids(&self.state_dir)
             .into_iter()
-            .filter_map(on_cpu)
+            .filter_map(procfs::on_cpu)
             .sum()
     }
 
@@ -939,28 +865,21 @@ state_dir = {state:?}
     async fn finish(mut self, keep: bool) {
         let pids = runner_pids(&self.state_dir);
         if let Some(s) = &self.scaler {
-            let _ = kill(Pid::from_raw(s.pid as i32), Signal::SIGTERM);
+            process::terminate(s.service.pid);
         }
         for pid in &pids {
-            let _ = killpg(Pid::from_raw(*pid as i32), Signal::SIGKILL);
+            process::kill_group(*pid);
         }
-        for service in [self.scaler.take(), self.ingest.take()]
+        for l in [self.scaler.take(), self.ingest.take()]
             .into_iter()
             .flatten()
         {
-            let mut child = service.child;
-            let _ = kill(Pid::from_raw(service.pid as i32), Signal::SIGTERM);
-            if tokio::time::timeout(Duration::from_secs(15), child.wait())
-                .await
-                .is_err()
-            {
-                let _ = child.kill().await;
-            }
+            l.service.stop(Duration::from_secs(15)).await;
         }
         self.stop.cancel();
         let _ = tokio::time::timeout(Duration::from_secs(5), &mut self.consumer).await;
         let _ = wait_until("runners to exit", Duration::from_secs(10), || async {
-            pids.iter().all(|p| !alive(*p))
+            pids.iter().all(|p| !procfs::alive(*p))
         })
         .await;
         if !keep {
@@ -970,43 +889,13 @@ state_dir = {state:?}
 }
 
 /// `perf record` of the scaler when this phase is the one to profile.
-fn perf_for(args: &Args, mode: Mode, pid: u32) -> anyhow::Result<Option<tokio::process::Child>> {
-    let name = match mode {
-        Mode::Paced => "paced",
-        Mode::Burst => "burst",
-        Mode::Backlog => "backlog",
-    };
+fn perf_for(args: &Args, mode: Mode, pid: u32) -> anyhow::Result<Option<Perf>> {
     match &args.perf {
-        Some(file) if args.perf_phase == name => Ok(Some(start_perf(file, pid, args.perf_secs)?)),
+        Some(file) if args.perf_phase == mode => {
+            Ok(Some(Perf::start(file, pid, args.perf_secs, "the scaler")?))
+        }
         _ => Ok(None),
     }
-}
-
-/// Starts `perf record` on `pid` for `secs` seconds, writing `file`.
-fn start_perf(file: &Path, pid: u32, secs: u64) -> anyhow::Result<tokio::process::Child> {
-    progress(format!(
-        "  perf record of the scaler (pid {pid}) for {secs} s into {}",
-        file.display()
-    ));
-    runyard_bench::procfs::perf_record(file, pid, secs)
-        .context("starting perf (apt-get install linux-perf)")
-}
-
-/// Polls `check` every 20 ms until it holds or `limit` passes.
-async fn wait_until<F, Fut>(what: &str, limit: Duration, mut check: F) -> anyhow::Result<()>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + limit;
-    while !check().await {
-        anyhow::ensure!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    Ok(())
 }
 
 fn stamp_count(dir: &Path) -> usize {
@@ -1036,58 +925,6 @@ fn runner_pids(dir: &Path) -> Vec<u32> {
         }
     }
     out
-}
-
-/// CPU time of `pid` from `/proc/<pid>/schedstat` (nanoseconds: a runner's
-/// start takes well under the 10 ms ticks of `/proc/<pid>/stat`).
-fn on_cpu(pid: u32) -> Option<Duration> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/schedstat")).ok()?;
-    let ns = text.split_whitespace().next()?.parse().ok()?;
-    Some(Duration::from_nanos(ns))
-}
-
-/// Running, and not a zombie.
-fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
-        s.rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().next())
-            .is_some_and(|state| state != "Z" && state != "X")
-    })
-}
-
-/// The file system `path` is on (the longest mount point above it).
-fn fs_type(path: &Path) -> String {
-    let path = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
-    let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
-    mounts
-        .lines()
-        .filter_map(|l| {
-            let mut f = l.split_whitespace();
-            let (_, point, kind) = (f.next()?, f.next()?, f.next()?);
-            path.starts_with(point)
-                .then(|| (point.len(), kind.to_owned()))
-        })
-        .max()
-        .map_or_else(|| "unknown".into(), |(_, kind)| kind)
-}
-
-/// Runner processes of this run still alive anywhere on the machine.
-fn leftover_runners(root: &Path) -> Vec<u32> {
-    let root = root.display().to_string();
-    let Ok(procs) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    procs
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
-                let c = String::from_utf8_lossy(&c);
-                c.contains(RUNNER_MODE) && c.contains(&root)
-            })
-        })
-        .filter(|pid| alive(*pid))
-        .collect()
 }
 
 // ---------------------------------------------------------------------------
@@ -1133,6 +970,16 @@ impl Timeline {
     }
 }
 
+/// The spans `from` → `to` of every timeline holding both points, ns.
+fn spans(lines: &[Timeline], from: usize, to: usize) -> Dist {
+    ns(lines.iter().filter_map(|l| l.span(from, to)))
+}
+
+/// The distribution of durations in nanoseconds.
+fn ns(values: impl IntoIterator<Item = i64>) -> Dist {
+    Dist::of(values.into_iter().map(|v| v as f64))
+}
+
 fn timelines(
     set: &[Prepared],
     seen: &Seen,
@@ -1166,56 +1013,17 @@ fn timelines(
         .collect()
 }
 
-/// Percentiles of a set of durations (ns; may be negative where two
-/// processes' points nearly coincide).
-#[derive(Debug, Clone, Copy, Default)]
-struct Dist {
-    n: usize,
-    p50: i64,
-    p95: i64,
-    p99: i64,
-    max: i64,
-}
-
-impl Dist {
-    fn of(mut v: Vec<i64>) -> Self {
-        if v.is_empty() {
-            return Self::default();
-        }
-        v.sort_unstable();
-        let at = |q: f64| v[((q * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1];
-        Self {
-            n: v.len(),
-            p50: at(0.50),
-            p95: at(0.95),
-            p99: at(0.99),
-            max: v[v.len() - 1],
-        }
-    }
-
-    fn spans(lines: &[Timeline], from: usize, to: usize) -> Self {
-        Self::of(lines.iter().filter_map(|l| l.span(from, to)).collect())
-    }
-}
-
-fn ms(ns: i64) -> String {
-    let v = ns as f64 / 1e6;
-    if v.abs() >= 100.0 {
-        format!("{v:.0}")
-    } else if v.abs() >= 10.0 {
-        format!("{v:.1}")
-    } else {
-        format!("{v:.2}")
-    }
-}
-
 // ---------------------------------------------------------------------------
 // Phases
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A phase driven by webhooks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Mode {
+    /// The paced phase.
     Paced,
+    /// The burst.
     Burst,
+    /// The backlog.
     Backlog,
 }
 
@@ -1305,7 +1113,7 @@ async fn phase_webhooks(ctx: &Ctx, round: usize, mode: Mode) -> anyhow::Result<O
             stack.dir.display()
         );
     }
-    let ingest_pid = stack.ingest.as_ref().map_or(0, |s| s.pid);
+    let ingest_pid = stack.ingest.as_ref().map_or(0, |s| s.service.pid);
     let me = std::process::id();
     let quiet = procfs::wait_for_quiet(0.25, Duration::from_secs(60)).await;
     progress(format!("  machine load before: {quiet:.2} cores"));
@@ -1313,7 +1121,7 @@ async fn phase_webhooks(ctx: &Ctx, round: usize, mode: Mode) -> anyhow::Result<O
     let webhook_errors;
     let (meter, started, perf) = match mode {
         Mode::Paced | Mode::Burst => {
-            let scaler_pid = stack.scaler.as_ref().map_or(0, |s| s.pid);
+            let scaler_pid = stack.scaler.as_ref().map_or(0, |s| s.service.pid);
             let meter = CpuMeter::start(&[
                 ("scaler", scaler_pid),
                 ("ingest", ingest_pid),
@@ -1344,7 +1152,7 @@ async fn phase_webhooks(ctx: &Ctx, round: usize, mode: Mode) -> anyhow::Result<O
                 "  {want} jobs queued; machine load {quiet:.2} cores; starting the scaler"
             ));
             stack.spawn_scaler(ctx)?;
-            let scaler_pid = stack.scaler.as_ref().map_or(0, |s| s.pid);
+            let scaler_pid = stack.scaler.as_ref().map_or(0, |s| s.service.pid);
             let meter = CpuMeter::start(&[
                 ("scaler", scaler_pid),
                 ("ingest", ingest_pid),
@@ -1360,12 +1168,8 @@ async fn phase_webhooks(ctx: &Ctx, round: usize, mode: Mode) -> anyhow::Result<O
     let wall = started.elapsed();
     let cpu = meter.stop();
     let runner_cpu = stack.runner_cpu();
-    if let Some(mut perf) = perf {
-        // It stops by itself after --perf-secs; bounded anyway.
-        let limit = Duration::from_secs(args.perf_secs + 30);
-        if tokio::time::timeout(limit, perf.wait()).await.is_err() {
-            let _ = perf.kill().await;
-        }
+    if let Some(perf) = perf {
+        perf.finish().await;
     }
     if !complete {
         progress(format!(
@@ -1404,8 +1208,8 @@ async fn phase_webhooks(ctx: &Ctx, round: usize, mode: Mode) -> anyhow::Result<O
         outcome.running(),
         outcome.created(),
         outcome.failed.len(),
-        ms(Dist::spans(&outcome.lines, ACKED, RUNNING).p50),
-        ms(Dist::spans(&outcome.lines, ACKED, RUNNING).p99),
+        ms(spans(&outcome.lines, ACKED, RUNNING).p50()),
+        ms(spans(&outcome.lines, ACKED, RUNNING).p99()),
     ));
     stack.finish(args.keep).await;
     Ok(outcome)
@@ -1613,8 +1417,8 @@ struct DirectOutcome {
     wall: Duration,
     errors: usize,
     /// JIT calls p50 straight to the fake and through the proxy, ns.
-    jit_direct_p50: i64,
-    jit_proxied_p50: i64,
+    jit_direct_p50: f64,
+    jit_proxied_p50: f64,
 }
 
 impl DirectOutcome {
@@ -1728,8 +1532,8 @@ async fn phase_direct(ctx: &Ctx, round: usize) -> anyhow::Result<DirectOutcome> 
         runner_cpu,
         wall,
         errors,
-        jit_direct_p50: Dist::of(jit_straight).p50,
-        jit_proxied_p50: Dist::of(jit_proxy).p50,
+        jit_direct_p50: ns(jit_straight).p50(),
+        jit_proxied_p50: ns(jit_proxy).p50(),
     })
 }
 
@@ -1787,6 +1591,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             .pool_max_idle_per_host(256)
             .timeout(Duration::from_secs(30))
             .build()?,
+        probe: http::client(4),
         template: serde_json::from_str(&runyard_testkit::fixture(FIXTURE))?,
         phases: AtomicU64::new(1),
         nats,
@@ -1807,18 +1612,18 @@ async fn run(args: Args) -> anyhow::Result<()> {
 
     let mut outcomes = Vec::new();
     let mut directs = Vec::new();
-    let has = |p: &str| ctx.args.phases.iter().any(|x| x == p);
+    let has = |p: Phase| ctx.args.phases.contains(&p);
     let result: anyhow::Result<()> = async {
         for round in 1..=ctx.args.rounds {
-            if has("direct") {
+            if has(Phase::Direct) {
                 directs.push(phase_direct(&ctx, round).await?);
             }
-            for (name, mode) in [
-                ("paced", Mode::Paced),
-                ("burst", Mode::Burst),
-                ("backlog", Mode::Backlog),
+            for (phase, mode) in [
+                (Phase::Paced, Mode::Paced),
+                (Phase::Burst, Mode::Burst),
+                (Phase::Backlog, Mode::Backlog),
             ] {
-                if has(name) {
+                if has(phase) {
                     outcomes.push(Box::pin(phase_webhooks(&ctx, round, mode)).await?);
                 }
             }
@@ -1826,9 +1631,11 @@ async fn run(args: Args) -> anyhow::Result<()> {
         Ok(())
     }
     .await;
-    let left = leftover_runners(ctx.root.path());
+    // Runner processes of this run still alive anywhere on the machine.
+    let root = ctx.root.path().display().to_string();
+    let left = procfs::with_cmdline(&[RUNNER_MODE, &root]);
     for pid in &left {
-        let _ = kill(Pid::from_raw(*pid as i32), Signal::SIGKILL);
+        process::kill_now(*pid);
     }
     if let Some(db) = own_db {
         db.drop_db().await;
@@ -1847,7 +1654,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         database: !ctx.args.no_database,
         tmp: (
             ctx.args.tmp.clone().unwrap_or_else(std::env::temp_dir),
-            fs_type(&ctx.args.tmp.clone().unwrap_or_else(std::env::temp_dir)),
+            procfs::fs_type(&ctx.args.tmp.clone().unwrap_or_else(std::env::temp_dir)),
         ),
     };
     println!("{report}");
@@ -1891,11 +1698,16 @@ impl std::fmt::Display for Report<'_> {
             f,
             "**Latency, per job** (ms; 202 = when the load generator read ingest's answer)\n"
         )?;
-        writeln!(
-            f,
-            "| round | phase | from 202 to | n | p50 | p95 | p99 | max |"
-        )?;
-        writeln!(f, "|---|---|---|---|---|---|---|---|")?;
+        let mut t = Table::new([
+            "round",
+            "phase",
+            "from 202 to",
+            "n",
+            "p50",
+            "p95",
+            "p99",
+            "max",
+        ]);
         // Jobs of the backlog waited for the scaler to start: no latency.
         for o in self.outcomes.iter().filter(|o| o.mode != Mode::Backlog) {
             for (to, what) in [
@@ -1905,51 +1717,68 @@ impl std::fmt::Display for Report<'_> {
                 (RUNNING, "**runner process running**"),
                 (CREATED, "`RunnerCreated`"),
             ] {
-                let d = Dist::spans(&o.lines, ACKED, to);
-                writeln!(
-                    f,
-                    "| {} | {} | {what} | {} | {} | {} | {} | {} |",
-                    o.round,
-                    o.label,
-                    d.n,
-                    ms(d.p50),
-                    ms(d.p95),
-                    ms(d.p99),
-                    ms(d.max)
-                )?;
+                let d = spans(&o.lines, ACKED, to);
+                t.row([
+                    o.round.to_string(),
+                    o.label.clone(),
+                    what.to_owned(),
+                    d.len().to_string(),
+                    ms(d.p50()),
+                    ms(d.p95()),
+                    ms(d.p99()),
+                    ms(d.max()),
+                ]);
             }
         }
+        write!(f, "{t}")?;
         // Stages.
         writeln!(
             f,
             "\n**Where the time goes, per job** (ms between consecutive points, p50 / p99; each point from the process that saw it: bench consumer, KV entry time, allocator stub, event time, proxy, runner)\n"
         )?;
-        write!(f, "| step | includes |")?;
-        for o in self.outcomes {
-            write!(f, " r{} {} |", o.round, o.label)?;
-        }
-        writeln!(f)?;
-        writeln!(f, "|---|---|{}", "---|".repeat(self.outcomes.len()))?;
+        let mut t = Table::new(
+            ["step".to_owned(), "includes".to_owned()]
+                .into_iter()
+                .chain(
+                    self.outcomes
+                        .iter()
+                        .map(|o| format!("r{} {}", o.round, o.label)),
+                ),
+        );
         for (i, what) in STAGES.iter().enumerate() {
-            write!(f, "| {} → {} | {what} |", POINTS[i], POINTS[i + 1])?;
-            for o in self.outcomes {
+            let cells = self.outcomes.iter().map(|o| {
                 // The backlog was queued before the scaler started.
                 if o.mode == Mode::Backlog && i < 2 {
-                    write!(f, " – |")?;
-                    continue;
+                    return "–".to_owned();
                 }
-                let d = Dist::spans(&o.lines, i, i + 1);
-                write!(f, " {} / {} |", ms(d.p50), ms(d.p99))?;
-            }
-            writeln!(f)?;
+                let d = spans(&o.lines, i, i + 1);
+                format!("{} / {}", ms(d.p50()), ms(d.p99()))
+            });
+            t.row(
+                [
+                    format!("{} → {}", POINTS[i], POINTS[i + 1]),
+                    (*what).to_owned(),
+                ]
+                .into_iter()
+                .chain(cells),
+            );
         }
+        write!(f, "{t}")?;
         // Throughput.
         writeln!(f, "\n**Throughput and CPU**\n")?;
-        writeln!(
-            f,
-            "| round | phase | runners running / created | window s | creates/s | vs direct, all at once | CPU µs per create: scaler / ingest / nats-server / bench / runner | other load, cores | mean create call ms (scaler metric) | RunnerFailed | webhook errors |"
-        )?;
-        writeln!(f, "|---|---|---|---|---|---|---|---|---|---|---|")?;
+        let mut t = Table::new([
+            "round",
+            "phase",
+            "runners running / created",
+            "window s",
+            "creates/s",
+            "vs direct, all at once",
+            "CPU µs per create: scaler / ingest / nats-server / bench / runner",
+            "other load, cores",
+            "mean create call ms (scaler metric)",
+            "RunnerFailed",
+            "webhook errors",
+        ]);
         for o in self.outcomes {
             // Paced creates follow the webhooks' rate: no ratio.
             let direct = self
@@ -1958,31 +1787,28 @@ impl std::fmt::Display for Report<'_> {
                 .find(|d| d.round == o.round && o.mode != Mode::Paced)
                 .map(DirectOutcome::rate);
             let rate = o.rate();
-            writeln!(
-                f,
-                "| {} | {} | {} / {} | {} | {} | {} | {} | {:.2} | {} | {} | {} |",
-                o.round,
-                o.label,
-                o.running(),
-                o.created(),
-                o.window.map_or("–".into(), |(s, e)| format!(
-                    "{:.2}",
-                    (e - s) as f64 / 1e9
-                )),
+            t.row([
+                o.round.to_string(),
+                o.label.clone(),
+                format!("{} / {}", o.running(), o.created()),
+                o.window.map_or("–".into(), |(s, e)| {
+                    format!("{:.2}", (e - s) as f64 / 1e9)
+                }),
                 rate.map_or("–".into(), |r| format!("{r:.0}")),
                 rate.zip(direct)
                     .map_or("–".into(), |(r, d)| format!("{:.0} %", 100.0 * r / d)),
                 o.cpu_per_create(),
-                o.cores_other(),
+                format!("{:.2}", o.cores_other()),
                 o.create_call_ms.map_or("–".into(), |m| format!("{m:.2}")),
                 if o.failed.is_empty() {
                     "0".to_owned()
                 } else {
                     format!("{} ({})", o.failed.len(), o.failed.join(", "))
                 },
-                o.webhook_errors,
-            )?;
+                o.webhook_errors.to_string(),
+            ]);
         }
+        write!(f, "{t}")?;
         writeln!(
             f,
             "\nWindows: paced and burst from the first webhook sent to the last `RunnerCreated`; backlog from the first claim stored to the last `RunnerCreated` (the scaler's start-up and lease wait excluded). `RunnerDeleted` events: {}. Runner processes left after the run: {}.",
@@ -1998,54 +1824,31 @@ impl std::fmt::Display for Report<'_> {
                 d.sequential.len(),
                 d.concurrent.len()
             )?;
-            writeln!(
-                f,
-                "| step | one at a time p50 / p99 ms | {} at once p50 / p99 ms |",
-                d.concurrent.len()
-            )?;
-            writeln!(f, "|---|---|---|")?;
-            let step = |v: &[([i64; 8], Option<i64>)], i: usize| {
-                Dist::of(v.iter().map(|(t, _)| t[i + 1] - t[i]).collect())
+            let mut t = Table::new([
+                "step".to_owned(),
+                "one at a time p50 / p99 ms".to_owned(),
+                format!("{} at once p50 / p99 ms", d.concurrent.len()),
+            ]);
+            type Creates = [([i64; 8], Option<i64>)];
+            let mut row = |what: &str, of: &dyn Fn(&Creates) -> Dist| {
+                let (s, c) = (of(&d.sequential), of(&d.concurrent));
+                t.row([
+                    what.to_owned(),
+                    format!("{} / {}", ms(s.p50()), ms(s.p99())),
+                    format!("{} / {}", ms(c.p50()), ms(c.p99())),
+                ]);
             };
             for (i, what) in DIRECT_STEPS.iter().enumerate() {
-                let (s, c) = (step(&d.sequential, i), step(&d.concurrent, i));
-                writeln!(
-                    f,
-                    "| {what} | {} / {} | {} / {} |",
-                    ms(s.p50),
-                    ms(s.p99),
-                    ms(c.p50),
-                    ms(c.p99)
-                )?;
+                row(what, &|v| ns(v.iter().map(|(t, _)| t[i + 1] - t[i])));
             }
-            let exec = |v: &[([i64; 8], Option<i64>)]| {
-                Dist::of(
-                    v.iter()
-                        .filter_map(|(t, s)| Some(s.as_ref()? - t[5]))
-                        .collect(),
-                )
-            };
-            let total = |v: &[([i64; 8], Option<i64>)]| {
-                Dist::of(v.iter().map(|(t, _)| t[7] - t[0]).collect())
-            };
-            let (es, ec) = (exec(&d.sequential), exec(&d.concurrent));
-            writeln!(
-                f,
-                "| create call start → runner process running (fork/exec and this binary's start) | {} / {} | {} / {} |",
-                ms(es.p50),
-                ms(es.p99),
-                ms(ec.p50),
-                ms(ec.p99)
-            )?;
-            let (ts, tc) = (total(&d.sequential), total(&d.concurrent));
-            writeln!(
-                f,
-                "| **whole create path** | {} / {} | {} / {} |",
-                ms(ts.p50),
-                ms(ts.p99),
-                ms(tc.p50),
-                ms(tc.p99)
-            )?;
+            row(
+                "create call start → runner process running (fork/exec and this binary's start)",
+                &|v| ns(v.iter().filter_map(|(t, s)| Some(s.as_ref()? - t[5]))),
+            );
+            row("**whole create path**", &|v| {
+                ns(v.iter().map(|(t, _)| t[7] - t[0]))
+            });
+            write!(f, "{t}")?;
             let n = d.concurrent.len().max(1) as f64;
             writeln!(
                 f,
@@ -2065,8 +1868,7 @@ impl std::fmt::Display for Report<'_> {
         }
         // Targets.
         writeln!(f, "\n**Targets** (paced phase)\n")?;
-        writeln!(f, "| target | round | measured | verdict |")?;
-        writeln!(f, "|---|---|---|---|")?;
+        let mut t = Table::new(["target", "round", "measured", "verdict"]);
         for o in self
             .outcomes
             .iter()
@@ -2076,22 +1878,19 @@ impl std::fmt::Display for Report<'_> {
                 (JIT_OUT, "create call starts"),
                 (RUNNING, "runner process running"),
             ] {
-                let d = Dist::spans(&o.lines, ACKED, to);
-                let complete = d.n == o.jobs;
-                for (q, value, limit) in [("p50", d.p50, 100), ("p99", d.p99, 500)] {
-                    let met = complete && value <= limit * 1_000_000;
-                    writeln!(
-                        f,
-                        "| 202 → {what} {q} ≤ {limit} ms | {} | {} ms ({} of {} jobs) | {} |",
-                        o.round,
-                        ms(value),
-                        d.n,
-                        o.jobs,
-                        if met { "met" } else { "**not met**" }
-                    )?;
+                let d = spans(&o.lines, ACKED, to);
+                let complete = d.len() == o.jobs;
+                for (q, value, limit) in [("p50", d.p50(), 100.0), ("p99", d.p99(), 500.0)] {
+                    t.row([
+                        format!("202 → {what} {q} ≤ {limit} ms"),
+                        o.round.to_string(),
+                        format!("{} ms ({} of {} jobs)", ms(value), d.len(), o.jobs),
+                        verdict(complete && value <= limit * 1e6).to_owned(),
+                    ]);
                 }
             }
         }
+        write!(f, "{t}")?;
         Ok(())
     }
 }
