@@ -383,6 +383,7 @@ impl App {
             pools: Arc::new(pools),
             specs,
             status: RwLock::new(Vec::new()),
+            progress: engine::Progress::default(),
             metadata,
         });
         // Every endpoint's series exists from the start, at zero.
@@ -587,6 +588,7 @@ impl Handler for Forward {
     async fn handle(&self, batch: &[Delivery]) -> Result<Vec<(u64, String)>, HandlerError> {
         for d in batch {
             let observed = engine::Observed {
+                seq: d.seq,
                 event: d.event.clone(),
                 traceparent: d.traceparent.clone(),
             };
@@ -743,5 +745,6 @@ async fn pools(AxumState(s): AxumState<HttpState>) -> Response {
         .read()
         .map(|p| p.clone())
         .unwrap_or_default();
-    axum::Json(json!({ "pools": pools })).into_response()
+    let engine = s.shared.progress.view();
+    axum::Json(json!({ "pools": pools, "engine": engine })).into_response()
 }

@@ -5,13 +5,12 @@
 //! before.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use runyard_events::Body;
 use runyard_testkit::fake_github::FakeJob;
 use runyard_testkit::fake_gitlab::{FakeGitLab, FakeGlStageJob};
 
-use crate::support::{self, Stack, pool_toml, until, until_async};
+use crate::support::{self, Scaler, Stack, pool_toml, until, until_async};
 
 /// Runners requested, by the job they were made for.
 async fn requested_for(stack: &Stack) -> BTreeMap<u64, usize> {
@@ -26,15 +25,15 @@ async fn requested_for(stack: &Stack) -> BTreeMap<u64, usize> {
     out
 }
 
-/// Waits until a runner was requested for `job`, then a few scheduling
-/// ticks more, and returns every job runners were requested for.
-async fn served(stack: &Stack, job: u64) -> BTreeMap<u64, usize> {
+/// Waits until a runner was requested for `job` and the scaler has
+/// settled, and returns every job runners were requested for: a job folded
+/// in before the sentinel has had its chance.
+async fn served(stack: &Stack, scaler: &Scaler, job: u64) -> BTreeMap<u64, usize> {
     until_async("a runner for the sentinel job", async || {
         requested_for(stack).await.contains_key(&job)
     })
     .await;
-    // Ten ticks: a job folded in before the sentinel has had its chance.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    stack.settled(scaler).await;
     requested_for(stack).await
 }
 
@@ -48,7 +47,7 @@ async fn a_deployment_approved_after_waiting_gets_its_runner() {
     let deploy = gh.add_waiting_job("acme", "app", FakeJob::queued(70, "deploy", LABELS));
     let sentinel = gh.add_job("acme", "app", FakeJob::queued(71, "build", LABELS));
     stack.deliver_github(gh.take_webhooks()).await;
-    let before = served(&stack, sentinel).await;
+    let before = served(&stack, &scaler, sentinel).await;
     assert_eq!(
         before.get(&deploy),
         None,
@@ -58,7 +57,7 @@ async fn a_deployment_approved_after_waiting_gets_its_runner() {
 
     gh.approve(deploy);
     stack.deliver_github(gh.take_webhooks()).await;
-    let after = served(&stack, deploy).await;
+    let after = served(&stack, &scaler, deploy).await;
     assert_eq!(after.get(&deploy), Some(&1), "one runner once approved");
     assert_eq!(stack.jit_calls(), 2);
     scaler.stop().await;
@@ -73,7 +72,7 @@ async fn a_deployment_rejected_while_waiting_never_gets_a_runner() {
     gh.reject(deploy);
     let sentinel = gh.add_job("acme", "app", FakeJob::queued(71, "build", LABELS));
     stack.deliver_github(gh.take_webhooks()).await;
-    let seen = served(&stack, sentinel).await;
+    let seen = served(&stack, &scaler, sentinel).await;
     assert_eq!(seen.get(&deploy), None);
     assert_eq!(stack.jit_calls(), 1);
     scaler.stop().await;
@@ -121,7 +120,7 @@ async fn gitlab_jobs_of_later_stages_get_runners_when_their_stage_starts() {
         ],
     );
     stack.deliver_gitlab(gitlab.take_webhooks()).await;
-    let first = served(&stack, ids[0]).await;
+    let first = served(&stack, &scaler, ids[0]).await;
     assert_eq!(first.len(), 1, "only the first stage runs: {first:?}");
     assert_eq!(gitlab.runners().len(), 1);
     // Tags are read for runnable jobs only.
@@ -131,8 +130,8 @@ async fn gitlab_jobs_of_later_stages_get_runners_when_their_stage_starts() {
     take(&gitlab, ids[0]).await;
     gitlab.finish_pipeline_job(ids[0], "success", None);
     stack.deliver_gitlab(gitlab.take_webhooks()).await;
-    served(&stack, ids[2]).await;
-    let second = served(&stack, ids[1]).await;
+    served(&stack, &scaler, ids[2]).await;
+    let second = served(&stack, &scaler, ids[1]).await;
     assert_eq!(
         second.keys().copied().collect::<Vec<_>>(),
         ids[..3].to_vec(),
@@ -148,7 +147,7 @@ async fn gitlab_jobs_of_later_stages_get_runners_when_their_stage_starts() {
     assert_eq!(gitlab.job(ids[3]).map(|j| j.status), Some("skipped".into()));
     let (_, next) = gitlab.run_pipeline(34, "develop", &[("build", vec![job("compile")])]);
     stack.deliver_gitlab(gitlab.take_webhooks()).await;
-    let last = served(&stack, next[0]).await;
+    let last = served(&stack, &scaler, next[0]).await;
     assert_eq!(
         last.get(&ids[3]),
         None,
@@ -168,7 +167,7 @@ async fn gitlab_jobs_held_by_a_resource_group_or_a_schedule_get_runners_when_rel
     let (_, nightly) = gitlab.run_pipeline(34, "develop", &[("later", vec![job("n").delayed()])]);
     let (_, sentinel) = gitlab.run_pipeline(34, "develop", &[("build", vec![job("compile")])]);
     stack.deliver_gitlab(gitlab.take_webhooks()).await;
-    let before = served(&stack, sentinel[0]).await;
+    let before = served(&stack, &scaler, sentinel[0]).await;
     assert_eq!(
         before.keys().copied().collect::<Vec<_>>(),
         [a[0], sentinel[0]],
@@ -179,8 +178,8 @@ async fn gitlab_jobs_held_by_a_resource_group_or_a_schedule_get_runners_when_rel
     gitlab.finish_pipeline_job(a[0], "success", None);
     gitlab.run_scheduled(nightly[0]);
     stack.deliver_gitlab(gitlab.take_webhooks()).await;
-    served(&stack, b[0]).await;
-    let after = served(&stack, nightly[0]).await;
+    served(&stack, &scaler, b[0]).await;
+    let after = served(&stack, &scaler, nightly[0]).await;
     assert_eq!(after.len(), 4);
     assert!(
         after.values().all(|n| *n == 1),

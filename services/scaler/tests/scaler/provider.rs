@@ -471,7 +471,7 @@ async fn a_token_of_a_failed_create_attempt_opens_nothing_of_the_next() {
         .unwrap();
     assert_eq!(r.status(), 403);
     // The second attempt's instance was not failed for it.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    stack.settled(&scaler).await;
     assert_eq!(fake.instance_names(), std::slice::from_ref(&name));
     let failed: Vec<u32> = stack
         .events()

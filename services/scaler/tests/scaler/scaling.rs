@@ -105,8 +105,8 @@ async fn duplicated_and_out_of_order_events_create_nothing_extra() {
     }
     let scaler = stack.start().await;
     until("three runners", || stack.live_processes().len() == 3).await;
-    // Give a second replica-free scaler time to do anything extra.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Whatever else the log could make it do, it has done.
+    stack.settled(&scaler).await;
     assert_eq!(stack.live_processes().len(), 3);
     assert_eq!(stack.jit_calls(), 3);
     let names = runner_names(&stack.runner_events("RunnerRequested").await);
@@ -114,7 +114,7 @@ async fn duplicated_and_out_of_order_events_create_nothing_extra() {
     // A restart replays the log and creates nothing again.
     scaler.stop().await;
     let scaler = stack.start().await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    stack.settled(&scaler).await;
     assert_eq!(stack.jit_calls(), 3);
     assert_eq!(stack.live_processes().len(), 3);
     scaler.stop().await;
@@ -182,7 +182,7 @@ async fn a_burst_gets_exactly_max_runners_then_more_as_jobs_finish() {
         stack.queued(j).await;
     }
     until("max runners", || stack.live_processes().len() == MAX).await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    stack.settled(&scaler).await;
     assert_eq!(stack.jit_calls(), MAX, "exactly max at first");
     let peak = drain(&stack, &jobs, MAX).await;
     assert_eq!(peak, MAX);
@@ -212,14 +212,21 @@ async fn a_busy_runner_is_never_deleted_even_when_github_says_it_is_idle() {
     // online and above min_idle: it goes after idle_timeout (1 s) once
     // GitHub confirms it idle for the 3 s window...
     stack.completed(301, "").await;
-    // ... but GitHub hands it another job meanwhile (its webhook lost), and
-    // the lagging API still says idle.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // ... but GitHub hands it another job meanwhile (its webhook lost),
+    // once the scaler has read it idle once, and the lagging API still
+    // says idle.
+    let id = stack.github.runner(name.as_str()).expect("registered").id;
+    let reading = format!("/orgs/acme/actions/runners/{id}");
+    let read_before = stack.github.count("GET", &reading);
+    until("an idle reading of the runner", || {
+        stack.github.count("GET", &reading) > read_before
+    })
+    .await;
     stack.github.set_busy(name.as_str(), true);
     // The scaler tries (the lagging API said idle through the window) and
     // takes GitHub's 422 as "busy": the instance stays, and stays.
     until("the delete attempted", || stack.github.busy_refusals() >= 1).await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    stack.settled(&scaler).await;
     assert!(stack.live_processes().contains(&name), "busy runner kept");
     assert_eq!(
         stack.github.busy_refusals(),
@@ -246,7 +253,7 @@ async fn min_idle_is_kept_warm_and_an_idle_runner_gets_the_job() {
     stack.queued(401).await;
     // One warm runner is about to be used: another is made to keep two...
     until("min_idle topped up", || stack.jit_calls() == 3).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    stack.settled(&scaler).await;
     // ... but none for the job itself while an idle runner could take it.
     let for_jobs = |evs: &[runyard_events::Event]| {
         evs.iter()
@@ -263,7 +270,7 @@ async fn min_idle_is_kept_warm_and_an_idle_runner_gets_the_job() {
         !stack.live_processes().contains(&taker)
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    stack.settled(&scaler).await;
     assert_eq!(stack.live_processes().len(), 2);
     assert_eq!(for_jobs(&stack.runner_events("RunnerRequested").await), 0);
     scaler.stop().await;
@@ -834,7 +841,8 @@ async fn a_job_no_pool_matches_is_said_once_and_gets_no_runner() {
     let second = stack.start().await;
     stack.queued(6).await;
     until("a runner for the matching job", || stack.jit_calls() == 1).await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    stack.settled(&scaler).await;
+    stack.settled(&second).await;
     let said = unserved().await;
     assert_eq!(said.len(), 1, "{said:?}");
     let u = &said[0];
