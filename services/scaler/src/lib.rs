@@ -14,6 +14,7 @@ pub mod listing;
 pub mod metadata;
 mod metrics;
 pub mod policy;
+pub mod progress;
 pub mod provider;
 pub mod reconciler;
 pub mod retry;
@@ -383,7 +384,7 @@ impl App {
             pools: Arc::new(pools),
             specs,
             status: RwLock::new(Vec::new()),
-            progress: engine::Progress::default(),
+            progress: progress::Progress::default(),
             metadata,
         });
         // Every endpoint's series exists from the start, at zero.
@@ -489,9 +490,11 @@ impl App {
             tokio::spawn(async move { engine.run(events_rx, caught_up, stop).await })
         };
         let reconciler = self.reconciler.map(|r| tokio::spawn(r.run(stop.clone())));
+        let retrier_progress = self.retrier.progress();
         let retrier = tokio::spawn(self.retrier.run(stop.clone()));
         let http_state = HttpState {
             shared: self.shared.clone(),
+            retrier: retrier_progress,
             registry: self.registry.clone(),
             caught_up,
         };
@@ -696,6 +699,7 @@ async fn follow(
 #[derive(Clone)]
 struct HttpState {
     shared: Arc<Shared>,
+    retrier: Arc<progress::Progress>,
     registry: Metrics,
     caught_up: watch::Receiver<bool>,
 }
@@ -746,5 +750,6 @@ async fn pools(AxumState(s): AxumState<HttpState>) -> Response {
         .map(|p| p.clone())
         .unwrap_or_default();
     let engine = s.shared.progress.view();
-    axum::Json(json!({ "pools": pools, "engine": engine })).into_response()
+    let retrier = s.retrier.view();
+    axum::Json(json!({ "pools": pools, "engine": engine, "retrier": retrier })).into_response()
 }

@@ -4,7 +4,6 @@
 //! outcomes come back as events.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -24,6 +23,7 @@ use crate::io::Io;
 use crate::listing::{self, Finding, Listing, Sightings};
 use crate::metrics::ScalerMetrics;
 use crate::policy::{self, Decision, Knobs, PoolSpec, PoolStatus};
+use crate::progress::Progress;
 use crate::provider::tools::ToolsCache;
 use crate::provider::{Instance, Provider, ProviderError};
 use crate::world::{Clock, JobId, Phase, Runner, World, create_backoff};
@@ -84,47 +84,6 @@ pub struct Shared {
     /// The instance metadata API's tokens and secrets (set when
     /// `RUNYARD_SCALER_INSTANCE_TOKEN_KEY` is).
     pub metadata: Option<crate::metadata::Metadata>,
-}
-
-/// How far the engine has got, as `GET /v1/pools` shows it under
-/// `engine`. A client that publishes an event and then sees `applied_seq`
-/// reach its sequence, a later decision round, and no operation under way
-/// or started since it last looked, knows the scaler has acted on
-/// everything logged before that event and has nothing left to do.
-#[derive(Debug, Default)]
-pub struct Progress {
-    applied_seq: AtomicU64,
-    rounds: AtomicU64,
-    started: AtomicU64,
-    in_flight: AtomicU64,
-}
-
-/// [`Progress`] read at one moment.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
-pub struct ProgressView {
-    /// The stream sequence of the last event folded into the world.
-    pub applied_seq: u64,
-    /// Decision rounds run.
-    pub rounds: u64,
-    /// Operations started (creates, deletes, listings, ...).
-    pub operations_started: u64,
-    /// Operations under way at the end of the last round.
-    pub operations_in_flight: u64,
-}
-
-impl Progress {
-    /// The counters now.
-    pub fn view(&self) -> ProgressView {
-        // `rounds` last: what a reader sees of the others is at least as new
-        // as the round it counts.
-        let rounds = self.rounds.load(Ordering::Acquire);
-        ProgressView {
-            applied_seq: self.applied_seq.load(Ordering::Acquire),
-            rounds,
-            operations_started: self.started.load(Ordering::Acquire),
-            operations_in_flight: self.in_flight.load(Ordering::Acquire),
-        }
-    }
 }
 
 /// Wall clock now.
@@ -317,10 +276,7 @@ impl Engine {
             self.traces.insert(id, tp);
         }
         self.apply(&observed.event);
-        self.shared
-            .progress
-            .applied_seq
-            .fetch_max(observed.seq, Ordering::AcqRel);
+        self.shared.progress.folded(observed.seq);
     }
 
     fn apply(&mut self, event: &Event) {
@@ -628,11 +584,7 @@ impl Engine {
             *s = status;
         }
         self.report_unserved();
-        let progress = &self.shared.progress;
-        progress
-            .in_flight
-            .store(self.ops.len() as u64, Ordering::Release);
-        progress.rounds.fetch_add(1, Ordering::AcqRel);
+        self.shared.progress.round(self.ops.len());
     }
 
     /// Says once, for each queued job of a served instance whose labels no
@@ -763,7 +715,7 @@ impl Engine {
 
     fn spawn(&mut self, name: String, op: impl Future<Output = Outcome> + Send + 'static) {
         self.ops.insert(name);
-        self.shared.progress.started.fetch_add(1, Ordering::AcqRel);
+        self.shared.progress.started();
         let tx = self.outcomes_tx.clone();
         self.tasks.spawn(async move {
             let outcome = op.await;

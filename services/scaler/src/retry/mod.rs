@@ -52,6 +52,7 @@ use crate::config::{RETRIER_LEASE, RetrySection, split_repo};
 use crate::io::Io;
 use crate::kv::Claim;
 use crate::metrics::RetryLabel;
+use crate::progress::Progress;
 
 /// The variable a retry pipeline carries: the failed pipeline's id.
 pub const RETRY_OF_VARIABLE: &str = "RUNYARD_RETRY_OF";
@@ -60,6 +61,7 @@ pub const RETRY_OF_VARIABLE: &str = "RUNYARD_RETRY_OF";
 #[derive(Debug)]
 struct Fold {
     book: Arc<Mutex<Book>>,
+    progress: Arc<Progress>,
 }
 
 impl Handler for Fold {
@@ -67,6 +69,7 @@ impl Handler for Fold {
         let mut book = lock(&self.book);
         for d in batch {
             book.observe(&d.event);
+            self.progress.folded(d.seq);
         }
         Ok(Vec::new())
     }
@@ -121,6 +124,9 @@ pub struct Retrier {
     /// Requests this process left in flight (tried again after
     /// `poll_interval`; others' after [`Retrier::resume_after`]).
     mine: HashMap<String, Instant>,
+    /// How far it has got (`/v1/pools`' `retrier`): each event it
+    /// publishes counts as an operation.
+    progress: Arc<Progress>,
 }
 
 impl Retrier {
@@ -132,7 +138,13 @@ impl Retrier {
             book: Arc::default(),
             next_check: HashMap::new(),
             mine: HashMap::new(),
+            progress: Arc::default(),
         }
+    }
+
+    /// Its counters, for `/v1/pools`.
+    pub fn progress(&self) -> Arc<Progress> {
+        self.progress.clone()
     }
 
     /// How old another replica's unfinished request must be before this one
@@ -150,6 +162,7 @@ impl Retrier {
             &["job.>", "pipeline.>", "usage.>", "retry.>"],
             Fold {
                 book: self.book.clone(),
+                progress: self.progress.clone(),
             },
             RETRIER_LEASE,
             &stop,
@@ -185,7 +198,7 @@ impl Retrier {
             }
             tokio::select! {
                 () = stop.cancelled() => break,
-                () = self.round(&lease, &stop) => {}
+                () = self.round(&lease, &stop) => self.progress.round(0),
             }
             if pruned.elapsed() > Duration::from_secs(60) {
                 pruned = Instant::now();
@@ -565,6 +578,7 @@ impl Retrier {
 
     /// Publishes a retry event (a few attempts) and folds it in.
     async fn publish(&self, id: String, forge: Forge, instance: &str, body: Body) -> Option<Event> {
+        self.progress.started();
         let event = publish_own(&self.io, forge, instance, id, body, 5).await?;
         lock(&self.book).observe(&event);
         Some(event)

@@ -2,7 +2,6 @@
 //! service as a real process (see `retry.rs`).
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use runyard_events::Body;
 use runyard_testkit::eventually;
@@ -175,7 +174,7 @@ async fn gitlab_oom_kills_get_one_new_pipeline_each_with_more_memory_until_the_l
     .expect("the fourth kill is refused");
     assert_eq!(refused.jobs.len(), 1);
     assert_eq!(refused.jobs[0].oom_streak, 4);
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    stack.settled().await;
     assert_eq!(pipeline_posts(&stack).len(), 3, "never a fourth pipeline");
 
     // Each failed pipeline: exactly one request and one issue on the log,
@@ -287,7 +286,7 @@ async fn five_kills_of_a_gitlab_job_that_names_no_workload_make_three_pipelines(
             pipeline = new;
         }
     }
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    stack.settled().await;
     assert_eq!(pipeline_posts(&stack).len(), 3, "three retries, not five");
     let refusals: Vec<String> = stack
         .retry_events()
@@ -508,7 +507,7 @@ async fn github_reruns_only_the_oom_killed_job_once_the_run_completed_on_a_large
         .await;
 
     // The run is still in progress: nothing is re-run.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    stack.settled().await;
     assert!(gh.reruns().is_empty(), "{:?}", gh.reruns());
 
     gh.set_job_status(l, "completed", Some("success"));
@@ -518,7 +517,7 @@ async fn github_reruns_only_the_oom_killed_job_once_the_run_completed_on_a_large
     })
     .await
     .unwrap_or_else(|| panic!("a re-run\n{}", stack.log("scaler")));
-    tokio::time::sleep(Duration::from_millis(1000)).await;
+    stack.settled().await;
     assert_eq!(
         gh.reruns(),
         [runyard_testkit::fake_github::FakeRerun::Job {
@@ -643,7 +642,7 @@ async fn gitlab_errors_are_retried_without_ever_making_two_pipelines() {
     .await
     .expect("a refusal");
     assert_eq!(refused.forge_status, Some(400));
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    stack.settled().await;
     assert_eq!(pipeline_posts(&stack).len(), 2);
     stack.stop().await;
 }
@@ -738,7 +737,7 @@ async fn a_retry_left_half_done_by_a_stopped_replica_is_finished_exactly_once() 
     .await
     .unwrap_or_else(|| panic!("both finished\n{}", stack.log("scaler")));
     assert_eq!(issued, [(401, true), (402, false)]);
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    stack.settled().await;
     let mut of: Vec<String> = pipeline_posts(&stack)
         .into_iter()
         .map(|(_, of)| of)
@@ -806,7 +805,7 @@ async fn a_project_that_refuses_pipeline_variables_gets_its_retry_without_them()
     );
     // Deliveries of the same kill again change nothing.
     kill(&stack, 1234, 4701, 2_000_000_000, true).await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    stack.settled().await;
     let posts = stack.gitlab.count("POST", "/api/v4/projects/34/pipeline");
     assert_eq!(posts, 2, "one refused with variables, one made without");
     stack.stop().await;
@@ -885,7 +884,7 @@ async fn kills_in_two_child_pipelines_retry_their_parent_once() {
             )
             .await;
     }
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    stack.settled().await;
     assert_eq!(pipeline_posts(&stack).len(), 1);
     stack.stop().await;
 }

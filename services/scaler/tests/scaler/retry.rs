@@ -17,6 +17,8 @@ use runyard_testkit::fake_gitlab::FakeGitLab;
 use runyard_testkit::{TestDb, TestNats, eventually, free_port, unique_namespace};
 use serde_json::{Value, json};
 
+use crate::support;
+
 /// Deadline of every wait.
 pub const WAIT: Duration = Duration::from_secs(60);
 
@@ -64,6 +66,9 @@ pub struct Stack {
     pub github: FakeGitHub,
     ingest: String,
     allocator: String,
+    scaler: String,
+    bus: runyard_bus::Bus,
+    markers: std::sync::atomic::AtomicU64,
     procs: Vec<Proc>,
     _dir: tempfile::TempDir,
     http: reqwest::Client,
@@ -182,6 +187,9 @@ impl Stack {
         ready(&http, format!("http://127.0.0.1:{alloc_http}/readyz")).await;
         ready(&http, format!("http://127.0.0.1:{ingest_port}/readyz")).await;
         ready(&http, format!("http://127.0.0.1:{scaler_port}/readyz")).await;
+        let bus = runyard_bus::Bus::connect(&nats.url(), ns.clone(), "retry-test", false)
+            .await
+            .expect("bus");
         Self {
             nats,
             ns,
@@ -190,6 +198,9 @@ impl Stack {
             github,
             ingest: format!("http://127.0.0.1:{ingest_port}"),
             allocator: format!("http://127.0.0.1:{grpc}"),
+            scaler: format!("http://127.0.0.1:{scaler_port}"),
+            bus,
+            markers: std::sync::atomic::AtomicU64::new(1),
             procs,
             _dir: dir,
             http,
@@ -366,6 +377,32 @@ impl Stack {
             .await
             .expect("recommend")
             .into_inner()
+    }
+
+    /// Waits until the scaler's OOM retrier has acted on everything logged
+    /// so far and has nothing left to do ([`support::settled`]).
+    pub async fn settled(&self) {
+        let pools = async || -> Value {
+            self.http
+                .get(format!("{}/v1/pools", self.scaler))
+                .send()
+                .await
+                .expect("GET /v1/pools")
+                .json()
+                .await
+                .expect("json")
+        };
+        let publish = async || {
+            let n = self
+                .markers
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            self.bus
+                .publish_event(&support::marker(n), &runyard_bus::TraceParent::new_root())
+                .await
+                .expect("publish")
+                .sequence
+        };
+        support::settled("retrier", pools, publish).await;
     }
 
     /// Retry events on the log, in order.

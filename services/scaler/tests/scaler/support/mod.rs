@@ -256,60 +256,22 @@ command = ["/bin/sleep", "3600"]
             .expect("publish");
     }
 
-    /// Waits until `scaler` has acted on everything logged so far and has
-    /// nothing left to do: it has folded in a marker published now, run a
-    /// decision round after it, and has no operation under way, twice in a
-    /// row with no operation started in between (so what the operations it
-    /// ran before the first marker logged was folded in by the second, and
-    /// changed nothing). Stricter than waiting a while: a slow scaler is
-    /// waited for, and a test goes on as soon as it is quiet.
+    /// Waits until `scaler`'s engine has acted on everything logged so far
+    /// and has nothing left to do ([`settled`]).
     pub async fn settled(&self, scaler: &Scaler) {
-        let deadline = tokio::time::Instant::now() + WAIT;
-        let mut quiet_at: Option<u64> = None;
-        loop {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the scaler never settled: {}",
-                scaler.pools().await["engine"]
-            );
-            let seq = self.marker().await;
-            let mut applied_in: Option<u64> = None;
-            let view = loop {
-                let view = scaler.pools().await["engine"].clone();
-                let number = |k: &str| view[k].as_u64().expect("engine counters");
-                match applied_in {
-                    None if number("applied_seq") >= seq => applied_in = Some(number("rounds")),
-                    Some(round) if number("rounds") > round => break view,
-                    _ => {}
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            };
-            let started = view["operations_started"].as_u64().expect("started");
-            if view["operations_in_flight"] != 0 {
-                quiet_at = None;
-            } else if quiet_at == Some(started) {
-                return;
-            } else {
-                quiet_at = Some(started);
-            }
-        }
+        settled(
+            "engine",
+            async || scaler.pools().await,
+            async || self.marker().await,
+        )
+        .await;
     }
 
-    /// Publishes a job event the scaler folds in and does nothing about (a
-    /// completed job of a forge no pool serves); returns its sequence.
+    /// Publishes a [`marker`]; returns its sequence.
     async fn marker(&self) -> u64 {
         let n = self.next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        let mut event = job_event(&format!("marker:{n}"), n, JobStatus::Completed, "", &[]);
-        if let Some(Body::JobObserved(j)) = &mut event.body
-            && let Some(key) = &mut j.job
-        {
-            key.instance = "settle.invalid".into();
-        }
-        if let Some(source) = &mut event.source {
-            source.instance = "settle.invalid".into();
-        }
         self.bus
-            .publish_event(&event, &TraceParent::new_root())
+            .publish_event(&marker(n), &TraceParent::new_root())
             .await
             .expect("publish")
             .sequence
@@ -476,6 +438,65 @@ pub fn job_event(id: &str, job_id: u64, status: JobStatus, runner: &str, labels:
             ..Default::default()
         })),
     }
+}
+
+/// Waits until the scaler's loop `part` (`engine` or `retrier` in
+/// `GET /v1/pools`, which `pools` reads) has acted on everything logged so
+/// far and has nothing left to do: it has folded in a marker `publish`
+/// logs now, run a round after it with no operation under way, twice in a
+/// row with no operation started in between (so what the operations it
+/// ran before the first marker logged was folded in by the second, and
+/// changed nothing). Stricter than waiting a while: a slow scaler is
+/// waited for, and a test goes on as soon as it is quiet.
+pub async fn settled(
+    part: &str,
+    pools: impl AsyncFn() -> serde_json::Value,
+    publish: impl AsyncFn() -> u64,
+) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let mut quiet_at: Option<u64> = None;
+    loop {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the scaler's {part} never settled: {}",
+            pools().await[part]
+        );
+        let seq = publish().await;
+        let mut applied_in: Option<u64> = None;
+        let view = loop {
+            let view = pools().await[part].clone();
+            let number = |k: &str| view[k].as_u64().expect("progress counters");
+            match applied_in {
+                None if number("applied_seq") >= seq => applied_in = Some(number("rounds")),
+                Some(round) if number("rounds") > round => break view,
+                _ => {}
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let started = view["operations_started"].as_u64().expect("started");
+        if view["operations_in_flight"] != 0 {
+            quiet_at = None;
+        } else if quiet_at == Some(started) {
+            return;
+        } else {
+            quiet_at = Some(started);
+        }
+    }
+}
+
+/// A job event every loop of the scaler folds in and does nothing about:
+/// a completed job of a forge no pool serves.
+pub fn marker(n: u64) -> Event {
+    let mut event = job_event(&format!("marker:{n}"), n, JobStatus::Completed, "", &[]);
+    if let Some(Body::JobObserved(j)) = &mut event.body
+        && let Some(key) = &mut j.job
+    {
+        key.instance = "settle.invalid".into();
+    }
+    if let Some(source) = &mut event.source {
+        source.instance = "settle.invalid".into();
+    }
+    event
 }
 
 /// Polls until `f` holds or the deadline passes (then panics with `what`).
