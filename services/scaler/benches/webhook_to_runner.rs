@@ -67,11 +67,11 @@ use runyard_events::{
 use runyard_forge::api::github::{GitHubAuth, GitHubClient, GitHubScope};
 use runyard_scaler::ScalerFile;
 use runyard_scaler::config::PoolConfig;
+use runyard_scaler::core::world::{Job, JobId};
 use runyard_scaler::forges::Forges;
 use runyard_scaler::kv::{Claim, Coordination};
 use runyard_scaler::provider::{CreateRequest, Provider};
 use runyard_scaler::sizing::{Allocator, runner_requested};
-use runyard_scaler::world::{Job, JobId};
 use runyard_testkit::fake_github::FakeGitHub;
 use runyard_testkit::{NatsServer, TestDb, free_port, github_signature, unique_namespace};
 use secrecy::SecretString;

@@ -6,21 +6,19 @@
 
 mod background;
 pub mod config;
+pub mod core;
 pub mod engine;
 pub mod forges;
 pub mod io;
 pub mod kv;
-pub mod listing;
 pub mod metadata;
 mod metrics;
-pub mod policy;
 pub mod progress;
 pub mod provider;
 pub mod reconciler;
 pub mod retry;
 pub mod simulate;
 pub mod sizing;
-pub mod world;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -46,12 +44,12 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use uuid::Uuid;
 
+use crate::core::policy::PoolSpec;
 pub use config::{Config, ScalerFile};
 use engine::{Engine, Pool, Shared};
 use forges::Forges;
 use kv::Coordination;
 use metrics::ScalerMetrics;
-use policy::PoolSpec;
 use provider::Provider;
 pub use runyard_provider::{controller_id, pool_id};
 use sizing::Allocator;

@@ -9,7 +9,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use runyard_telemetry::Metrics;
 
-use crate::policy::PoolStatus;
+use crate::core::policy::PoolStatus;
 
 /// A pool.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

@@ -46,11 +46,11 @@ use tokio_util::sync::CancellationToken;
 
 use crate::background::{follow_then_lease, held};
 use crate::config::{GitHubHook, RECONCILER_LEASE, ReconcilerSection, split_repo};
+use crate::core::policy::PoolSpec;
+use crate::core::world::JobId;
 use crate::forges::Forges;
 use crate::io::Io;
 use crate::metrics::{CycleLabel, ForgeLabel, FoundLabel};
-use crate::policy::PoolSpec;
-use crate::world::JobId;
 
 /// `Source.producer` of the events the reconciler publishes.
 pub const PRODUCER: &str = "reconciler";

@@ -11,7 +11,7 @@ use secrecy::{ExposeSecret as _, SecretString};
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
 use crate::config::{Flavor, PoolConfig};
-use crate::world::Job;
+use crate::core::world::Job;
 
 /// The workload attributes a job is known by, the same names usage reports
 /// are keyed with: GitHub `{repo, workflow, job}`, GitLab `{project, job}`.

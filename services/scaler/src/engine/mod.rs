@@ -18,15 +18,15 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
 use crate::config::{PoolConfig, StoppedAction};
+use crate::core::listing::{self, Finding, Listing, Sightings};
+use crate::core::policy::{self, Decision, Knobs, PoolSpec, PoolStatus};
+use crate::core::world::{Clock, JobId, Phase, Runner, World, create_backoff};
 use crate::forges::{ForgeRunner, Unregistered};
 use crate::io::Io;
-use crate::listing::{self, Finding, Listing, Sightings};
 use crate::metrics::ScalerMetrics;
-use crate::policy::{self, Decision, Knobs, PoolSpec, PoolStatus};
 use crate::progress::Progress;
 use crate::provider::tools::ToolsCache;
 use crate::provider::{Instance, Provider, ProviderError};
-use crate::world::{Clock, JobId, Phase, Runner, World, create_backoff};
 
 mod ops;
 use ops::{
@@ -1133,7 +1133,7 @@ impl Engine {
         }
     }
 
-    /// Acts on what a pool's listings show (see [`crate::listing`]).
+    /// Acts on what a pool's listings show (see [`crate::core::listing`]).
     fn on_listed(
         &mut self,
         pool: &str,

@@ -12,13 +12,13 @@ use runyard_events::{
 use secrecy::{ExposeSecret as _, SecretString};
 
 use super::{Local, Outcome, Pool, Shared, job_key, rref};
+use crate::core::world::{JobId, Phase, Runner};
 use crate::forges::Unregistered;
 use crate::kv::Claim;
 use crate::metadata::InstanceSecrets;
 use crate::provider::tools::{ToolsCache, github_scope};
 use crate::provider::{Bootstrap, CreateRequest, Instance, ProviderError};
 use crate::sizing::runner_requested;
-use crate::world::{JobId, Phase, Runner};
 use runyard_forge::api::github::endpoint;
 
 /// Removes what nothing owns under `name` (operation `op`): its forge
@@ -191,7 +191,7 @@ pub(super) async fn stopped_instance(
 pub(super) async fn create_for_job(
     shared: Arc<Shared>,
     p: Arc<Pool>,
-    job: crate::world::Job,
+    job: crate::core::world::Job,
     name: String,
     key: String,
     tools: Arc<ToolsCache>,

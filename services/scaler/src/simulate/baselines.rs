@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use super::Scaler;
 use super::forge::{Forge, Obs, State};
-use crate::world::Clock;
+use crate::core::world::Clock;
 
 /// garm's timers.
 #[derive(Debug, Clone)]

@@ -12,7 +12,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use super::workload::{Boot, WorkJob};
-use crate::world::Clock;
+use crate::core::world::Clock;
 
 /// Where a runner is, as the forge and the cloud know it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

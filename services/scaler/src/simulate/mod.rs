@@ -33,8 +33,8 @@ use self::baselines::{Arc, Garm, GarmTimers};
 use self::forge::{Forge, Obs};
 use self::runyard::{POOL, Runyard, Timers};
 use self::workload::{Boot, START, WorkJob, WorkloadConfig, generate};
-use crate::policy::{Knobs, PoolSpec};
-use crate::world::Clock;
+use crate::core::policy::{Knobs, PoolSpec};
+use crate::core::world::Clock;
 
 /// How long runners take to boot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -245,7 +245,7 @@ pub(crate) fn scalers(args: &SimulateArgs) -> Vec<Box<dyn Scaler>> {
             Knobs {
                 idle_backoff: secs(args.idle_backoff),
                 create_attempts: CREATE_ATTEMPTS,
-                balance: crate::policy::Balance::Spread,
+                balance: crate::core::policy::Balance::Spread,
             },
             Timers {
                 tick: TICK,

@@ -4,7 +4,7 @@ use std::fmt;
 use std::time::Duration;
 
 use super::forge::{Forge, State};
-use crate::world::Clock;
+use crate::core::world::Clock;
 
 /// p50, p95, p99 and max of a sample, in seconds.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]

@@ -15,10 +15,10 @@ use runyard_events::{
 
 use super::Scaler;
 use super::forge::{Forge, Obs, State};
+use crate::core::listing::{self, Finding, Listing, Sightings};
+use crate::core::policy::{self, Decision, Knobs, PoolSpec};
+use crate::core::world::{Clock, JobId, Phase, Runner, World, create_backoff};
 use crate::forges::ForgeRunner;
-use crate::listing::{self, Finding, Listing, Sightings};
-use crate::policy::{self, Decision, Knobs, PoolSpec};
-use crate::world::{Clock, JobId, Phase, Runner, World, create_backoff};
 
 /// The pool every simulated job goes to.
 pub(crate) const POOL: &str = "linux-x64";

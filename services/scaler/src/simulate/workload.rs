@@ -6,7 +6,7 @@ use std::time::Duration;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::world::Clock;
+use crate::core::world::Clock;
 
 /// Where virtual time starts (any instant works; this one is in 2023).
 pub(crate) const START: Clock = Duration::from_secs(1_700_000_000);

@@ -12,8 +12,8 @@ use runyard_allocator::auth::Tokens;
 use runyard_bus::{Bus, StreamSettings};
 use runyard_events::{Forge, JobStatus};
 use runyard_scaler::config::Flavor;
+use runyard_scaler::core::world::{Job, JobId};
 use runyard_scaler::sizing::Allocator;
-use runyard_scaler::world::{Job, JobId};
 use runyard_testkit::{TestDb, TestNats, eventually, unique_namespace};
 
 // As `openssl rand -hex 32` makes them (runyard refuses weak secrets).

@@ -9,9 +9,9 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
+use crate::core::world::{Phase, Runner, World};
 use crate::forges::ForgeRunner;
 use crate::provider::Instance;
-use crate::world::{Phase, Runner, World};
 
 /// Something a pool's listings show that needs an operation. Each names the
 /// operation it is carried out under ([`Finding::op`]).

@@ -8,7 +8,7 @@ use std::time::Duration;
 use runyard_events::{Forge, JobStatus};
 use serde::Serialize;
 
-use crate::world::{Clock, Job, JobId, Phase, Runner, World};
+use crate::core::world::{Clock, Job, JobId, Phase, Runner, World};
 
 /// A pool as the policy needs it.
 #[derive(Debug, Clone)]
