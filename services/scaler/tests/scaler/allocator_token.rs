@@ -50,12 +50,14 @@ struct Running {
     grpc: SocketAddr,
     http: SocketAddr,
     stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
 }
 
 impl Running {
     async fn stop(self) {
         let _ = self.stop.send(());
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        // Its connections are closed before the database goes.
+        let _ = self.task.await;
         self.db.drop_db().await;
     }
 }
@@ -86,7 +88,7 @@ async fn allocator(tweak: impl FnOnce(&mut runyard_allocator::Config)) -> Runnin
     let app = runyard_allocator::App::build(config).await.unwrap();
     let (grpc, http) = (app.grpc_addr(), app.http_addr());
     let (stop, rx) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(app.run(async move {
+    let task = tokio::spawn(app.run(async move {
         let _ = rx.await;
     }));
     Running {
@@ -95,6 +97,7 @@ async fn allocator(tweak: impl FnOnce(&mut runyard_allocator::Config)) -> Runnin
         grpc,
         http,
         stop,
+        task,
     }
 }
 

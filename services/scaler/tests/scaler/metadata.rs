@@ -365,7 +365,6 @@ async fn missing_bad_foreign_and_expired_tokens_get_401_and_no_hint() {
         .mint(name, "linux", HOUR)
         .unwrap();
     let unknown = h.token("ry-linux-cccccccccc");
-    tokio::time::sleep(Duration::from_secs(2)).await;
 
     let paths = [
         "/api/v1/metadata/credentials/runner",
@@ -377,6 +376,13 @@ async fn missing_bad_foreign_and_expired_tokens_get_401_and_no_hint() {
         "/api/v1/metadata/runner-registration-token",
     ];
     let no_hint = json!({"error": "Authentication failed"});
+    // A one-second token is refused once its second has passed (the
+    // clock is the wall's: tokens carry whole seconds).
+    crate::support::until_async("the one-second token expired", async || {
+        let resp = h.http.get(h.url(paths[0])).bearer_auth(&expired).send();
+        resp.await.unwrap().status() == StatusCode::UNAUTHORIZED
+    })
+    .await;
     for path in paths {
         let mut cases: Vec<(&str, reqwest::RequestBuilder)> = vec![
             ("no token", h.http.get(h.url(path))),
