@@ -10,7 +10,7 @@
 #     when a docker CLI with the compose plugin is there);
 #   - checks every nats.conf with `nats-server -t`;
 #   - checks that every environment variable a manifest or docker-compose.yml
-#     sets on a runyard container is one that service reads (the ENV_KEYS and
+#     sets on a runyard container is one that service reads (its Config's fields and
 #     SECRET_FILES lists of its config.rs, and what it and the libraries read
 #     with env::var), that every Secret/ConfigMap key referenced exists, that
 #     probes ask for routes the service serves and listen addresses use the
@@ -145,7 +145,7 @@ import sys
 import yaml
 
 ROOT = pathlib.Path(".")
-LIBS = ["bus", "events", "store", "forge", "telemetry"]  # testkit: tests only
+LIBS = ["bus", "config", "events", "store", "forge", "telemetry"]  # testkit: tests only
 # What the OpenTelemetry SDK reads itself, when the telemetry library uses it.
 OTEL_SDK_VARS = {
     "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
@@ -175,12 +175,37 @@ def string_list(text, const):
     return re.findall(r'"([a-z0-9_]+)"', m.group(1)) if m else []
 
 
+def config_keys(crate, text):
+    """The keys of a service's `pub struct Config` as runyard-config reads
+    them: every field but `#[serde(skip)]` ones and sections (a field whose
+    type is a struct of the crate's own that deserializes: the file's
+    `[model]`, say)."""
+    m = re.search(r"^pub struct Config \{(.*?)^\}", text, re.S | re.M)
+    if not m:
+        return set()
+    own = set()
+    for path in rust_files(crate):
+        own |= set(re.findall(r"#\[derive\([^)]*Deserialize[^)]*\)\][^{;]*?pub struct (\w+)", path.read_text(), re.S))
+    keys, skipped = set(), False
+    for line in m.group(1).splitlines():
+        line = line.strip()
+        if line.startswith("#[serde(") and re.search(r"\bskip(_deserializing)?\b(?!_)", line):
+            skipped = True
+            continue
+        field = re.match(r"pub (\w+): ([\w:]+)", line)
+        if field:
+            if not skipped and field.group(2) not in own:
+                keys.add(field.group(1))
+            skipped = False
+    return keys
+
+
 def reads(crate):
     """The environment variables a crate reads, from its sources."""
     found = set()
     for path in rust_files(crate):
         text = path.read_text()
-        found |= {"RUNYARD_" + k.upper() for k in string_list(text, "ENV_KEYS")}
+        found |= {"RUNYARD_" + k.upper() for k in config_keys(crate, text)}
         found |= {"RUNYARD_%s_FILE" % k.upper() for k in string_list(text, "SECRET_FILES")}
         consts = dict(re.findall(r'const\s+([A-Z_]+)\s*:\s*&str\s*=\s*"([A-Z][A-Z0-9_]*)"', text))
         for arg in re.findall(r"env::var(?:_os)?\(\s*([^)]*?)\s*\)", text):
