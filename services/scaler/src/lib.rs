@@ -9,14 +9,14 @@ pub mod config;
 pub mod core;
 pub mod engine;
 pub mod forges;
-pub mod io;
+mod io;
 pub mod kv;
 pub mod metadata;
 mod metrics;
-pub mod progress;
+mod progress;
 pub mod provider;
-pub mod reconciler;
-pub mod retry;
+mod reconciler;
+mod retry;
 pub mod simulate;
 pub mod sizing;
 

@@ -42,10 +42,7 @@ use time::OffsetDateTime;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-pub use book::{
-    Book, Class, FailedJob, GITHUB_MAX_ATTEMPTS, GITHUB_RERUN_WINDOW, ListedJob, Plan, Report,
-    RunDecision, RunView,
-};
+use book::{Book, ListedJob, Plan, RunDecision, RunView};
 
 use crate::background::{follow_then_lease, held, publish_own};
 use crate::config::{RETRIER_LEASE, RetrySection, split_repo};
