@@ -32,8 +32,8 @@ pub fn load<T>(file: Option<&Path>) -> Result<T, Box<figment::Error>>
 where
     T: Serialize + DeserializeOwned + Default,
 {
-    let keys = env_keys::<T>();
     let defaults = Figment::from(Serialized::defaults(T::default()));
+    let keys = settable::<T>(&defaults);
     let mut base = defaults.clone();
     if let Some(file) = file {
         base = base.merge(Toml::file_exact(file));
@@ -120,7 +120,11 @@ pub fn env_keys<T>() -> Vec<&'static str>
 where
     T: Serialize + DeserializeOwned + Default,
 {
-    let defaults = Figment::from(Serialized::defaults(T::default()));
+    settable::<T>(&Figment::from(Serialized::defaults(T::default())))
+}
+
+/// [`env_keys`] with `T`'s defaults already read.
+fn settable<T: DeserializeOwned>(defaults: &Figment) -> Vec<&'static str> {
     fields::<T>()
         .iter()
         .copied()
