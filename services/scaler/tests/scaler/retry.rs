@@ -392,16 +392,7 @@ impl Stack {
                 .await
                 .expect("json")
         };
-        let publish = async || {
-            let n = self
-                .markers
-                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            self.bus
-                .publish_event(&support::marker(n), &runyard_bus::TraceParent::new_root())
-                .await
-                .expect("publish")
-                .sequence
-        };
+        let publish = async || support::publish_marker(&self.bus, &self.markers).await;
         support::settled("retrier", pools, publish).await;
     }
 

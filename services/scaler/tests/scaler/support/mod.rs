@@ -262,19 +262,9 @@ command = ["/bin/sleep", "3600"]
         settled(
             "engine",
             async || scaler.pools().await,
-            async || self.marker().await,
+            async || publish_marker(&self.bus, &self.next).await,
         )
         .await;
-    }
-
-    /// Publishes a [`marker`]; returns its sequence.
-    async fn marker(&self) -> u64 {
-        let n = self.next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        self.bus
-            .publish_event(&marker(n), &TraceParent::new_root())
-            .await
-            .expect("publish")
-            .sequence
     }
 
     /// `queued` with the pool's labels.
@@ -484,9 +474,18 @@ pub async fn settled(
     }
 }
 
+/// Publishes a [`marker`] numbered from `counter`; returns its sequence.
+pub async fn publish_marker(bus: &Bus, counter: &std::sync::atomic::AtomicU64) -> u64 {
+    let n = counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    bus.publish_event(&marker(n), &TraceParent::new_root())
+        .await
+        .expect("publish")
+        .sequence
+}
+
 /// A job event every loop of the scaler folds in and does nothing about:
 /// a completed job of a forge no pool serves.
-pub fn marker(n: u64) -> Event {
+fn marker(n: u64) -> Event {
     let mut event = job_event(&format!("marker:{n}"), n, JobStatus::Completed, "", &[]);
     if let Some(Body::JobObserved(j)) = &mut event.body
         && let Some(key) = &mut j.job
