@@ -175,17 +175,34 @@ def string_list(text, const):
     return re.findall(r'"([a-z0-9_]+)"', m.group(1)) if m else []
 
 
+def shared_sections():
+    """runyard-config's shared sections: type name -> (its fields, the
+    prefix of their keys, or None when the service names it)."""
+    text = (ROOT / "libs/config/src/shared.rs").read_text()
+    out = {}
+    for name, body in re.findall(r"^pub struct (\w+) \{(.*?)^\}", text, re.S | re.M):
+        impl = re.search(r"^impl %s \{(.*?)^\}" % name, text, re.S | re.M)
+        flat = re.search(r'Flat::of::<Self>\("\w+", (?:"(\w*)"|\w+)\)', impl.group(1)) if impl else None
+        if flat:
+            out[name] = (re.findall(r"^\s+pub (\w+):", body, re.M), flat.group(1))
+    return out
+
+
 def config_keys(crate, text):
     """The keys of a service's `pub struct Config` as runyard-config reads
     them: every field but `#[serde(skip)]` ones and sections (a field whose
     type is a struct of the crate's own that deserializes: the file's
-    `[model]`, say)."""
+    `[model]`, say); a shared section of runyard-config (`bus:
+    runyard_config::Bus`) gives its fields' keys, with its prefix (a
+    listener's TLS prefix is the service's `TLS_PREFIX`)."""
     m = re.search(r"^pub struct Config \{(.*?)^\}", text, re.S | re.M)
     if not m:
         return set()
     own = set()
     for path in rust_files(crate):
         own |= set(re.findall(r"#\[derive\([^)]*Deserialize[^)]*\)\][^{;]*?pub struct (\w+)", path.read_text(), re.S))
+    shared = shared_sections()
+    tls_prefix = re.search(r'const TLS_PREFIX: &str = "(\w+)";', text)
     keys, skipped = set(), False
     for line in m.group(1).splitlines():
         line = line.strip()
@@ -194,7 +211,13 @@ def config_keys(crate, text):
             continue
         field = re.match(r"pub (\w+): ([\w:]+)", line)
         if field:
-            if not skipped and field.group(2) not in own:
+            section = re.fullmatch(r"runyard_config::(\w+)", field.group(2))
+            if section and section.group(1) in shared:
+                fields, prefix = shared[section.group(1)]
+                if prefix is None:
+                    prefix = tls_prefix.group(1) if tls_prefix else "?"
+                keys |= {prefix + f for f in fields}
+            elif not skipped and field.group(2) not in own:
                 keys.add(field.group(1))
             skipped = False
     return keys

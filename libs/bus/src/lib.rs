@@ -61,36 +61,12 @@ pub enum BusError {
     /// Could not connect at all.
     #[error("connecting to {url}: {source}")]
     Connect {
-        /// Where, with credentials redacted ([`redact_url`]).
+        /// Where, with credentials redacted.
         url: String,
         /// Why.
         #[source]
         source: async_nats::ConnectError,
     },
-}
-
-/// A NATS URL (or comma-separated list of them) fit for a log line or an
-/// error: the password of `nats://user:pw@host` becomes `***`, and so does a
-/// token given as the user part (`nats://<token>@host`).
-pub fn redact_url(url: &str) -> String {
-    url.split(',')
-        .map(|one| {
-            let Some(scheme_end) = one.find("://") else {
-                return one.to_owned();
-            };
-            let rest = &one[scheme_end + 3..];
-            let head_end = rest.find(['?', '#']).unwrap_or(rest.len());
-            let Some(at) = rest[..head_end].rfind('@') else {
-                return one.to_owned();
-            };
-            let user = match rest[..at].split_once(':') {
-                Some((user, _)) => format!("{user}:***"),
-                None => "***".to_owned(),
-            };
-            format!("{}{user}{}", &one[..scheme_end + 3], &rest[at..])
-        })
-        .collect::<Vec<_>>()
-        .join(",")
 }
 
 /// How long and how much streams keep, and the dedup window.
@@ -385,7 +361,10 @@ fn server_addrs(url: &str) -> Result<(Vec<async_nats::ServerAddr>, Option<Login>
     let mut login = None;
     for part in url.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         let addr: async_nats::ServerAddr = part.parse().map_err(|e| {
-            BusError::Settings(format!("RUNYARD_NATS_URL: {}: {e}", redact_url(part)))
+            BusError::Settings(format!(
+                "RUNYARD_NATS_URL: {}: {e}",
+                runyard_config::redact::urls(part)
+            ))
         })?;
         if login.is_none()
             && let Some(user) = addr.username()
@@ -513,7 +492,7 @@ impl Bus {
             .connect(addrs)
             .await
             .map_err(|source| BusError::Connect {
-                url: redact_url(url),
+                url: runyard_config::redact::urls(url),
                 source,
             })?;
         Ok(Self::from_client(client, ns))
@@ -873,20 +852,6 @@ fn nats_err(context: &'static str, e: impl Into<async_nats::Error>) -> BusError 
 #[cfg(test)]
 mod redaction_tests {
     use super::*;
-
-    #[test]
-    fn credentials_never_leave_a_nats_url() {
-        assert_eq!(
-            redact_url("nats://user:pw@nats:4222"),
-            "nats://user:***@nats:4222"
-        );
-        assert_eq!(redact_url("tls://s3cr3t@nats:4222"), "tls://***@nats:4222");
-        assert_eq!(
-            redact_url("nats://a:b@n1:4222,nats://a:b@n2:4222"),
-            "nats://a:***@n1:4222,nats://a:***@n2:4222"
-        );
-        assert_eq!(redact_url("nats://127.0.0.1:4222"), "nats://127.0.0.1:4222");
-    }
 
     #[test]
     fn server_addresses_go_to_the_client_without_credentials() {

@@ -16,7 +16,7 @@ use std::time::Duration;
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// The database URL has no database name.
-    #[error("database url {} names no database", redact_url(.0))]
+    #[error("database url {} names no database", runyard_config::redact::url(.0))]
     NoDatabase(String),
     /// Postgres said no.
     #[error(transparent)]
@@ -68,31 +68,6 @@ fn transient_db_err(e: &sea_orm::DbErr) -> bool {
         }
         _ => false,
     }
-}
-
-/// `url` with any password replaced by `***`, fit for a log line or an
-/// error message: `postgres://runyard:***@db:5432/runyard`. Text that is not
-/// a URL with credentials comes back unchanged.
-pub fn redact_url(url: &str) -> String {
-    let Some(scheme_end) = url.find("://") else {
-        return url.to_owned();
-    };
-    let rest = &url[scheme_end + 3..];
-    // The last `@` before the query ends the credentials, even when an
-    // unencoded `/` in a password makes the authority look shorter.
-    let head_end = rest.find(['?', '#']).unwrap_or(rest.len());
-    let Some(at) = rest[..head_end].rfind('@') else {
-        return url.to_owned();
-    };
-    let userinfo = &rest[..at];
-    let user = match userinfo.split_once(':') {
-        Some((user, _)) => format!("{user}:***"),
-        // A lone user part may itself be a token (`nats://<token>@host`);
-        // only a password-less user name is safe to show, and it cannot be
-        // told apart, so hide it too.
-        None => "***".to_owned(),
-    };
-    format!("{}{user}{}", &url[..scheme_end + 3], &rest[at..])
 }
 
 /// Splits `postgres://.../name?opts` into server part, database name and
@@ -209,7 +184,7 @@ pub async fn migrate_when_reachable(url: &str) -> Result<(), StoreError> {
         .when(StoreError::is_transient)
         .notify(|error, wait| {
             tracing::warn!(
-                database = %redact_url(url),
+                database = %runyard_config::redact::url(url),
                 %error,
                 retry_in = ?wait,
                 "postgres not reachable; waiting"
@@ -266,27 +241,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn passwords_never_leave_a_url() {
-        for (url, shown) in [
-            (
-                "postgres://runyard:s3cret@db:5432/runyard",
-                "postgres://runyard:***@db:5432/runyard",
-            ),
-            (
-                "postgres://u:p@ss:w0rd@h/db?sslmode=require",
-                "postgres://u:***@h/db?sslmode=require",
-            ),
-            ("nats://tok3n@nats:4222", "nats://***@nats:4222"),
-            ("nats://u:a/b@nats:4222", "nats://u:***@nats:4222"),
-            (
-                "postgres://postgres@127.0.0.1:5432/runyard",
-                "postgres://***@127.0.0.1:5432/runyard",
-            ),
-            ("postgres://h/db?user=a", "postgres://h/db?user=a"),
-            ("not a url", "not a url"),
-        ] {
-            assert_eq!(redact_url(url), shown, "{url}");
-        }
+    fn a_database_error_shows_no_password() {
         let e = StoreError::NoDatabase("postgres://u:s3cret@h/".into());
         assert!(!e.to_string().contains("s3cret"), "{e}");
     }

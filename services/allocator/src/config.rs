@@ -1,7 +1,7 @@
 //! Typed, layered configuration (defaults → TOML → `RUNYARD_*` env).
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
@@ -12,12 +12,10 @@ use crate::model::Params;
 #[derive(Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
-    /// `RUNYARD_NATS_URL`.
-    pub nats_url: String,
-    /// `RUNYARD_NAMESPACE`.
-    pub namespace: String,
-    /// `RUNYARD_DATABASE_URL`: the projection job-tracker writes.
-    pub database_url: String,
+    /// The event log: `RUNYARD_NATS_URL` and `RUNYARD_NAMESPACE`.
+    pub bus: runyard_config::Bus,
+    /// The projection job-tracker writes: `RUNYARD_DATABASE_URL`.
+    pub database: runyard_config::Database,
     /// `RUNYARD_ALLOCATOR_LISTEN`: gRPC.
     pub allocator_listen: SocketAddr,
     /// `RUNYARD_ALLOCATOR_HTTP_LISTEN`: gantry-compatible HTTP and `/metrics`.
@@ -60,16 +58,10 @@ pub struct Config {
     /// never from the TOML file, never serialized); none → anonymous.
     #[serde(skip)]
     pub allocator_tokens: Tokens,
-    /// `RUNYARD_ALLOCATOR_TLS_CERT`: PEM certificate chain; with
-    /// `RUNYARD_ALLOCATOR_TLS_KEY`, both listeners speak TLS (the files are
-    /// read again when they change).
-    pub allocator_tls_cert: Option<PathBuf>,
-    /// `RUNYARD_ALLOCATOR_TLS_KEY`: its private key.
-    pub allocator_tls_key: Option<PathBuf>,
-    /// `RUNYARD_ALLOCATOR_TLS_CLIENT_CA`: clients need a certificate this CA
-    /// signed (mTLS); with `RUNYARD_ALLOCATOR_ANONYMOUS_GANTRY` on,
-    /// `GET /v1/allocation` is answered without one.
-    pub allocator_tls_client_ca: Option<PathBuf>,
+    /// `RUNYARD_ALLOCATOR_TLS_CERT`, `_KEY` and `_CLIENT_CA`: both listeners
+    /// speak TLS; with `RUNYARD_ALLOCATOR_ANONYMOUS_GANTRY` on,
+    /// `GET /v1/allocation` is answered without a client certificate.
+    pub tls: runyard_config::Tls,
     /// The recommendation maths (`[model]` in the TOML file;
     /// `model.target_oom` is taken from `allocator_target_oom`).
     pub model: Params,
@@ -79,17 +71,15 @@ pub struct Config {
     pub insecure_dev: bool,
 }
 
-/// Every field, URLs with their credentials redacted (the NATS URL, a
-/// comma-separated list, by [`runyard_bus::redact_url`]; the others by
-/// [`runyard_store::redact_url`]):
+/// Every field under its key, URLs with their credentials redacted (by
+/// [`runyard_config::redact`]):
 /// a logged or printed configuration shows no password or token.
 impl std::fmt::Debug for Config {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Destructured, so a new field cannot be left out unseen.
         let Self {
-            nats_url,
-            namespace,
-            database_url,
+            bus,
+            database,
             allocator_listen,
             allocator_http_listen,
             allocator_protected_refs,
@@ -103,17 +93,15 @@ impl std::fmt::Debug for Config {
             allocator_max_workloads,
             allocator_history_days,
             allocator_tokens,
-            allocator_tls_cert,
-            allocator_tls_key,
-            allocator_tls_client_ca,
+            tls,
             model,
             insecure_dev,
         } = self;
-        f.debug_struct("Config")
-            .field("nats_url", &runyard_bus::redact_url(nats_url))
-            .field("namespace", namespace)
-            .field("database_url", &runyard_store::redact_url(database_url))
-            .field("allocator_listen", allocator_listen)
+        let mut d = f.debug_struct("Config");
+        bus.show(&mut d);
+        database.show(&mut d);
+        tls.show(&mut d, TLS_PREFIX);
+        d.field("allocator_listen", allocator_listen)
             .field("allocator_http_listen", allocator_http_listen)
             .field("allocator_protected_refs", allocator_protected_refs)
             .field(
@@ -129,21 +117,30 @@ impl std::fmt::Debug for Config {
             .field("allocator_max_workloads", allocator_max_workloads)
             .field("allocator_history_days", allocator_history_days)
             .field("allocator_tokens", allocator_tokens)
-            .field("allocator_tls_cert", allocator_tls_cert)
-            .field("allocator_tls_key", allocator_tls_key)
-            .field("allocator_tls_client_ca", allocator_tls_client_ca)
             .field("model", model)
             .field("insecure_dev", insecure_dev)
             .finish()
     }
 }
 
+/// The keys of the listener's TLS settings start with this.
+const TLS_PREFIX: &str = "allocator_tls_";
+
+impl runyard_config::Settings for Config {
+    fn flat() -> Vec<runyard_config::Flat> {
+        vec![
+            runyard_config::Bus::flat(),
+            runyard_config::Database::flat(),
+            runyard_config::Tls::flat(TLS_PREFIX),
+        ]
+    }
+}
+
 impl Default for Config {
     fn default() -> Self {
         Self {
-            nats_url: "nats://127.0.0.1:4222".into(),
-            namespace: "runyard".into(),
-            database_url: "postgres://postgres@127.0.0.1:5432/runyard".into(),
+            bus: runyard_config::Bus::default(),
+            database: runyard_config::Database::default(),
             allocator_listen: SocketAddr::from(([0, 0, 0, 0], 50051)),
             allocator_http_listen: SocketAddr::from(([0, 0, 0, 0], 8081)),
             allocator_protected_refs: "develop,main,master".into(),
@@ -157,9 +154,7 @@ impl Default for Config {
             allocator_max_workloads: 200_000,
             allocator_history_days: 180,
             allocator_tokens: Tokens::default(),
-            allocator_tls_cert: None,
-            allocator_tls_key: None,
-            allocator_tls_client_ca: None,
+            tls: runyard_config::Tls::default(),
             model: Params::default(),
             insecure_dev: false,
         }
@@ -233,13 +228,19 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::PathBuf;
 
     #[test]
     fn debug_shows_no_secret() {
         let secret = "a1f0c9d27be84e53a1f0c9d27be84e53";
         let config = Config {
-            nats_url: format!("nats://allocator:{secret}@nats:4222"),
-            database_url: format!("postgres://runyard:{secret}@db:5432/runyard"),
+            bus: runyard_config::Bus {
+                nats_url: format!("nats://allocator:{secret}@nats:4222"),
+                ..Default::default()
+            },
+            database: runyard_config::Database {
+                url: format!("postgres://runyard:{secret}@db:5432/runyard"),
+            },
             allocator_tokens: Tokens::new([secret]),
             ..Config::default()
         };
@@ -433,17 +434,14 @@ mod tests {
     fn tls_files_come_from_the_environment() {
         figment::Jail::expect_with(|jail| {
             let c = Config::load(None).map_err(|e| e.to_string())?;
-            assert_eq!(c.allocator_tls_cert, None);
+            assert_eq!(c.tls.cert, None);
             jail.set_env("RUNYARD_ALLOCATOR_TLS_CERT", "/tls/tls.crt");
             jail.set_env("RUNYARD_ALLOCATOR_TLS_KEY", "/tls/tls.key");
             jail.set_env("RUNYARD_ALLOCATOR_TLS_CLIENT_CA", "/tls/ca.crt");
             let c = Config::load(None).map_err(|e| e.to_string())?;
-            assert_eq!(c.allocator_tls_cert, Some(PathBuf::from("/tls/tls.crt")));
-            assert_eq!(c.allocator_tls_key, Some(PathBuf::from("/tls/tls.key")));
-            assert_eq!(
-                c.allocator_tls_client_ca,
-                Some(PathBuf::from("/tls/ca.crt"))
-            );
+            assert_eq!(c.tls.cert, Some(PathBuf::from("/tls/tls.crt")));
+            assert_eq!(c.tls.key, Some(PathBuf::from("/tls/tls.key")));
+            assert_eq!(c.tls.client_ca, Some(PathBuf::from("/tls/ca.crt")));
             Ok(())
         });
     }

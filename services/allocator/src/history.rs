@@ -39,7 +39,7 @@ pub async fn load(state: &State) -> Result<(HashSet<String>, time::OffsetDateTim
     // A failed attempt may have fed part of the history: start every
     // attempt from an empty model so a retry never counts a sample twice.
     *state.model_write() = crate::model::Model::new(state.config.model.clone());
-    let options = sqlx::postgres::PgConnectOptions::from_str(&state.config.database_url)?
+    let options = sqlx::postgres::PgConnectOptions::from_str(&state.config.database.url)?
         // A million-row stream is slow by design, not a slow statement.
         .disable_statement_logging();
     let pool = sqlx::postgres::PgPoolOptions::new()
@@ -535,9 +535,13 @@ mod tests {
     /// in a fresh namespace.
     async fn app(nats: &TestNats, db: &TestDb, config: Config) -> App {
         App::build(Config {
-            nats_url: nats.url(),
-            namespace: unique_namespace().to_string(),
-            database_url: db.url.clone(),
+            bus: runyard_config::Bus {
+                nats_url: nats.url(),
+                namespace: unique_namespace().to_string(),
+            },
+            database: runyard_config::Database {
+                url: db.url.clone(),
+            },
             allocator_listen: "127.0.0.1:0".parse().unwrap(),
             allocator_http_listen: "127.0.0.1:0".parse().unwrap(),
             ..config

@@ -476,9 +476,9 @@ async fn listeners(
     use runyard_tls::{ClientAuth, Protocols, ServerTls};
     let tls = ServerTls::from_settings(
         "ALLOCATOR",
-        config.allocator_tls_cert.as_deref(),
-        config.allocator_tls_key.as_deref(),
-        config.allocator_tls_client_ca.as_deref(),
+        config.tls.cert.as_deref(),
+        config.tls.key.as_deref(),
+        config.tls.client_ca.as_deref(),
     )?;
     let per_request =
         config.allocator_anonymous_gantry && tls.as_ref().is_some_and(|t| t.files().mtls());
@@ -511,9 +511,9 @@ impl App {
     /// listeners and connects to NATS.
     pub async fn build(config: Config) -> anyhow::Result<Self> {
         config.check_secrets()?;
-        let ns = Namespace::new(config.namespace.clone())?;
+        let ns = Namespace::new(config.bus.namespace.clone())?;
         let (grpc, http, http_cert_per_request) = listeners(&config).await?;
-        let bus = Bus::connect(&config.nats_url, ns, "runyard-allocator", true).await?;
+        let bus = Bus::connect(&config.bus.nats_url, ns, "runyard-allocator", true).await?;
         let registry = Metrics::new();
         let metrics = AllocatorMetrics::register(&registry);
         let (tx, rx) = if config.allocator_publish_allocations {

@@ -14,10 +14,8 @@ use serde::{Deserialize, Serialize};
 #[derive(Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
-    /// `RUNYARD_NATS_URL`.
-    pub nats_url: String,
-    /// `RUNYARD_NAMESPACE`.
-    pub namespace: String,
+    /// The event log: `RUNYARD_NATS_URL` and `RUNYARD_NAMESPACE`.
+    pub bus: runyard_config::Bus,
     /// `RUNYARD_INGEST_LISTEN`; port 0 binds an ephemeral port.
     pub ingest_listen: SocketAddr,
     /// `RUNYARD_GITHUB_WEBHOOK_SECRET`; unset → the GitHub route answers 503.
@@ -93,17 +91,10 @@ pub struct Config {
     /// `RUNYARD_RAW_MAX_BYTES`: size bound of raw deliveries (full: the
     /// oldest go); 0 = none.
     pub raw_max_bytes: ByteSize,
-    /// `RUNYARD_STREAM_REPLICAS`.
-    pub stream_replicas: usize,
-    /// `RUNYARD_INGEST_TLS_CERT`: PEM certificate chain; with
-    /// `RUNYARD_INGEST_TLS_KEY`, the listener speaks TLS (the files are read
-    /// again when they change).
-    pub ingest_tls_cert: Option<PathBuf>,
-    /// `RUNYARD_INGEST_TLS_KEY`: its private key.
-    pub ingest_tls_key: Option<PathBuf>,
-    /// `RUNYARD_INGEST_TLS_CLIENT_CA`: clients need a certificate this CA
-    /// signed (mTLS).
-    pub ingest_tls_client_ca: Option<PathBuf>,
+    /// `RUNYARD_STREAM_REPLICAS`: replicas of the event log and raw streams.
+    pub streams: runyard_config::Streams,
+    /// `RUNYARD_INGEST_TLS_CERT`, `_KEY` and `_CLIENT_CA`: the listener's.
+    pub tls: runyard_config::Tls,
     /// `RUNYARD_INSECURE_DEV=1`: start with weak secrets (a WARN names
     /// them); from the environment only, never the TOML file.
     #[serde(skip)]
@@ -111,14 +102,13 @@ pub struct Config {
 }
 
 /// Every field, the NATS URL with its credentials redacted
-/// ([`runyard_bus::redact_url`]) and secrets as `SecretString` shows them:
+/// ([`runyard_config::redact::urls`]) and secrets as `SecretString` shows them:
 /// a logged or printed configuration shows no password or token.
 impl std::fmt::Debug for Config {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Destructured, so a new field cannot be left out unseen.
         let Self {
-            nats_url,
-            namespace,
+            bus,
             ingest_listen,
             github_webhook_secret,
             github_webhook_secret_file,
@@ -141,16 +131,15 @@ impl std::fmt::Debug for Config {
             raw_max_age,
             events_max_bytes,
             raw_max_bytes,
-            stream_replicas,
-            ingest_tls_cert,
-            ingest_tls_key,
-            ingest_tls_client_ca,
+            streams,
+            tls,
             insecure_dev,
         } = self;
-        f.debug_struct("Config")
-            .field("nats_url", &runyard_bus::redact_url(nats_url))
-            .field("namespace", namespace)
-            .field("ingest_listen", ingest_listen)
+        let mut d = f.debug_struct("Config");
+        bus.show(&mut d);
+        streams.show(&mut d);
+        tls.show(&mut d, TLS_PREFIX);
+        d.field("ingest_listen", ingest_listen)
             .field("github_webhook_secret", github_webhook_secret)
             .field("github_webhook_secret_file", github_webhook_secret_file)
             .field("gitlab_webhook_token", gitlab_webhook_token)
@@ -175,20 +164,28 @@ impl std::fmt::Debug for Config {
             .field("raw_max_age", raw_max_age)
             .field("events_max_bytes", events_max_bytes)
             .field("raw_max_bytes", raw_max_bytes)
-            .field("stream_replicas", stream_replicas)
-            .field("ingest_tls_cert", ingest_tls_cert)
-            .field("ingest_tls_key", ingest_tls_key)
-            .field("ingest_tls_client_ca", ingest_tls_client_ca)
             .field("insecure_dev", insecure_dev)
             .finish()
+    }
+}
+
+/// The keys of the listener's TLS settings start with this.
+const TLS_PREFIX: &str = "ingest_tls_";
+
+impl runyard_config::Settings for Config {
+    fn flat() -> Vec<runyard_config::Flat> {
+        vec![
+            runyard_config::Bus::flat(),
+            runyard_config::Streams::flat(),
+            runyard_config::Tls::flat(TLS_PREFIX),
+        ]
     }
 }
 
 impl Default for Config {
     fn default() -> Self {
         Self {
-            nats_url: "nats://127.0.0.1:4222".into(),
-            namespace: "runyard".into(),
+            bus: runyard_config::Bus::default(),
             ingest_listen: SocketAddr::from(([0, 0, 0, 0], 8080)),
             github_webhook_secret: None,
             github_webhook_secret_file: None,
@@ -211,10 +208,8 @@ impl Default for Config {
             raw_max_age: Duration::from_secs(7 * 24 * 3600),
             events_max_bytes: ByteSize::gib(8),
             raw_max_bytes: ByteSize::gib(4),
-            stream_replicas: 1,
-            ingest_tls_cert: None,
-            ingest_tls_key: None,
-            ingest_tls_client_ca: None,
+            streams: runyard_config::Streams::default(),
+            tls: runyard_config::Tls::default(),
             insecure_dev: false,
         }
     }
@@ -301,7 +296,10 @@ mod tests {
     fn debug_shows_no_secret() {
         let secret = "a1f0c9d27be84e53a1f0c9d27be84e53";
         let config = Config {
-            nats_url: format!("nats://ingest:{secret}@nats:4222"),
+            bus: runyard_config::Bus {
+                nats_url: format!("nats://ingest:{secret}@nats:4222"),
+                ..Default::default()
+            },
             github_webhook_secret: Some(format!("gh{secret}").into()),
             gitlab_webhook_token: Some(format!("gl{secret}").into()),
             usage_token: Some(format!("us{secret}").into()),
@@ -316,8 +314,8 @@ mod tests {
     #[test]
     fn defaults_match_the_contract() {
         let c = Config::default();
-        assert_eq!(c.nats_url, "nats://127.0.0.1:4222");
-        assert_eq!(c.namespace, "runyard");
+        assert_eq!(c.bus.nats_url, "nats://127.0.0.1:4222");
+        assert_eq!(c.bus.namespace, "runyard");
         assert_eq!(c.ingest_listen.to_string(), "0.0.0.0:8080");
         assert_eq!(c.ingest_max_body, ByteSize::mib(25));
         assert_eq!(
@@ -340,7 +338,7 @@ mod tests {
             jail.set_env("RUNYARD_DATABASE_URL", "postgres://ignored");
             jail.set_env("RUNYARD_GITHUB_WEBHOOK_SECRET_FILE", "secret");
             let c = Config::load(Some(Path::new("ingest.toml"))).map_err(|e| e.to_string())?;
-            assert_eq!(c.namespace, "fromenv");
+            assert_eq!(c.bus.namespace, "fromenv");
             assert_eq!(c.ingest_max_body, ByteSize::mib(1));
             use secrecy::ExposeSecret;
             assert_eq!(
@@ -406,9 +404,9 @@ mod tests {
             jail.set_env("RUNYARD_INGEST_TLS_KEY", "/tls/tls.key");
             jail.set_env("RUNYARD_INGEST_TLS_CLIENT_CA", "/tls/ca.crt");
             let c = Config::load(None).map_err(|e| e.to_string())?;
-            assert_eq!(c.ingest_tls_cert, Some(PathBuf::from("/tls/tls.crt")));
-            assert_eq!(c.ingest_tls_key, Some(PathBuf::from("/tls/tls.key")));
-            assert_eq!(c.ingest_tls_client_ca, Some(PathBuf::from("/tls/ca.crt")));
+            assert_eq!(c.tls.cert, Some(PathBuf::from("/tls/tls.crt")));
+            assert_eq!(c.tls.key, Some(PathBuf::from("/tls/tls.key")));
+            assert_eq!(c.tls.client_ca, Some(PathBuf::from("/tls/ca.crt")));
             Ok(())
         });
     }

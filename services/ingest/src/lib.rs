@@ -73,7 +73,7 @@ impl App {
     /// ingest answers 503 and `/readyz` stays red until it is up.
     pub async fn build(config: Config) -> anyhow::Result<Self> {
         config.check_secrets()?;
-        let ns = Namespace::new(config.namespace.clone())?;
+        let ns = Namespace::new(config.bus.namespace.clone())?;
         let mut issuers = oidc::issuer::parse(&config.usage_oidc).map_err(anyhow::Error::msg)?;
         oidc::issuer::restrict(&mut issuers, &config.usage_oidc_projects)
             .map_err(anyhow::Error::msg)?;
@@ -89,11 +89,11 @@ impl App {
         };
         let tls = runyard_tls::ServerTls::http_acceptor(
             "INGEST",
-            config.ingest_tls_cert.as_deref(),
-            config.ingest_tls_key.as_deref(),
-            config.ingest_tls_client_ca.as_deref(),
+            config.tls.cert.as_deref(),
+            config.tls.key.as_deref(),
+            config.tls.client_ca.as_deref(),
         )?;
-        let bus = Bus::connect(&config.nats_url, ns, "runyard-ingest", true)
+        let bus = Bus::connect(&config.bus.nats_url, ns, "runyard-ingest", true)
             .await?
             .with_ack_timeout(config.ingest_ack_timeout);
         let listener = TcpListener::bind(config.ingest_listen)
@@ -107,7 +107,7 @@ impl App {
             raw_max_age: config.raw_max_age,
             events_max_bytes: config.events_max_bytes.as_u64(),
             raw_max_bytes: config.raw_max_bytes.as_u64(),
-            replicas: config.stream_replicas,
+            replicas: config.streams.replicas,
             ..StreamSettings::default()
         };
         let github_instances = config.github_instances();

@@ -1,7 +1,7 @@
 //! Typed, layered configuration (defaults → TOML → `RUNYARD_*` env).
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -10,12 +10,10 @@ use serde::{Deserialize, Serialize};
 #[derive(Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
-    /// `RUNYARD_NATS_URL`.
-    pub nats_url: String,
-    /// `RUNYARD_NAMESPACE`.
-    pub namespace: String,
-    /// `RUNYARD_DATABASE_URL`.
-    pub database_url: String,
+    /// The event log: `RUNYARD_NATS_URL` and `RUNYARD_NAMESPACE`.
+    pub bus: runyard_config::Bus,
+    /// The projection: `RUNYARD_DATABASE_URL`.
+    pub database: runyard_config::Database,
     /// `RUNYARD_TRACKER_HTTP_LISTEN` (`/healthz`, `/readyz`, `/metrics`).
     pub tracker_http_listen: SocketAddr,
     /// `RUNYARD_TRACKER_BATCH_SIZE`: most events applied per transaction.
@@ -32,15 +30,9 @@ pub struct Config {
     pub tracker_ack_wait: Duration,
     /// `RUNYARD_DATABASE_POOL_SIZE`.
     pub database_pool_size: u32,
-    /// `RUNYARD_TRACKER_TLS_CERT`: PEM certificate chain; with
-    /// `RUNYARD_TRACKER_TLS_KEY`, the HTTP listener speaks TLS (the files
-    /// are read again when they change).
-    pub tracker_tls_cert: Option<PathBuf>,
-    /// `RUNYARD_TRACKER_TLS_KEY`: its private key.
-    pub tracker_tls_key: Option<PathBuf>,
-    /// `RUNYARD_TRACKER_TLS_CLIENT_CA`: clients need a certificate this CA
-    /// signed (mTLS).
-    pub tracker_tls_client_ca: Option<PathBuf>,
+    /// `RUNYARD_TRACKER_TLS_CERT`, `_KEY` and `_CLIENT_CA`: the HTTP
+    /// listener's.
+    pub tls: runyard_config::Tls,
     /// `RUNYARD_INSECURE_DEV=1`: the job-tracker has no secret of its own
     /// to check, but says at start that the stack runs with the checks off;
     /// from the environment only, never the TOML file.
@@ -48,61 +40,64 @@ pub struct Config {
     pub insecure_dev: bool,
 }
 
-/// Every field, URLs with their credentials redacted (the NATS URL, a
-/// comma-separated list, by [`runyard_bus::redact_url`]; the others by
-/// [`runyard_store::redact_url`]):
+/// Every field under its key, URLs with their credentials redacted (by
+/// [`runyard_config::redact`]):
 /// a logged or printed configuration shows no password or token.
 impl std::fmt::Debug for Config {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Destructured, so a new field cannot be left out unseen.
         let Self {
-            nats_url,
-            namespace,
-            database_url,
+            bus,
+            database,
             tracker_http_listen,
             tracker_batch_size,
             tracker_batch_wait,
             tracker_max_attempts,
             tracker_ack_wait,
             database_pool_size,
-            tracker_tls_cert,
-            tracker_tls_key,
-            tracker_tls_client_ca,
+            tls,
             insecure_dev,
         } = self;
-        f.debug_struct("Config")
-            .field("nats_url", &runyard_bus::redact_url(nats_url))
-            .field("namespace", namespace)
-            .field("database_url", &runyard_store::redact_url(database_url))
-            .field("tracker_http_listen", tracker_http_listen)
+        let mut d = f.debug_struct("Config");
+        bus.show(&mut d);
+        database.show(&mut d);
+        tls.show(&mut d, TLS_PREFIX);
+        d.field("tracker_http_listen", tracker_http_listen)
             .field("tracker_batch_size", tracker_batch_size)
             .field("tracker_batch_wait", tracker_batch_wait)
             .field("tracker_max_attempts", tracker_max_attempts)
             .field("tracker_ack_wait", tracker_ack_wait)
             .field("database_pool_size", database_pool_size)
-            .field("tracker_tls_cert", tracker_tls_cert)
-            .field("tracker_tls_key", tracker_tls_key)
-            .field("tracker_tls_client_ca", tracker_tls_client_ca)
             .field("insecure_dev", insecure_dev)
             .finish()
+    }
+}
+
+/// The keys of the listener's TLS settings start with this.
+const TLS_PREFIX: &str = "tracker_tls_";
+
+impl runyard_config::Settings for Config {
+    fn flat() -> Vec<runyard_config::Flat> {
+        vec![
+            runyard_config::Bus::flat(),
+            runyard_config::Database::flat(),
+            runyard_config::Tls::flat(TLS_PREFIX),
+        ]
     }
 }
 
 impl Default for Config {
     fn default() -> Self {
         Self {
-            nats_url: "nats://127.0.0.1:4222".into(),
-            namespace: "runyard".into(),
-            database_url: "postgres://postgres@127.0.0.1:5432/runyard".into(),
+            bus: runyard_config::Bus::default(),
+            database: runyard_config::Database::default(),
             tracker_http_listen: SocketAddr::from(([0, 0, 0, 0], 8082)),
             tracker_batch_size: 1000,
             tracker_batch_wait: Duration::from_millis(50),
             tracker_max_attempts: 3,
             tracker_ack_wait: Duration::from_secs(5),
             database_pool_size: 4,
-            tracker_tls_cert: None,
-            tracker_tls_key: None,
-            tracker_tls_client_ca: None,
+            tls: runyard_config::Tls::default(),
             insecure_dev: false,
         }
     }
@@ -121,13 +116,19 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::PathBuf;
 
     #[test]
     fn debug_shows_no_secret() {
         let secret = "a1f0c9d27be84e53a1f0c9d27be84e53";
         let config = Config {
-            nats_url: format!("nats://tracker:{secret}@nats:4222"),
-            database_url: format!("postgres://runyard:{secret}@db:5432/runyard"),
+            bus: runyard_config::Bus {
+                nats_url: format!("nats://tracker:{secret}@nats:4222"),
+                ..Default::default()
+            },
+            database: runyard_config::Database {
+                url: format!("postgres://runyard:{secret}@db:5432/runyard"),
+            },
             ..Config::default()
         };
         let shown = format!("{config:?}");
@@ -145,7 +146,7 @@ mod tests {
         figment::Jail::expect_with(|jail| {
             let c = Config::load(None).map_err(|e| e.to_string())?;
             assert_eq!(c.tracker_http_listen.to_string(), "0.0.0.0:8082");
-            assert_eq!(c.database_url, "postgres://postgres@127.0.0.1:5432/runyard");
+            assert_eq!(c.database.url, "postgres://postgres@127.0.0.1:5432/runyard");
             jail.create_file(
                 "t.toml",
                 "tracker_batch_size = 10\ntracker_batch_wait = \"5ms\"\n",
@@ -175,9 +176,9 @@ mod tests {
             jail.set_env("RUNYARD_TRACKER_TLS_KEY", "/tls/tls.key");
             jail.set_env("RUNYARD_TRACKER_TLS_CLIENT_CA", "/tls/ca.crt");
             let c = Config::load(None).map_err(|e| e.to_string())?;
-            assert_eq!(c.tracker_tls_cert, Some(PathBuf::from("/tls/tls.crt")));
-            assert_eq!(c.tracker_tls_key, Some(PathBuf::from("/tls/tls.key")));
-            assert_eq!(c.tracker_tls_client_ca, Some(PathBuf::from("/tls/ca.crt")));
+            assert_eq!(c.tls.cert, Some(PathBuf::from("/tls/tls.crt")));
+            assert_eq!(c.tls.key, Some(PathBuf::from("/tls/tls.key")));
+            assert_eq!(c.tls.client_ca, Some(PathBuf::from("/tls/ca.crt")));
             Ok(())
         });
     }

@@ -62,7 +62,7 @@ impl App {
     pub async fn build(config: Config) -> anyhow::Result<Self> {
         // No secret of its own: with RUNYARD_INSECURE_DEV=1, only the WARN.
         runyard_config::secrets::enforce([], vec![], config.insecure_dev)?;
-        let ns = Namespace::new(config.namespace.clone())?;
+        let ns = Namespace::new(config.bus.namespace.clone())?;
         let tls = tls(&config)?;
         let listener = std::net::TcpListener::bind(config.tracker_http_listen)
             .with_context(|| format!("binding {}", config.tracker_http_listen))?;
@@ -72,11 +72,11 @@ impl App {
             tls.clone(),
         )?;
         let listener = runyard_tls::Listener::new(TcpListener::from_std(listener)?, tls);
-        runyard_store::migrate_when_reachable(&config.database_url)
+        runyard_store::migrate_when_reachable(&config.database.url)
             .await
             .context("migrating the projection database")?;
-        let pool = rebuild::pool(&config.database_url, config.database_pool_size).await?;
-        let bus = Bus::connect(&config.nats_url, ns, "runyard-job-tracker", true).await?;
+        let pool = rebuild::pool(&config.database.url, config.database_pool_size).await?;
+        let bus = Bus::connect(&config.bus.nats_url, ns, "runyard-job-tracker", true).await?;
         starting.stop().await;
         let registry = Metrics::new();
         let metrics = metrics::register(&registry);
@@ -150,9 +150,9 @@ impl App {
 fn tls(config: &Config) -> anyhow::Result<Option<runyard_tls::Acceptor>> {
     Ok(runyard_tls::ServerTls::http_acceptor(
         "TRACKER",
-        config.tracker_tls_cert.as_deref(),
-        config.tracker_tls_key.as_deref(),
-        config.tracker_tls_client_ca.as_deref(),
+        config.tls.cert.as_deref(),
+        config.tls.key.as_deref(),
+        config.tls.client_ca.as_deref(),
     )?)
 }
 

@@ -49,7 +49,7 @@ async fn main() -> anyhow::Result<()> {
             runyard_telemetry::traces::exporting(app.run(runyard_telemetry::shutdown_signal()))
                 .await
         }
-        Command::Migrate => runyard_store::migrate(&config.database_url)
+        Command::Migrate => runyard_store::migrate(&config.database.url)
             .await
             .context("migrating"),
         Command::Rebuild {
@@ -57,22 +57,22 @@ async fn main() -> anyhow::Result<()> {
             swap,
             batch_size,
         } => {
-            let ns = runyard_events::Namespace::new(config.namespace.clone())?;
+            let ns = runyard_events::Namespace::new(config.bus.namespace.clone())?;
             let bus = runyard_bus::Bus::connect(
-                &config.nats_url,
+                &config.bus.nats_url,
                 ns,
                 "runyard-job-tracker-rebuild",
                 false,
             )
             .await?;
             let opts = rebuild::RebuildOptions {
-                live_url: config.database_url,
+                live_url: config.database.url,
                 into,
                 swap,
                 batch_size,
             };
             let (url, done) = rebuild::rebuild(&bus, &opts).await?;
-            tracing::info!(database = %runyard_store::redact_url(&url), applied = done.applied, skipped = done.skipped, through = done.through, "rebuild finished");
+            tracing::info!(database = %runyard_config::redact::url(&url), applied = done.applied, skipped = done.skipped, through = done.through, "rebuild finished");
             Ok(())
         }
     }

@@ -36,9 +36,13 @@ impl Running {
 
 fn config(nats_url: &str, ns: &Namespace, db_url: &str) -> Config {
     Config {
-        nats_url: nats_url.to_owned(),
-        namespace: ns.to_string(),
-        database_url: db_url.to_owned(),
+        bus: runyard_config::Bus {
+            nats_url: nats_url.to_owned(),
+            namespace: ns.to_string(),
+        },
+        database: runyard_config::Database {
+            url: db_url.to_owned(),
+        },
         tracker_http_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         tracker_batch_size: 200,
         tracker_batch_wait: Duration::from_millis(20),

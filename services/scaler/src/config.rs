@@ -14,12 +14,11 @@ use serde::{Deserialize, Serialize};
 #[derive(Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
-    /// `RUNYARD_NATS_URL`.
-    pub nats_url: String,
-    /// `RUNYARD_NAMESPACE`.
-    pub namespace: String,
-    /// `RUNYARD_DATABASE_URL` (the projection: a job already started gets no runner).
-    pub database_url: String,
+    /// The event log: `RUNYARD_NATS_URL` and `RUNYARD_NAMESPACE`.
+    pub bus: runyard_config::Bus,
+    /// The projection (a job already started gets no runner):
+    /// `RUNYARD_DATABASE_URL`.
+    pub database: runyard_config::Database,
     /// `RUNYARD_SCALER_HTTP_LISTEN` (`/healthz`, `/readyz`, `/metrics`, `/v1/pools`).
     pub scaler_http_listen: SocketAddr,
     /// `RUNYARD_SCALER_CONFIG`: the pools-and-providers TOML file.
@@ -63,19 +62,14 @@ pub struct Config {
     /// tokens; the same on every replica. Required with external providers.
     #[serde(skip_serializing)]
     pub scaler_instance_token_key: Option<SecretString>,
-    /// `RUNYARD_SCALER_TLS_CERT`: PEM certificate chain; with
-    /// `RUNYARD_SCALER_TLS_KEY`, both listeners speak TLS (reloaded when the
-    /// files change).
-    pub scaler_tls_cert: Option<PathBuf>,
-    /// `RUNYARD_SCALER_TLS_KEY`: PEM private key.
-    pub scaler_tls_key: Option<PathBuf>,
-    /// `RUNYARD_SCALER_TLS_CLIENT_CA`: clients of the HTTP listener need a
-    /// certificate this CA signed (mTLS); the metadata listener never asks
-    /// (instances authenticate with their token).
-    pub scaler_tls_client_ca: Option<PathBuf>,
+    /// `RUNYARD_SCALER_TLS_CERT`, `_KEY` and `_CLIENT_CA`: both listeners
+    /// speak TLS; clients of the HTTP listener need a certificate the CA
+    /// signed, the metadata listener never asks (instances authenticate
+    /// with their token).
+    pub tls: runyard_config::Tls,
     /// `RUNYARD_STREAM_REPLICAS`: replicas of the KV buckets the scaler
-    /// creates (3 on a 3-node NATS cluster), as ingest's for the streams.
-    pub stream_replicas: usize,
+    /// creates, as ingest's for the streams.
+    pub streams: runyard_config::Streams,
     /// `RUNYARD_INSECURE_DEV=1`: start with a weak instance token key or
     /// allocator client token (a WARN names them); from the environment
     /// only, never the TOML file.
@@ -83,17 +77,15 @@ pub struct Config {
     pub insecure_dev: bool,
 }
 
-/// Every field, URLs with their credentials redacted (the NATS URL, a
-/// comma-separated list, by [`runyard_bus::redact_url`]; the others by
-/// [`runyard_store::redact_url`]):
+/// Every field under its key, URLs with their credentials redacted (by
+/// [`runyard_config::redact`]):
 /// a logged or printed configuration shows no password or token.
 impl std::fmt::Debug for Config {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Destructured, so a new field cannot be left out unseen.
         let Self {
-            nats_url,
-            namespace,
-            database_url,
+            bus,
+            database,
             scaler_http_listen,
             scaler_config,
             allocator_url,
@@ -111,31 +103,33 @@ impl std::fmt::Debug for Config {
             scaler_metadata_listen,
             scaler_metadata_url,
             scaler_instance_token_key,
-            scaler_tls_cert,
-            scaler_tls_key,
-            scaler_tls_client_ca,
-            stream_replicas,
+            tls,
+            streams,
             insecure_dev,
         } = self;
-        f.debug_struct("Config")
-            .field("nats_url", &runyard_bus::redact_url(nats_url))
-            .field("namespace", namespace)
-            .field("database_url", &runyard_store::redact_url(database_url))
-            .field("scaler_http_listen", scaler_http_listen)
+        let mut d = f.debug_struct("Config");
+        bus.show(&mut d);
+        database.show(&mut d);
+        streams.show(&mut d);
+        tls.show(&mut d, TLS_PREFIX);
+        d.field("scaler_http_listen", scaler_http_listen)
             .field("scaler_config", scaler_config)
-            .field("allocator_url", &runyard_store::redact_url(allocator_url))
+            .field("allocator_url", &runyard_config::redact::url(allocator_url))
             .field("allocator_client_token", allocator_client_token)
             .field("allocator_ca_file", allocator_ca_file)
             .field("allocator_client_cert", allocator_client_cert)
             .field("allocator_client_key", allocator_client_key)
-            .field("github_api_url", &runyard_store::redact_url(github_api_url))
+            .field(
+                "github_api_url",
+                &runyard_config::redact::url(github_api_url),
+            )
             .field("github_token", github_token)
             .field("github_app_id", github_app_id)
             .field("github_app_private_key_file", github_app_private_key_file)
             .field("github_app_installation_id", github_app_installation_id)
             .field(
                 "gitlab_api_url",
-                &gitlab_api_url.as_deref().map(runyard_store::redact_url),
+                &gitlab_api_url.as_deref().map(runyard_config::redact::url),
             )
             .field("gitlab_token", gitlab_token)
             .field("scaler_metadata_listen", scaler_metadata_listen)
@@ -143,24 +137,33 @@ impl std::fmt::Debug for Config {
                 "scaler_metadata_url",
                 &scaler_metadata_url
                     .as_deref()
-                    .map(runyard_store::redact_url),
+                    .map(runyard_config::redact::url),
             )
             .field("scaler_instance_token_key", scaler_instance_token_key)
-            .field("scaler_tls_cert", scaler_tls_cert)
-            .field("scaler_tls_key", scaler_tls_key)
-            .field("scaler_tls_client_ca", scaler_tls_client_ca)
-            .field("stream_replicas", stream_replicas)
             .field("insecure_dev", insecure_dev)
             .finish()
+    }
+}
+
+/// The keys of the listener's TLS settings start with this.
+const TLS_PREFIX: &str = "scaler_tls_";
+
+impl runyard_config::Settings for Config {
+    fn flat() -> Vec<runyard_config::Flat> {
+        vec![
+            runyard_config::Bus::flat(),
+            runyard_config::Database::flat(),
+            runyard_config::Streams::flat(),
+            runyard_config::Tls::flat(TLS_PREFIX),
+        ]
     }
 }
 
 impl Default for Config {
     fn default() -> Self {
         Self {
-            nats_url: "nats://127.0.0.1:4222".into(),
-            namespace: "runyard".into(),
-            database_url: "postgres://postgres@127.0.0.1:5432/runyard".into(),
+            bus: runyard_config::Bus::default(),
+            database: runyard_config::Database::default(),
             scaler_http_listen: SocketAddr::from(([0, 0, 0, 0], 8083)),
             scaler_config: None,
             allocator_url: "http://127.0.0.1:50051".into(),
@@ -178,10 +181,8 @@ impl Default for Config {
             scaler_metadata_listen: SocketAddr::from(([0, 0, 0, 0], 8084)),
             scaler_metadata_url: None,
             scaler_instance_token_key: None,
-            scaler_tls_cert: None,
-            scaler_tls_key: None,
-            scaler_tls_client_ca: None,
-            stream_replicas: 1,
+            tls: runyard_config::Tls::default(),
+            streams: runyard_config::Streams::default(),
             insecure_dev: false,
         }
     }
@@ -265,8 +266,13 @@ mod tests {
         let secret = "a1f0c9d27be84e53a1f0c9d27be84e53";
         let given = || Some(SecretString::from(secret.to_owned()));
         let config = Config {
-            nats_url: format!("nats://{secret}@nats:4222"),
-            database_url: format!("postgres://runyard:{secret}@db:5432/runyard"),
+            bus: runyard_config::Bus {
+                nats_url: format!("nats://{secret}@nats:4222"),
+                ..Default::default()
+            },
+            database: runyard_config::Database {
+                url: format!("postgres://runyard:{secret}@db:5432/runyard"),
+            },
             allocator_url: format!("https://ci:{secret}@allocator:50051"),
             github_api_url: format!("https://x:{secret}@ghe.example.com/api/v3"),
             gitlab_api_url: Some(format!("https://x:{secret}@gitlab.example.com")),
@@ -300,9 +306,9 @@ mod tests {
             }
             let c = Config::load(None).map_err(|e| e.to_string())?;
             let got = [
-                &c.scaler_tls_cert,
-                &c.scaler_tls_key,
-                &c.scaler_tls_client_ca,
+                &c.tls.cert,
+                &c.tls.key,
+                &c.tls.client_ca,
                 &c.allocator_ca_file,
                 &c.allocator_client_cert,
                 &c.allocator_client_key,

@@ -180,7 +180,7 @@ async fn metadata_parts(
         .unwrap_or_default()
         .max(Duration::from_secs(3600));
     let store =
-        wait_for(|| metadata::SecretStore::open_replicated(bus, keep, config.stream_replicas))
+        wait_for(|| metadata::SecretStore::open_replicated(bus, keep, config.streams.replicas))
             .await
             .context("opening the instance secrets bucket")?;
     let base = match &config.scaler_metadata_url {
@@ -214,9 +214,9 @@ async fn bind_listeners(
     use runyard_tls::{ClientAuth, Protocols, ServerTls};
     let tls = ServerTls::from_settings(
         "SCALER",
-        config.scaler_tls_cert.as_deref(),
-        config.scaler_tls_key.as_deref(),
-        config.scaler_tls_client_ca.as_deref(),
+        config.tls.cert.as_deref(),
+        config.tls.key.as_deref(),
+        config.tls.client_ca.as_deref(),
     )?;
     let acceptor = |client_auth| {
         tls.as_ref()
@@ -283,7 +283,7 @@ impl App {
         };
         file.validate().context("scaler configuration")?;
         let allocator_tls = allocator_tls(&config)?;
-        let ns = Namespace::new(config.namespace.clone())?;
+        let ns = Namespace::new(config.bus.namespace.clone())?;
         let controller = controller_id(&ns);
         let state_dir: PathBuf = file.scaler.state_dir.clone().unwrap_or_else(|| {
             std::env::temp_dir().join(format!("runyard-scaler-{}", ns.as_str()))
@@ -329,7 +329,7 @@ impl App {
         for spec in &mut specs {
             spec.repos = admitted.get(&spec.name).cloned();
         }
-        let bus = Bus::connect(&config.nats_url, ns, "runyard-scaler", true).await?;
+        let bus = Bus::connect(&config.bus.nats_url, ns, "runyard-scaler", true).await?;
         let replica = format!(
             "{}-{}",
             std::process::id(),
@@ -340,7 +340,7 @@ impl App {
                 &bus,
                 file.scaler.lease_ttl,
                 replica.clone(),
-                config.stream_replicas,
+                config.streams.replicas,
             )
         })
         .await
@@ -350,7 +350,7 @@ impl App {
             // A check that cannot get a connection at once is skipped: the
             // log's view decides then (see `already_started`).
             .acquire_timeout(Duration::from_millis(250))
-            .connect_lazy(&config.database_url)
+            .connect_lazy(&config.database.url)
             .ok();
         let metadata = Box::pin(self::metadata_parts(&config, &file, &bus)).await?;
         let registry = Metrics::new();

@@ -228,12 +228,7 @@ impl Global {
         opts.connection_timeout(self.timeout())
             .connect(addrs)
             .await
-            .map_err(|e| {
-                format!(
-                    "connecting to NATS at {}: {e}",
-                    runyard_bus::redact_url(&self.nats_url)
-                )
-            })
+            .map_err(|e| format!("connecting to NATS at {}: {e}", redact(&self.nats_url)))
     }
 
     /// The per-call timeout.
@@ -523,27 +518,9 @@ pub fn chain(e: &dyn std::error::Error) -> String {
     text
 }
 
-/// A URL with any password or token in it replaced by `***`, for messages.
-pub fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let (authority, path) = match rest.find('/') {
-        Some(i) => rest.split_at(i),
-        None => (rest, ""),
-    };
-    match authority.rsplit_once('@') {
-        Some((userinfo, host)) => {
-            let user = userinfo.split_once(':').map_or(userinfo, |(u, _)| u);
-            if userinfo.contains(':') {
-                format!("{scheme}://{user}:***@{host}{path}")
-            } else {
-                format!("{scheme}://***@{host}{path}")
-            }
-        }
-        None => url.to_owned(),
-    }
-}
+/// A URL, or a list of NATS URLs, with any password or token in it
+/// replaced by `***`, for messages.
+pub use runyard_config::redact::urls as redact;
 
 #[cfg(test)]
 mod tests {
@@ -588,19 +565,5 @@ mod tests {
         assert!(shown.contains("nats://cli:***@nats:4222"), "{shown}");
         assert!(shown.contains("usage_token: Some(\"***\")"), "{shown}");
         assert!(shown.contains("deliveries"), "{shown}");
-    }
-
-    #[test]
-    fn redact_hides_passwords_and_tokens_in_urls() {
-        assert_eq!(
-            redact("postgres://app:s3cret@db:5432/runyard"),
-            "postgres://app:***@db:5432/runyard"
-        );
-        assert_eq!(redact("nats://tok@nats:4222"), "nats://***@nats:4222");
-        assert_eq!(
-            redact("postgres://postgres@127.0.0.1/runyard"),
-            "postgres://***@127.0.0.1/runyard"
-        );
-        assert_eq!(redact("http://127.0.0.1:8080"), "http://127.0.0.1:8080");
     }
 }

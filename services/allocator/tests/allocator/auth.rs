@@ -57,9 +57,13 @@ async fn start_with(configure: impl FnOnce(Config) -> Config) -> Running {
         .unwrap();
     let local = SocketAddr::from(([127, 0, 0, 1], 0));
     let app = App::build(configure(Config {
-        nats_url: nats.url(),
-        namespace: ns.to_string(),
-        database_url: db.url.clone(),
+        bus: runyard_config::Bus {
+            nats_url: nats.url(),
+            namespace: ns.to_string(),
+        },
+        database: runyard_config::Database {
+            url: db.url.clone(),
+        },
         allocator_listen: local,
         allocator_http_listen: local,
         ..Config::default()

@@ -37,9 +37,13 @@ async fn start() -> Running {
     runyard_store::migrate(&db.url).await.unwrap();
     let local = SocketAddr::from(([127, 0, 0, 1], 0));
     let app = App::build(Config {
-        nats_url: nats.url(),
-        namespace: unique_namespace().to_string(),
-        database_url: db.url.clone(),
+        bus: runyard_config::Bus {
+            nats_url: nats.url(),
+            namespace: unique_namespace().to_string(),
+        },
+        database: runyard_config::Database {
+            url: db.url.clone(),
+        },
         allocator_listen: local,
         allocator_http_listen: local,
         ..Config::default()

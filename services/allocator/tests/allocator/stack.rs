@@ -63,8 +63,10 @@ impl Stack {
         let mut stops = Vec::new();
 
         let ingest = runyard_ingest::App::build(runyard_ingest::Config {
-            nats_url: nats.url(),
-            namespace: ns.to_string(),
+            bus: runyard_config::Bus {
+                nats_url: nats.url(),
+                namespace: ns.to_string(),
+            },
             ingest_listen: local,
             usage_token: Some(USAGE_TOKEN.to_owned().into()),
             gitlab_webhook_token: Some(GITLAB_TOKEN.to_owned().into()),
@@ -80,9 +82,13 @@ impl Stack {
         }));
 
         let tracker = runyard_job_tracker::App::build(runyard_job_tracker::Config {
-            nats_url: nats.url(),
-            namespace: ns.to_string(),
-            database_url: db.url.clone(),
+            bus: runyard_config::Bus {
+                nats_url: nats.url(),
+                namespace: ns.to_string(),
+            },
+            database: runyard_config::Database {
+                url: db.url.clone(),
+            },
             tracker_http_listen: local,
             tracker_batch_wait: Duration::from_millis(5),
             ..runyard_job_tracker::Config::default()
@@ -97,9 +103,13 @@ impl Stack {
         }));
 
         let allocator = App::build(Config {
-            nats_url: nats.url(),
-            namespace: ns.to_string(),
-            database_url: db.url.clone(),
+            bus: runyard_config::Bus {
+                nats_url: nats.url(),
+                namespace: ns.to_string(),
+            },
+            database: runyard_config::Database {
+                url: db.url.clone(),
+            },
             allocator_listen: local,
             allocator_http_listen: local,
             model,
@@ -365,9 +375,13 @@ async fn usage_reports_through_the_stack_shape_the_recommendation() {
     .await;
     assert!(projected.is_some(), "job-tracker projected the reports");
     let other = App::build(Config {
-        nats_url: stack.nats.url(),
-        namespace: unique_namespace().to_string(),
-        database_url: stack.db.url.clone(),
+        bus: runyard_config::Bus {
+            nats_url: stack.nats.url(),
+            namespace: unique_namespace().to_string(),
+        },
+        database: runyard_config::Database {
+            url: stack.db.url.clone(),
+        },
         allocator_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         allocator_http_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         ..Config::default()
@@ -563,9 +577,13 @@ async fn a_report_trains_only_what_its_job_s_webhooks_confirm() {
     .await;
     assert!(projected.is_some(), "job-tracker projected five samples");
     let other = App::build(Config {
-        nats_url: stack.nats.url(),
-        namespace: unique_namespace().to_string(),
-        database_url: stack.db.url.clone(),
+        bus: runyard_config::Bus {
+            nats_url: stack.nats.url(),
+            namespace: unique_namespace().to_string(),
+        },
+        database: runyard_config::Database {
+            url: stack.db.url.clone(),
+        },
         allocator_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         allocator_http_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         ..Config::default()

@@ -43,15 +43,21 @@ async fn start(pki: &TestPki, mtls: bool, anonymous_gantry: bool) -> Running {
         .unwrap();
     let local = SocketAddr::from(([127, 0, 0, 1], 0));
     let app = App::build(Config {
-        nats_url: nats.url(),
-        namespace: ns.to_string(),
-        database_url: db.url.clone(),
+        bus: runyard_config::Bus {
+            nats_url: nats.url(),
+            namespace: ns.to_string(),
+        },
+        database: runyard_config::Database {
+            url: db.url.clone(),
+        },
         allocator_listen: local,
         allocator_http_listen: local,
         allocator_anonymous_gantry: anonymous_gantry,
-        allocator_tls_cert: Some(pki.server.cert.clone()),
-        allocator_tls_key: Some(pki.server.key.clone()),
-        allocator_tls_client_ca: mtls.then(|| pki.ca_file.clone()),
+        tls: runyard_config::Tls {
+            cert: Some(pki.server.cert.clone()),
+            key: Some(pki.server.key.clone()),
+            client_ca: mtls.then(|| pki.ca_file.clone()),
+        },
         ..Config::default()
     })
     .await
@@ -223,13 +229,19 @@ async fn half_a_tls_setting_or_an_unreadable_file_refuses_to_start() {
     let pki = TestPki::new();
     let local = SocketAddr::from(([127, 0, 0, 1], 0));
     let base = || Config {
-        nats_url: "nats://127.0.0.1:1".into(),
+        bus: runyard_config::Bus {
+            nats_url: "nats://127.0.0.1:1".into(),
+            ..Default::default()
+        },
         allocator_listen: local,
         allocator_http_listen: local,
         ..Config::default()
     };
     let e = App::build(Config {
-        allocator_tls_cert: Some(pki.server.cert.clone()),
+        tls: runyard_config::Tls {
+            cert: Some(pki.server.cert.clone()),
+            ..Default::default()
+        },
         ..base()
     })
     .await
@@ -241,9 +253,11 @@ async fn half_a_tls_setting_or_an_unreadable_file_refuses_to_start() {
     );
     let missing = pki.dir().join("gone.pem");
     let e = App::build(Config {
-        allocator_tls_cert: Some(pki.server.cert.clone()),
-        allocator_tls_key: Some(pki.server.key.clone()),
-        allocator_tls_client_ca: Some(missing),
+        tls: runyard_config::Tls {
+            cert: Some(pki.server.cert.clone()),
+            key: Some(pki.server.key.clone()),
+            client_ca: Some(missing),
+        },
         ..base()
     })
     .await

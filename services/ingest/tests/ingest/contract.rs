@@ -31,8 +31,10 @@ struct Harness {
 
 fn test_config(nats_url: String, ns: &Namespace) -> Config {
     Config {
-        nats_url,
-        namespace: ns.to_string(),
+        bus: runyard_config::Bus {
+            nats_url,
+            namespace: ns.to_string(),
+        },
         ingest_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         github_webhook_secret: Some(GH_SECRET.to_owned().into()),
         gitlab_webhook_token: Some(GL_TOKEN.to_owned().into()),
@@ -2860,7 +2862,7 @@ async fn a_full_event_log_refuses_new_deliveries_and_drops_none_it_accepted() {
 async fn a_three_node_cluster_losing_its_leader_under_load_loses_nothing_acknowledged() {
     let mut cluster = NatsCluster::start().await;
     let mut h = Harness::start_with(TestNats::Shared(cluster.urls()), |c| {
-        c.stream_replicas = 3;
+        c.streams.replicas = 3;
         c.ingest_ack_timeout = Duration::from_secs(2);
     })
     .await;
@@ -2936,9 +2938,9 @@ async fn tls_on_the_listener_and_mtls_with_a_client_ca() {
     let with_tls = |ca: Option<std::path::PathBuf>| {
         let (cert, key) = (pki.server.cert.clone(), pki.server.key.clone());
         move |c: &mut Config| {
-            c.ingest_tls_cert = Some(cert);
-            c.ingest_tls_key = Some(key);
-            c.ingest_tls_client_ca = ca;
+            c.tls.cert = Some(cert);
+            c.tls.key = Some(key);
+            c.tls.client_ca = ca;
         }
     };
 
@@ -2976,7 +2978,7 @@ async fn tls_on_the_listener_and_mtls_with_a_client_ca() {
     // Half a setting refuses to start, naming both variables.
     let ns = unique_namespace();
     let mut config = test_config(TestNats::get().await.url(), &ns);
-    config.ingest_tls_key = Some(pki.server.key.clone());
+    config.tls.key = Some(pki.server.key.clone());
     let e = format!("{:#}", App::build(config).await.unwrap_err());
     assert!(
         e.contains("RUNYARD_INGEST_TLS_CERT") && e.contains("RUNYARD_INGEST_TLS_KEY"),

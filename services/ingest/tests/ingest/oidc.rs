@@ -37,8 +37,10 @@ impl Harness {
         let gitlab = FakeIssuer::start("").await;
         let github = FakeIssuer::start("/_services/token").await;
         let mut config = Config {
-            nats_url: nats.url(),
-            namespace: ns.to_string(),
+            bus: runyard_config::Bus {
+                nats_url: nats.url(),
+                namespace: ns.to_string(),
+            },
             ingest_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             usage_oidc: format!("{}={AUDIENCE},{}={AUDIENCE}", gitlab.url(), github.url()),
             ingest_ack_timeout: Duration::from_secs(2),
@@ -652,8 +654,10 @@ async fn the_shared_token_is_an_opt_in_next_to_identity_tokens() {
 async fn a_bad_issuer_list_stops_ingest_naming_the_variable() {
     let nats = TestNats::get().await;
     let e = App::build(Config {
-        nats_url: nats.url(),
-        namespace: unique_namespace().to_string(),
+        bus: runyard_config::Bus {
+            nats_url: nats.url(),
+            namespace: unique_namespace().to_string(),
+        },
         ingest_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         usage_oidc: "http://gitlab.example.com=runyard".into(),
         ..Config::default()
@@ -663,8 +667,10 @@ async fn a_bad_issuer_list_stops_ingest_naming_the_variable() {
     assert!(e.to_string().contains("RUNYARD_USAGE_OIDC"), "{e}");
     // GitLab.com gives tokens to anyone: it needs a project list.
     let e = App::build(Config {
-        nats_url: nats.url(),
-        namespace: unique_namespace().to_string(),
+        bus: runyard_config::Bus {
+            nats_url: nats.url(),
+            namespace: unique_namespace().to_string(),
+        },
         ingest_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         usage_oidc: "https://gitlab.com=runyard".into(),
         ..Config::default()

@@ -76,9 +76,13 @@ async fn allocator(tweak: impl FnOnce(&mut runyard_allocator::Config)) -> Runnin
         .unwrap();
     let local = SocketAddr::from(([127, 0, 0, 1], 0));
     let mut config = runyard_allocator::Config {
-        nats_url: nats.url(),
-        namespace: ns.to_string(),
-        database_url: db.url.clone(),
+        bus: runyard_config::Bus {
+            nats_url: nats.url(),
+            namespace: ns.to_string(),
+        },
+        database: runyard_config::Database {
+            url: db.url.clone(),
+        },
         allocator_listen: local,
         allocator_http_listen: local,
         allocator_tokens: Tokens::new([TOKEN]),
@@ -162,9 +166,9 @@ async fn the_recommend_call_carries_the_client_token() {
 async fn the_recommend_call_goes_over_mtls_with_the_client_certificate() {
     let pki = runyard_testkit::pki::TestPki::new();
     let a = allocator(|c| {
-        c.allocator_tls_cert = Some(pki.server.cert.clone());
-        c.allocator_tls_key = Some(pki.server.key.clone());
-        c.allocator_tls_client_ca = Some(pki.ca_file.clone());
+        c.tls.cert = Some(pki.server.cert.clone());
+        c.tls.key = Some(pki.server.key.clone());
+        c.tls.client_ca = Some(pki.ca_file.clone());
     })
     .await;
     let url = format!("https://127.0.0.1:{}", a.grpc.port());

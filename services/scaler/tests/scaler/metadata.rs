@@ -673,10 +673,10 @@ async fn the_api_speaks_tls_without_asking_instances_for_a_certificate() {
     let stack = Stack::new(&pool_toml(2, 0, "")).await;
     let pki = runyard_testkit::pki::TestPki::new();
     let mut config = stack.config();
-    config.scaler_tls_cert = Some(pki.server.cert.clone());
-    config.scaler_tls_key = Some(pki.server.key.clone());
+    config.tls.cert = Some(pki.server.cert.clone());
+    config.tls.key = Some(pki.server.key.clone());
     // mTLS on the scaler's HTTP listener; the metadata API never asks.
-    config.scaler_tls_client_ca = Some(pki.ca_file.clone());
+    config.tls.client_ca = Some(pki.ca_file.clone());
     let file = ScalerFile::parse(&stack.file).expect("valid scaler file");
     let app = Box::pin(App::build(config, Some(file)))
         .await
@@ -746,7 +746,7 @@ async fn tls_settings_that_cannot_work_refuse_to_start() {
             }
         }
     };
-    let e = build(&|c| c.scaler_tls_cert = Some(pki.server.cert.clone())).await;
+    let e = build(&|c| c.tls.cert = Some(pki.server.cert.clone())).await;
     assert!(
         e.contains("RUNYARD_SCALER_TLS_CERT") && e.contains("RUNYARD_SCALER_TLS_KEY"),
         "{e}"

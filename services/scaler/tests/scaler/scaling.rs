@@ -403,9 +403,9 @@ fn spawn_replica(stack: &Stack, file: &std::path::Path) -> std::process::Child {
     let c = stack.config();
     std::process::Command::new(env!("CARGO_BIN_EXE_runyard-scaler"))
         .env_clear()
-        .env("RUNYARD_NATS_URL", &c.nats_url)
-        .env("RUNYARD_NAMESPACE", &c.namespace)
-        .env("RUNYARD_DATABASE_URL", &c.database_url)
+        .env("RUNYARD_NATS_URL", &c.bus.nats_url)
+        .env("RUNYARD_NAMESPACE", &c.bus.namespace)
+        .env("RUNYARD_DATABASE_URL", &c.database.url)
         .env("RUNYARD_SCALER_HTTP_LISTEN", "127.0.0.1:0")
         .env("RUNYARD_SCALER_CONFIG", file)
         .env("RUNYARD_GITHUB_API_URL", &c.github_api_url)

@@ -125,8 +125,10 @@ async fn each_service_works_with_its_own_nats_user() {
     let mut stops = Stops(Vec::new());
 
     let ingest = runyard_ingest::App::build(runyard_ingest::Config {
-        nats_url: nats.url_as("ingest"),
-        namespace: ns.to_string(),
+        bus: runyard_config::Bus {
+            nats_url: nats.url_as("ingest"),
+            namespace: ns.to_string(),
+        },
         ingest_listen: LOCAL,
         github_webhook_secret: Some(GITHUB_SECRET.to_owned().into()),
         usage_token: Some(USAGE_TOKEN.to_owned().into()),
@@ -141,9 +143,13 @@ async fn each_service_works_with_its_own_nats_user() {
         })
     });
     let tracker = runyard_job_tracker::App::build(runyard_job_tracker::Config {
-        nats_url: nats.url_as("job-tracker"),
-        namespace: ns.to_string(),
-        database_url: db.url.clone(),
+        bus: runyard_config::Bus {
+            nats_url: nats.url_as("job-tracker"),
+            namespace: ns.to_string(),
+        },
+        database: runyard_config::Database {
+            url: db.url.clone(),
+        },
         tracker_http_listen: LOCAL,
         tracker_batch_wait: Duration::from_millis(5),
         ..runyard_job_tracker::Config::default()
@@ -157,9 +163,13 @@ async fn each_service_works_with_its_own_nats_user() {
         })
     });
     let allocator = runyard_allocator::App::build(runyard_allocator::Config {
-        nats_url: nats.url_as("allocator"),
-        namespace: ns.to_string(),
-        database_url: db.url.clone(),
+        bus: runyard_config::Bus {
+            nats_url: nats.url_as("allocator"),
+            namespace: ns.to_string(),
+        },
+        database: runyard_config::Database {
+            url: db.url.clone(),
+        },
         allocator_listen: LOCAL,
         allocator_http_listen: LOCAL,
         allocator_tokens: runyard_allocator::auth::Tokens::new([ALLOCATOR_TOKEN]),
@@ -180,9 +190,13 @@ async fn each_service_works_with_its_own_nats_user() {
     );
     let scaler = runyard_scaler::App::build(
         runyard_scaler::Config {
-            nats_url: nats.url_as("scaler"),
-            namespace: ns.to_string(),
-            database_url: db.url.clone(),
+            bus: runyard_config::Bus {
+                nats_url: nats.url_as("scaler"),
+                namespace: ns.to_string(),
+            },
+            database: runyard_config::Database {
+                url: db.url.clone(),
+            },
             scaler_http_listen: LOCAL,
             scaler_metadata_listen: LOCAL,
             github_api_url: github.url(),

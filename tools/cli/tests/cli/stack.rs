@@ -187,15 +187,19 @@ impl Stack {
         let mut stops = Stops(Vec::new());
 
         let ingest = runyard_ingest::App::build(runyard_ingest::Config {
-            nats_url: nats.url(),
-            namespace: ns.to_string(),
+            bus: runyard_config::Bus {
+                nats_url: nats.url(),
+                namespace: ns.to_string(),
+            },
             ingest_listen: LOCAL,
             github_webhook_secret: Some(GITHUB_SECRET.to_owned().into()),
             gitlab_webhook_token: Some(GITLAB_TOKEN.to_owned().into()),
             usage_token: Some(USAGE_TOKEN.to_owned().into()),
-            ingest_tls_cert: cert.clone(),
-            ingest_tls_key: key.clone(),
-            ingest_tls_client_ca: ca.clone(),
+            tls: runyard_config::Tls {
+                cert: cert.clone(),
+                key: key.clone(),
+                client_ca: ca.clone(),
+            },
             ..runyard_ingest::Config::default()
         })
         .await
@@ -208,14 +212,20 @@ impl Stack {
         });
 
         let tracker = runyard_job_tracker::App::build(runyard_job_tracker::Config {
-            nats_url: nats.url(),
-            namespace: ns.to_string(),
-            database_url: db.url.clone(),
+            bus: runyard_config::Bus {
+                nats_url: nats.url(),
+                namespace: ns.to_string(),
+            },
+            database: runyard_config::Database {
+                url: db.url.clone(),
+            },
             tracker_http_listen: LOCAL,
             tracker_batch_wait: Duration::from_millis(5),
-            tracker_tls_cert: cert.clone(),
-            tracker_tls_key: key.clone(),
-            tracker_tls_client_ca: ca.clone(),
+            tls: runyard_config::Tls {
+                cert: cert.clone(),
+                key: key.clone(),
+                client_ca: ca.clone(),
+            },
             ..runyard_job_tracker::Config::default()
         })
         .await
@@ -228,15 +238,21 @@ impl Stack {
         });
 
         let allocator = runyard_allocator::App::build(runyard_allocator::Config {
-            nats_url: nats.url(),
-            namespace: ns.to_string(),
-            database_url: db.url.clone(),
+            bus: runyard_config::Bus {
+                nats_url: nats.url(),
+                namespace: ns.to_string(),
+            },
+            database: runyard_config::Database {
+                url: db.url.clone(),
+            },
             allocator_listen: LOCAL,
             allocator_http_listen: LOCAL,
             allocator_tokens: runyard_allocator::auth::Tokens::new([ALLOCATOR_TOKEN]),
-            allocator_tls_cert: cert.clone(),
-            allocator_tls_key: key.clone(),
-            allocator_tls_client_ca: ca.clone(),
+            tls: runyard_config::Tls {
+                cert: cert.clone(),
+                key: key.clone(),
+                client_ca: ca.clone(),
+            },
             ..runyard_allocator::Config::default()
         })
         .await
@@ -250,9 +266,13 @@ impl Stack {
 
         let scaler = runyard_scaler::App::build(
             runyard_scaler::Config {
-                nats_url: nats.url(),
-                namespace: ns.to_string(),
-                database_url: db.url.clone(),
+                bus: runyard_config::Bus {
+                    nats_url: nats.url(),
+                    namespace: ns.to_string(),
+                },
+                database: runyard_config::Database {
+                    url: db.url.clone(),
+                },
                 scaler_http_listen: LOCAL,
                 github_api_url: github.url(),
                 github_token: Some("test-token".to_owned().into()),
@@ -261,9 +281,11 @@ impl Stack {
                 allocator_ca_file: ca.clone(),
                 allocator_client_cert: pki.map(|p| p.client.cert.clone()),
                 allocator_client_key: pki.map(|p| p.client.key.clone()),
-                scaler_tls_cert: cert.clone(),
-                scaler_tls_key: key.clone(),
-                scaler_tls_client_ca: ca.clone(),
+                tls: runyard_config::Tls {
+                    cert: cert.clone(),
+                    key: key.clone(),
+                    client_ca: ca.clone(),
+                },
                 scaler_metadata_listen: LOCAL,
                 scaler_instance_token_key: Some(
                     "e6ba5d7d4016a15dcba16e8905f88fea35bfdd5cfeeb02b8bb711d5885495b87"

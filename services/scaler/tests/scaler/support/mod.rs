@@ -185,10 +185,14 @@ command = ["/bin/sleep", "3600"]
     /// The scaler's service settings for this stack.
     pub fn config(&self) -> Config {
         Config {
-            nats_url: self.nats.url(),
-            namespace: self.ns.to_string(),
+            bus: runyard_config::Bus {
+                nats_url: self.nats.url(),
+                namespace: self.ns.to_string(),
+            },
             // No projection: the log alone says what started.
-            database_url: "postgres://postgres@127.0.0.1:1/none".into(),
+            database: runyard_config::Database {
+                url: "postgres://postgres@127.0.0.1:1/none".into(),
+            },
             scaler_http_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             github_api_url: self.github.url(),
             github_token: Some("test-token".to_owned().into()),
