@@ -1,7 +1,8 @@
-//! The thin shell around the policy: folds events into the world, holds
-//! pool leases, runs the policy for the pools it owns and carries the
-//! decisions out as operations off the loop (each bounded by a timeout), whose
-//! outcomes come back as events.
+//! The thin shell around the core: holds pool leases, feeds what arrives
+//! (events from the log, operations' outcomes, listings, ticks) into
+//! [`Core`] at the wall-clock time, and carries the effects it returns out
+//! as operations off the loop (each bounded by a timeout), whose outcomes
+//! come back as events.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, RwLock};
@@ -9,18 +10,18 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use runyard_bus::TraceParent;
 use runyard_events::{
-    Body, Event, Forge, JobKey, JobStatus, RunnerAssigned, RunnerCreated, RunnerDeleted,
-    RunnerFailed, RunnerOnline, RunnerRef, Source, claim_key, forge_token, instance_name,
-    timestamp,
+    Body, Event, JobStatus, RunnerAssigned, RunnerCreated, RunnerDeleted, RunnerFailed,
+    RunnerOnline, RunnerRef, forge_token,
 };
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
 use crate::config::{PoolConfig, StoppedAction};
-use crate::core::listing::{self, Finding, Listing, Sightings};
-use crate::core::policy::{self, Decision, Knobs, PoolSpec, PoolStatus};
-use crate::core::world::{Clock, JobId, Phase, Runner, World, create_backoff};
+use crate::core::listing::{Finding, Listing};
+use crate::core::policy::{Knobs, PoolSpec, PoolStatus};
+use crate::core::step::{Backoff, Core, Effect, Local, Settings, job_key};
+use crate::core::world::{Clock, JobId, Phase};
 use crate::forges::{ForgeRunner, Unregistered};
 use crate::io::Io;
 use crate::metrics::ScalerMetrics;
@@ -147,20 +148,6 @@ struct SeenPool {
     at: Clock,
 }
 
-/// Facts that are not events (they come from the forge's lagging view).
-#[derive(Debug)]
-enum Local {
-    /// The forge says the runner is running a job (these, when it names
-    /// them: GitLab).
-    Busy(Vec<u64>),
-    /// The forge says it is idle.
-    Idle,
-    /// The create waited this long before the runner was registered (for a
-    /// create slot, or for a spent GitHub budget): its bootstrap time
-    /// starts after that.
-    Waited(Duration),
-}
-
 /// A held lease.
 #[derive(Debug, Clone, Copy)]
 struct Lease {
@@ -172,19 +159,12 @@ struct Lease {
 #[derive(Debug)]
 pub struct Engine {
     shared: Arc<Shared>,
-    world: World,
-    ops: HashSet<String>,
+    /// The bookkeeping that decides what to do.
+    core: Core,
     leases: HashMap<String, Lease>,
     outcomes_tx: mpsc::Sender<Outcome>,
     outcomes: mpsc::Receiver<Outcome>,
-    /// Listing mismatches seen (acted on at the second sighting).
-    sightings: Sightings,
-    last_idle_check: HashMap<String, Clock>,
     tasks: tokio::task::JoinSet<()>,
-    idle_counter: u64,
-    /// GitLab jobs whose tags could not be read (not asked again until the
-    /// next sync, to stay within the API budget).
-    label_failures: HashSet<JobId>,
     /// GitHub's runner downloads (the `tools` external providers get).
     tools: Arc<ToolsCache>,
     /// Every pool id the log's runner events named within the lookback,
@@ -193,15 +173,9 @@ pub struct Engine {
     seen_pools: HashMap<String, SeenPool>,
     /// Removed pools whose provider no configured pool uses (warned once).
     unreachable_pools: HashSet<String>,
-    /// Runners whose stopped instance was started once (stopped again, they
-    /// are replaced).
-    restarted: HashSet<String>,
     /// The trace each queued job's event carried: its runner's creation is
     /// a hop of that trace.
     traces: HashMap<JobId, TraceParent>,
-    /// Jobs already said to be unserved, with the run attempt said (said
-    /// once per attempt).
-    unserved: HashMap<JobId, u32>,
 }
 
 /// An event read from the log, with the trace context it carried.
@@ -220,24 +194,39 @@ impl Engine {
     pub fn new(shared: Arc<Shared>) -> Self {
         Self::register_pools(&shared);
         let (outcomes_tx, outcomes) = mpsc::channel(4096);
+        let timers = &shared.io.timers;
+        let core = Core::new(Settings {
+            pools: shared.specs.clone(),
+            pool_ids: shared
+                .pools
+                .iter()
+                .map(|(name, p)| (name.clone(), p.id.clone()))
+                .collect(),
+            replica: shared.io.coord.replica().to_owned(),
+            knobs: Knobs {
+                idle_backoff: timers.idle_backoff,
+                create_attempts: timers.create_attempts,
+                balance: timers.balance,
+            },
+            busy_confirmation: timers.busy_confirmation,
+            backoff: Backoff {
+                base: timers.create_backoff,
+                max: timers.create_backoff_max,
+                jitter: || 0.75 + rand::random::<f64>() * 0.5,
+            },
+            lookup_labels: shared.io.forges.gitlab.is_some(),
+        });
         Self {
             shared,
-            world: World::default(),
-            ops: HashSet::new(),
+            core,
             leases: HashMap::new(),
             outcomes_tx,
             outcomes,
-            sightings: Sightings::default(),
-            last_idle_check: HashMap::new(),
             tasks: tokio::task::JoinSet::new(),
-            idle_counter: 0,
-            label_failures: HashSet::new(),
             tools: Arc::new(ToolsCache::default()),
             seen_pools: HashMap::new(),
             unreachable_pools: HashSet::new(),
-            restarted: HashSet::new(),
             traces: HashMap::new(),
-            unserved: HashMap::new(),
         }
     }
 
@@ -246,17 +235,6 @@ impl Engine {
     fn register_pools(shared: &Shared) {
         for p in shared.pools.values() {
             p.provider.register_pool(&p.id, p.config.extra_specs_json());
-        }
-    }
-
-    fn backoff(&self) -> impl Fn(u32) -> Duration + use<> {
-        let (base, max) = (
-            self.shared.io.timers.create_backoff,
-            self.shared.io.timers.create_backoff_max,
-        );
-        move |attempt| {
-            let d = create_backoff(base, max, attempt);
-            d.mul_f64(0.75 + rand::random::<f64>() * 0.5)
         }
     }
 
@@ -275,12 +253,17 @@ impl Engine {
             };
             self.traces.insert(id, tp);
         }
-        self.apply(&observed.event);
+        self.sync_owned();
+        let effects = self.core.observe(&observed.event, now());
+        self.noted(&observed.event);
+        self.start_all(effects);
         self.shared.progress.folded(observed.seq);
     }
 
-    fn apply(&mut self, event: &Event) {
-        let backoff = self.backoff();
+    /// What the engine itself takes from an event folded into the core:
+    /// the queue wait of a job that started, the pool id a runner event
+    /// names.
+    fn noted(&mut self, event: &Event) {
         if let Some(Body::JobObserved(j)) = &event.body
             && j.status() == JobStatus::InProgress
             && let Some(created) = j.created_at.as_ref()
@@ -292,38 +275,7 @@ impl Engine {
                 self.shared.io.metrics.queue_wait.observe(wait);
             }
         }
-        let assigned_before = match &event.body {
-            Some(Body::JobObserved(j)) => self
-                .world
-                .runners
-                .get(&j.runner_name)
-                .is_some_and(|r| r.phase >= Phase::Assigned),
-            _ => true,
-        };
-        self.world.apply(event, now(), backoff);
         self.note_pool(event);
-        // A job started on one of our runners: record the assignment (the
-        // pool's owner does, once; the id is deterministic either way).
-        if !assigned_before
-            && let Some(Body::JobObserved(j)) = &event.body
-            && j.status() == JobStatus::InProgress
-            && !j.runner_name.is_empty()
-            && let Some(r) = self.world.runners.get(&j.runner_name)
-            && r.phase == Phase::Assigned
-            && self.owns(&r.pool)
-            && let Some(p) = self.shared.pools.get(&r.pool).cloned()
-            && let Some(job) = j.job.clone()
-        {
-            let shared = self.shared.clone();
-            let name = r.name.clone();
-            let body = Body::RunnerAssigned(RunnerAssigned {
-                runner: Some(rref(&p, &name)),
-                job: Some(job),
-            });
-            self.tasks.spawn(async move {
-                publish(&shared, &p, &name, body).await;
-            });
-        }
     }
 
     /// Remembers the pool id a runner event names.
@@ -400,18 +352,16 @@ impl Engine {
                     continue;
                 }
                 _ = sync_tick.tick() => {
-                    self.label_failures.clear();
+                    self.core.retry_labels();
                     self.sync();
                     continue;
                 }
                 _ = prune_tick.tick() => {
                     let now = now();
-                    self.world.prune(now, timers.lookback);
+                    self.core.prune(now, timers.lookback);
                     let cutoff = now.saturating_sub(timers.lookback);
                     self.seen_pools.retain(|_, s| s.at >= cutoff);
-                    let runners = &self.world.runners;
-                    self.restarted.retain(|n| runners.contains_key(n));
-                    let jobs = &self.world.jobs;
+                    let jobs = &self.core.world().jobs;
                     self.traces.retain(|j, _| jobs.contains_key(j));
                     continue;
                 }
@@ -436,6 +386,16 @@ impl Engine {
         self.leases
             .get(pool)
             .is_some_and(|l| l.valid_until > Instant::now())
+    }
+
+    /// Tells the core which pools this replica holds the lease of now (a
+    /// lease not renewed in time lapses between renewals).
+    fn sync_owned(&mut self) {
+        let pools = self.shared.pools.clone();
+        for name in pools.keys() {
+            let owned = self.owns(name);
+            self.core.own(name, owned);
+        }
     }
 
     async fn renew_leases(&mut self) {
@@ -490,231 +450,37 @@ impl Engine {
         }
     }
 
-    /// Looks up the tags of queued GitLab jobs this replica may serve.
-    fn lookup_labels(&mut self) {
-        let Some(gitlab) = self.shared.io.forges.gitlab.clone() else {
-            return;
-        };
-        let serves: HashSet<String> = self
-            .shared
-            .specs
-            .iter()
-            .filter(|s| s.forge == Forge::Gitlab && self.owns(&s.name))
-            .map(|s| s.instance.clone())
-            .collect();
-        if serves.is_empty() {
-            return;
-        }
-        let wanted: Vec<(JobId, u64)> = self
-            .world
-            .jobs
-            .values()
-            .filter(|j| j.is_queued() && j.labels.is_none() && serves.contains(&j.id.instance))
-            .filter(|j| !self.label_failures.contains(&j.id))
-            .map(|j| (j.id.clone(), j.project_id))
-            .collect();
-        for (job, project) in wanted {
-            let key = format!("labels:{}", job.job_id);
-            if self.ops.contains(&key) {
-                continue;
-            }
-            let gitlab = gitlab.clone();
-            self.spawn(key, async move {
-                let labels = match gitlab.get_job(project, job.job_id).await {
-                    Ok(j) => Some(j.tag_list),
-                    Err(error) => {
-                        tracing::warn!(%error, job_id = job.job_id, "reading the job's tags failed");
-                        None
-                    }
-                };
-                Outcome::Labels { job, labels }
-            });
-        }
-    }
-
+    /// One round of the core at the wall-clock time: its decisions
+    /// counted, its effects carried out, its numbers shown.
     fn decide(&mut self) {
-        self.lookup_labels();
-        let now = now();
-        let knobs = Knobs {
-            idle_backoff: self.shared.io.timers.idle_backoff,
-            create_attempts: self.shared.io.timers.create_attempts,
-            balance: self.shared.io.timers.balance,
-        };
-        let owned: HashSet<String> = self
-            .shared
-            .pools
-            .keys()
-            .filter(|p| self.owns(p))
-            .cloned()
-            .collect();
-        let specs = &self.shared.specs;
-        let queues = policy::queues(&self.world, specs, self.shared.io.timers.balance);
-        let decisions = if owned.is_empty() {
-            Vec::new()
-        } else {
-            let ops = &self.ops;
-            policy::decide_queued(
-                specs,
-                &self.world,
-                &queues,
-                &|p| owned.contains(p),
-                &|n| ops.contains(n),
-                now,
-                &knobs,
-            )
-        };
-        // The policy runs on every event and most decide nothing: then
-        // this round's queues give the pools' numbers too.
-        let unchanged = decisions
-            .is_empty()
-            .then(|| policy::status_of(specs, &self.world, &queues));
-        drop(queues);
-        for d in decisions {
-            self.execute(d, now);
+        self.sync_owned();
+        let round = self.core.decide(now());
+        for &decision in &round.decisions {
+            self.shared
+                .io
+                .metrics
+                .decisions
+                .get_or_create(&crate::metrics::DecisionLabel { decision })
+                .inc();
         }
-        let status = unchanged.unwrap_or_else(|| {
-            policy::status(
-                &self.shared.specs,
-                &self.world,
-                self.shared.io.timers.balance,
-            )
-        });
-        self.shared.io.metrics.record_pools(&status);
+        self.start_all(round.effects);
+        self.shared.io.metrics.record_pools(&round.status);
         if let Ok(mut s) = self.shared.status.write() {
-            *s = status;
+            *s = round.status;
         }
-        self.report_unserved();
-        self.shared.progress.round(self.ops.len());
+        self.shared.progress.round(self.core.in_flight_count());
     }
 
-    /// Says once, for each queued job of a served instance whose labels no
-    /// pool covers, that it gets no runner: a `JobUnserved` event (its id is
-    /// the same on every replica, so the log holds it once), and, from the
-    /// replica whose event was the first, a log line and the metric. The job
-    /// holds nothing meanwhile: no runner waits for it until the forge's
-    /// queue limit.
-    fn report_unserved(&mut self) {
-        let specs = &self.shared.specs;
-        let mut found = Vec::new();
-        // Runs on every decision over every queued job: the common answer
-        // (said already, or some pool takes it) costs no allocation.
-        for job in self.world.jobs.values().filter(|j| j.is_queued()) {
-            let Some(labels) = job.labels.as_deref() else {
-                continue;
-            };
-            if self.unserved.get(&job.id) == Some(&job.run_attempt)
-                || specs.iter().any(|p| policy::takes(p, job))
-                || !specs
-                    .iter()
-                    .any(|p| p.forge == job.id.forge && p.instance == job.id.instance)
-            {
-                continue;
-            }
-            let of_instance = || {
-                specs
-                    .iter()
-                    .filter(|p| p.forge == job.id.forge && p.instance == job.id.instance)
-            };
-            let shut_out: Vec<&str> = of_instance()
-                .filter(|p| policy::labels_match(labels, &p.labels))
-                .map(|p| p.name.as_str())
-                .collect();
-            let (reason, detail) = if shut_out.is_empty() {
-                let pools: Vec<String> = of_instance()
-                    .map(|p| format!("{} {:?}", p.name, p.labels))
-                    .collect();
-                (
-                    "no_matching_pool",
-                    format!(
-                        "no pool's labels cover the job's {labels:?} (pools: {})",
-                        pools.join(", ")
-                    ),
-                )
-            } else {
-                (
-                    "runner_group",
-                    format!(
-                        "the pools whose labels match ({}) are in runner groups that do not admit {}",
-                        shut_out.join(", "),
-                        job.project
-                    ),
-                )
-            };
-            found.push((job.clone(), reason, detail));
-        }
-        let world = &self.world;
-        self.unserved.retain(|id, _| world.jobs.contains_key(id));
-        for (job, reason, detail) in found {
-            self.unserved.insert(job.id.clone(), job.run_attempt);
-            let event = Event {
-                id: runyard_events::ids::unserved(
-                    job.id.forge,
-                    &job.id.instance,
-                    job.id.job_id,
-                    job.run_attempt,
-                    reason,
-                ),
-                occurred_at: Some(timestamp(time::OffsetDateTime::now_utc())),
-                received_at: Some(timestamp(time::OffsetDateTime::now_utc())),
-                source: Some(Source {
-                    forge: job.id.forge as i32,
-                    instance: job.id.instance.clone(),
-                    producer: "scaler".into(),
-                    ..Default::default()
-                }),
-                body: Some(Body::JobUnserved(runyard_events::JobUnserved {
-                    job: Some(JobKey {
-                        forge: job.id.forge as i32,
-                        instance: job.id.instance.clone(),
-                        job_id: job.id.job_id,
-                    }),
-                    run_attempt: job.run_attempt,
-                    project: job.project.clone(),
-                    name: job.name.clone(),
-                    labels: job.labels.clone().unwrap_or_default(),
-                    reason: reason.into(),
-                    detail: detail.clone(),
-                })),
-            };
-            let shared = self.shared.clone();
-            let name = format!("unserved:{}", event.id);
-            let tp = self
-                .traces
-                .get(&job.id)
-                .cloned()
-                .unwrap_or_else(TraceParent::new_root);
-            self.spawn(name.clone(), async move {
-                match shared.io.bus.publish_event(&event, &tp).await {
-                    Ok(stored) if !stored.duplicate => {
-                        tracing::warn!(
-                            job_id = job.id.job_id,
-                            project = %job.project,
-                            job = %job.name,
-                            reason,
-                            %detail,
-                            "queued job gets no runner"
-                        );
-                        shared
-                            .io.metrics
-                            .jobs_unserved
-                            .get_or_create(&crate::metrics::UnservedLabel {
-                                forge: forge_token(job.id.forge),
-                                reason,
-                            })
-                            .inc();
-                    }
-                    Ok(_) => {}
-                    Err(error) => {
-                        tracing::warn!(%error, job_id = job.id.job_id, "publishing an unserved job failed");
-                    }
-                }
-                Outcome::unpublished(name, None)
-            });
-        }
-    }
-
+    /// Starts an operation the engine decides on its own (a listing),
+    /// counted in flight in the core until its outcome comes back.
     fn spawn(&mut self, name: String, op: impl Future<Output = Outcome> + Send + 'static) {
-        self.ops.insert(name);
+        self.core.begin(name);
+        self.spawn_started(op);
+    }
+
+    /// Runs an operation the core already counts in flight; its outcome
+    /// goes back to the loop.
+    fn spawn_started(&mut self, op: impl Future<Output = Outcome> + Send + 'static) {
         self.shared.progress.started();
         let tx = self.outcomes_tx.clone();
         self.tasks.spawn(async move {
@@ -723,37 +489,51 @@ impl Engine {
         });
     }
 
-    fn execute(&mut self, decision: Decision, now: Clock) {
-        self.shared
-            .io
-            .metrics
-            .decisions
-            .get_or_create(&crate::metrics::DecisionLabel {
-                decision: decision_name(&decision),
-            })
-            .inc();
-        match decision {
-            Decision::Create {
+    fn start_all(&mut self, effects: Vec<Effect>) {
+        for effect in effects {
+            self.start(effect);
+        }
+    }
+
+    /// The pool `name`, or, when none has that name, operation `op` ended
+    /// (the core only names configured pools).
+    fn pool(&mut self, name: &str, op: &str) -> Option<Arc<Pool>> {
+        let pool = self.shared.pools.get(name).cloned();
+        if pool.is_none() {
+            self.core.end(op);
+        }
+        pool
+    }
+
+    /// Carries out one of the core's effects.
+    fn start(&mut self, effect: Effect) {
+        let shared = self.shared.clone();
+        match effect {
+            Effect::Labels { job, project } => {
+                let Some(gitlab) = self.shared.io.forges.gitlab.clone() else {
+                    self.core.labels(job, None);
+                    return;
+                };
+                self.spawn_started(async move {
+                    let labels = match gitlab.get_job(project, job.job_id).await {
+                        Ok(j) => Some(j.tag_list),
+                        Err(error) => {
+                            tracing::warn!(%error, job_id = job.job_id, "reading the job's tags failed");
+                            None
+                        }
+                    };
+                    Outcome::Labels { job, labels }
+                });
+            }
+            Effect::Create {
                 pool,
                 job,
-                run_attempt,
+                name,
+                claim_key,
             } => {
-                let key = claim_key(job.forge, &job.instance, job.job_id, run_attempt);
-                let name = instance_name(&pool, &key);
-                if self.ops.contains(&name) {
-                    return;
-                }
-                let Some(p) = self.shared.pools.get(&pool).cloned() else {
+                let Some(p) = self.pool(&pool, &name) else {
                     return;
                 };
-                let Some(j) = self.world.jobs.get(&job).cloned() else {
-                    return;
-                };
-                // Counted at once, so the next decision sees it.
-                self.world.runners.insert(
-                    name.clone(),
-                    Runner::requested(&name, &pool, Some(job.clone()), run_attempt, &key, now),
-                );
                 // The creation is a hop of the trace the job's queued event
                 // carried: the allocator call, the provider call and the
                 // runner events it publishes are in that trace too.
@@ -762,36 +542,40 @@ impl Engine {
                     otel.name = "scaler create runner",
                     runyard.pool = %pool,
                     runyard.runner = %name,
-                    runyard.job_id = i64::try_from(job.job_id).unwrap_or(i64::MAX),
+                    runyard.job_id = i64::try_from(job.id.job_id).unwrap_or(i64::MAX),
                 );
-                let incoming = self.traces.get(&job).map(TraceParent::to_string);
+                let incoming = self.traces.get(&job.id).map(TraceParent::to_string);
                 runyard_bus::adopt(&span, incoming.as_deref());
-                let shared = self.shared.clone();
                 let tools = self.tools.clone();
-                self.spawn(
-                    name.clone(),
-                    create_for_job(shared, p, j, name, key, tools).instrument(span),
+                self.spawn_started(
+                    create_for_job(shared, p, job, name, claim_key, tools).instrument(span),
                 );
             }
-            Decision::CreateIdle { pool } => self.create_free(&pool, "min_idle", now),
-            Decision::Replace { pool } => self.create_free(&pool, "replacement", now),
-            Decision::Retry { name } => {
-                let Some((p, runner)) = self.runner_and_pool(&name) else {
+            Effect::CreateFree {
+                pool,
+                name,
+                key,
+                reason,
+            } => {
+                let Some(p) = self.pool(&pool, &name) else {
                     return;
                 };
-                let job = runner
-                    .job
-                    .as_ref()
-                    .and_then(|j| self.world.jobs.get(j))
-                    .cloned();
-                let attempt = self
-                    .world
-                    .runners
-                    .get_mut(&name)
-                    .map_or(runner.attempts + 1, |r| r.retrying(now));
-                let shared = self.shared.clone();
                 let tools = self.tools.clone();
-                self.spawn(name.clone(), async move {
+                self.spawn_started(async move {
+                    create_free(shared, p, name, key, reason, tools).await
+                });
+            }
+            Effect::Retry {
+                pool,
+                name,
+                job,
+                attempt,
+            } => {
+                let Some(p) = self.pool(&pool, &name) else {
+                    return;
+                };
+                let tools = self.tools.clone();
+                self.spawn_started(async move {
                     let sizing = match &job {
                         Some(j) => shared.io.allocator.size(j, &p.config.flavors).await.flavor,
                         None => 0,
@@ -805,12 +589,12 @@ impl Engine {
                     }
                 });
             }
-            Decision::GiveUp { name } => {
-                let Some((p, runner)) = self.runner_and_pool(&name) else {
+            Effect::GiveUp { runner } => {
+                let Some(p) = self.pool(&runner.pool, &runner.name) else {
                     return;
                 };
-                let shared = self.shared.clone();
-                self.spawn(name.clone(), async move {
+                self.spawn_started(async move {
+                    let name = runner.name.clone();
                     let body = Body::RunnerFailed(RunnerFailed {
                         runner: Some(rref(&p, &name)),
                         reason: "gave_up".into(),
@@ -823,12 +607,12 @@ impl Engine {
                     record(&shared, &p, name, body).await
                 });
             }
-            Decision::Reap { name } => {
-                let Some((p, runner)) = self.runner_and_pool(&name) else {
+            Effect::Reap { runner } => {
+                let Some(p) = self.pool(&runner.pool, &runner.name) else {
                     return;
                 };
-                let shared = self.shared.clone();
-                self.spawn(name.clone(), async move {
+                self.spawn_started(async move {
+                    let name = runner.name.clone();
                     match remove(&shared, &p, &runner).await {
                         Ok(Unregistered::Busy(jobs)) => {
                             Outcome::unpublished(name, Some(Local::Busy(jobs)))
@@ -853,12 +637,12 @@ impl Engine {
                     }
                 });
             }
-            Decision::Delete { name, reason } => {
-                let Some((p, runner)) = self.runner_and_pool(&name) else {
+            Effect::Delete { runner, reason } => {
+                let Some(p) = self.pool(&runner.pool, &runner.name) else {
                     return;
                 };
-                let shared = self.shared.clone();
-                self.spawn(name.clone(), async move {
+                self.spawn_started(async move {
+                    let name = runner.name.clone();
                     let removed = if runner.phase == Phase::Failed {
                         Ok(Unregistered::Gone)
                     } else {
@@ -881,59 +665,67 @@ impl Engine {
                     }
                 });
             }
-            Decision::ConfirmIdle { name } => {
-                // Read the forge at most twice per confirmation window.
-                let window = self.shared.io.timers.busy_confirmation;
-                if self
-                    .last_idle_check
-                    .get(&name)
-                    .is_some_and(|t| now.saturating_sub(*t) < window / 2)
-                {
-                    return;
-                }
-                let Some((p, runner)) = self.runner_and_pool(&name) else {
+            Effect::ConfirmIdle { runner, confirmed } => {
+                let Some(p) = self.pool(&runner.pool, &runner.name) else {
                     return;
                 };
-                self.last_idle_check.insert(name.clone(), now);
-                let confirmed = runner
-                    .idle_confirmed_from
-                    .is_some_and(|from| now.saturating_sub(from) >= window);
-                let shared = self.shared.clone();
-                self.spawn(name.clone(), async move {
-                    confirm_idle(shared, p, runner, confirmed).await
+                self.spawn_started(async move { confirm_idle(shared, p, runner, confirmed).await });
+            }
+            Effect::Unserved {
+                job,
+                reason,
+                detail,
+                event,
+            } => {
+                let name = format!("unserved:{}", event.id);
+                let tp = self
+                    .traces
+                    .get(&job.id)
+                    .cloned()
+                    .unwrap_or_else(TraceParent::new_root);
+                // From the replica whose event was the first: a log line
+                // and the metric.
+                self.spawn_started(async move {
+                    match shared.io.bus.publish_event(&event, &tp).await {
+                        Ok(stored) if !stored.duplicate => {
+                            tracing::warn!(
+                                job_id = job.id.job_id,
+                                project = %job.project,
+                                job = %job.name,
+                                reason,
+                                %detail,
+                                "queued job gets no runner"
+                            );
+                            shared
+                                .io.metrics
+                                .jobs_unserved
+                                .get_or_create(&crate::metrics::UnservedLabel {
+                                    forge: forge_token(job.id.forge),
+                                    reason,
+                                })
+                                .inc();
+                        }
+                        Ok(_) => {}
+                        Err(error) => {
+                            tracing::warn!(%error, job_id = job.id.job_id, "publishing an unserved job failed");
+                        }
+                    }
+                    Outcome::unpublished(name, None)
+                });
+            }
+            Effect::Assigned { pool, name, job } => {
+                let Some(p) = self.shared.pools.get(&pool).cloned() else {
+                    return;
+                };
+                let body = Body::RunnerAssigned(RunnerAssigned {
+                    runner: Some(rref(&p, &name)),
+                    job: Some(job),
+                });
+                self.tasks.spawn(async move {
+                    publish(&shared, &p, &name, body).await;
                 });
             }
         }
-    }
-
-    /// A runner for no job in particular (`min_idle`, or a replacement).
-    fn create_free(&mut self, pool: &str, reason: &'static str, now: Clock) {
-        let Some(p) = self.shared.pools.get(pool).cloned() else {
-            return;
-        };
-        self.idle_counter += 1;
-        let key = format!(
-            "free.{}.{}.{}",
-            p.id,
-            self.shared.io.coord.replica(),
-            self.idle_counter
-        );
-        let name = instance_name(pool, &key);
-        self.world.runners.insert(
-            name.clone(),
-            Runner::requested(&name, pool, None, 0, &key, now),
-        );
-        let shared = self.shared.clone();
-        let tools = self.tools.clone();
-        self.spawn(name.clone(), async move {
-            create_free(shared, p, name, key, reason, tools).await
-        });
-    }
-
-    fn runner_and_pool(&self, name: &str) -> Option<(Arc<Pool>, Runner)> {
-        let runner = self.world.runners.get(name)?.clone();
-        let pool = self.shared.pools.get(&runner.pool)?.clone();
-        Some((pool, runner))
     }
 
     fn on_outcome(&mut self, outcome: Outcome) {
@@ -943,83 +735,21 @@ impl Engine {
                 events,
                 local,
             } => {
-                self.ops.remove(&name);
                 for ev in &events {
-                    self.apply(ev);
+                    self.noted(ev);
                 }
-                let now = now();
-                let instance = self
-                    .world
-                    .runners
-                    .get(&name)
-                    .and_then(|r| self.shared.pools.get(&r.pool))
-                    .map(|p| (p.spec.forge, p.spec.instance.clone()));
-                let jobs = &self.world.jobs;
-                if let Some(r) = self.world.runners.get_mut(&name) {
-                    match local {
-                        Some(Local::Busy(running)) => {
-                            r.found_busy();
-                            // The jobs the forge names keep it until they
-                            // complete (one whose completion was seen is
-                            // the forge lagging).
-                            if let Some((forge, instance)) = instance {
-                                for job_id in running {
-                                    let id = JobId {
-                                        forge,
-                                        instance: instance.clone(),
-                                        job_id,
-                                    };
-                                    if jobs
-                                        .get(&id)
-                                        .is_none_or(|j| j.status != JobStatus::Completed)
-                                    {
-                                        r.busy_with.insert(id);
-                                    }
-                                }
-                            }
-                        }
-                        Some(Local::Idle) => r.found_idle(now),
-                        Some(Local::Waited(waited)) => {
-                            r.attempt_started_at += waited;
-                        }
-                        None => {}
-                    }
-                }
+                self.sync_owned();
+                let effects = self.core.done(&name, &events, local, now());
+                self.start_all(effects);
             }
-            Outcome::Abandoned { name, job } => {
-                self.ops.remove(&name);
-                if self
-                    .world
-                    .runners
-                    .get(&name)
-                    .is_some_and(|r| r.phase == Phase::Requested)
-                {
-                    self.world.runners.remove(&name);
-                }
-                // Started elsewhere: no runner of ours, now or later.
-                if let Some(job) = job
-                    && let Some(j) = self.world.jobs.get_mut(&job)
-                    && j.status == JobStatus::Queued
-                {
-                    j.status = JobStatus::InProgress;
-                    j.seen.0 = runyard_events::Stage::Running;
-                }
-            }
-            Outcome::Labels { job, labels } => {
-                self.ops.remove(&format!("labels:{}", job.job_id));
-                match labels {
-                    Some(labels) => self.world.set_labels(&job, &labels),
-                    None => {
-                        self.label_failures.insert(job);
-                    }
-                }
-            }
+            Outcome::Abandoned { name, job } => self.core.abandoned(&name, job.as_ref()),
+            Outcome::Labels { job, labels } => self.core.labels(job, labels),
             Outcome::Listed {
                 pool,
                 instances,
                 forge,
             } => {
-                self.ops.remove(&format!("sync:{pool}"));
+                self.core.end(&format!("sync:{pool}"));
                 self.on_listed(&pool, instances.as_deref(), forge.as_deref());
             }
             Outcome::ListedRemoved {
@@ -1027,7 +757,7 @@ impl Engine {
                 host,
                 instances,
             } => {
-                self.ops.remove(&format!("sync-removed:{pool_id}"));
+                self.core.end(&format!("sync-removed:{pool_id}"));
                 if let Some(instances) = instances {
                     self.on_listed_removed(&pool_id, &host, &instances);
                 }
@@ -1047,7 +777,7 @@ impl Engine {
             .collect();
         for p in pools {
             let key = format!("sync:{}", p.config.name);
-            if self.ops.contains(&key) {
+            if self.core.in_flight(&key) {
                 continue;
             }
             let shared = self.shared.clone();
@@ -1108,7 +838,7 @@ impl Engine {
                 continue;
             }
             let key = format!("sync-removed:{pool_id}");
-            if self.ops.contains(&key) {
+            if self.core.in_flight(&key) {
                 continue;
             }
             let shared = self.shared.clone();
@@ -1150,14 +880,7 @@ impl Engine {
             instances,
             forge,
         };
-        let ops = &self.ops;
-        let findings = listing::diff(
-            &mut self.world,
-            &listing,
-            &|n| ops.contains(n),
-            &mut self.sightings,
-            &mut self.restarted,
-        );
+        let findings = self.core.listed(&listing);
         for finding in findings {
             let op = finding.op();
             let shared = self.shared.clone();
@@ -1167,7 +890,7 @@ impl Engine {
                     runner: r,
                     instance,
                     forge_id,
-                } => self.spawn(op, async move {
+                } => self.spawn_started(async move {
                     let name = r.name.clone();
                     let body = match (instance, forge_id) {
                         (Some(i), Some(id)) => Body::RunnerCreated(RunnerCreated {
@@ -1198,7 +921,7 @@ impl Engine {
                     };
                     record(&shared, &p, name, body).await
                 }),
-                Finding::Gone { runner: r } => self.spawn(op, async move {
+                Finding::Gone { runner: r } => self.spawn_started(async move {
                     // Its process ended (an ephemeral runner after its job) or
                     // the machine went: tidy the forge side, record it.
                     let name = r.name.clone();
@@ -1224,7 +947,7 @@ impl Engine {
                     runner,
                     instance,
                     start,
-                } => self.spawn(op, async move {
+                } => self.spawn_started(async move {
                     stopped_instance(shared, p, runner, instance, start).await
                 }),
                 Finding::Online { name } => {
@@ -1232,14 +955,14 @@ impl Engine {
                         runner: Some(rref(&p, &name)),
                         source: "forge_list".into(),
                     });
-                    self.spawn(op, async move { record(&shared, &p, name, body).await });
+                    self.spawn_started(async move { record(&shared, &p, name, body).await });
                 }
                 Finding::Orphan {
                     name,
                     provider_id,
                     forge_id,
-                } => self.spawn(op.clone(), remove_orphan(shared, p, op, name, provider_id, forge_id)),
-                Finding::Stale { name, id } => self.spawn(op.clone(), async move {
+                } => self.spawn_started(remove_orphan(shared, p, op, name, provider_id, forge_id)),
+                Finding::Stale { name, id } => self.spawn_started(async move {
                     match shared.io.forges.unregister(&p.config, id).await {
                         Ok(Unregistered::Gone) => {
                             tracing::info!(runner = %name, forge_runner_id = id, "stale registration removed");
@@ -1270,23 +993,11 @@ impl Engine {
         ) else {
             return;
         };
-        let mut seen_now = HashSet::new();
-        let alive = |w: &World, name: &str| {
-            w.runners
-                .get(name)
-                .is_some_and(|r| r.pool == seen.rref.pool && r.is_alive())
-        };
-        for i in instances {
+        let removed = self
+            .core
+            .listed_removed(pool_id, &seen.rref.pool, instances);
+        for (i, counted) in removed.orphans {
             let op = format!("orphan:{}", i.name);
-            if self.ops.contains(&op)
-                || self.ops.contains(&i.name)
-                || !self
-                    .sightings
-                    .sighted(pool_id, "orphan", &i.name, &mut seen_now)
-            {
-                continue;
-            }
-            let counted = alive(&self.world, &i.name);
             let shared = self.shared.clone();
             let host = host.clone();
             let pool_id = pool_id.to_owned();
@@ -1295,7 +1006,7 @@ impl Engine {
                 ..seen.rref.clone()
             };
             let provider_id = i.provider_id.clone();
-            self.spawn(op.clone(), async move {
+            self.spawn_started(async move {
                 let deleted = host
                     .delete_instance(&shared.io.metrics, &pool_id, &provider_id)
                     .await;
@@ -1319,28 +1030,13 @@ impl Engine {
                 }
             });
         }
-        let listed: HashSet<&str> = instances.iter().map(|i| i.name.as_str()).collect();
-        let gone: Vec<String> = self
-            .world
-            .runners
-            .values()
-            .filter(|r| r.pool == seen.rref.pool && r.is_alive())
-            .filter(|r| !listed.contains(r.name.as_str()) && !self.ops.contains(&r.name))
-            .map(|r| r.name.clone())
-            .collect();
-        for name in gone {
-            if !self
-                .sightings
-                .sighted(pool_id, "gone", &name, &mut seen_now)
-            {
-                continue;
-            }
+        for name in removed.gone {
             let shared = self.shared.clone();
             let rref = RunnerRef {
                 name: name.clone(),
                 ..seen.rref.clone()
             };
-            self.spawn(name.clone(), async move {
+            self.spawn_started(async move {
                 forget_secrets(&shared, &name).await;
                 Outcome::Done {
                     events: pool_removed(&shared, rref).await,
@@ -1349,28 +1045,6 @@ impl Engine {
                 }
             });
         }
-        self.sightings.settle(pool_id, &seen_now);
-    }
-}
-
-fn decision_name(d: &Decision) -> &'static str {
-    match d {
-        Decision::Create { .. } => "create",
-        Decision::CreateIdle { .. } => "create_idle",
-        Decision::Replace { .. } => "replace",
-        Decision::Retry { .. } => "retry",
-        Decision::GiveUp { .. } => "give_up",
-        Decision::Reap { .. } => "reap",
-        Decision::Delete { .. } => "delete",
-        Decision::ConfirmIdle { .. } => "confirm_idle",
-    }
-}
-
-fn job_key(j: &JobId) -> JobKey {
-    JobKey {
-        forge: j.forge as i32,
-        instance: j.instance.clone(),
-        job_id: j.job_id,
     }
 }
 
