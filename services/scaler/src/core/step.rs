@@ -8,6 +8,7 @@
 //! at them, stepping the clock itself.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 use runyard_events::{
@@ -21,15 +22,24 @@ use crate::provider::Instance;
 
 /// The wait before a failed create's next attempt: `base × 2^(n-1)`, capped
 /// at `max`, times a jitter factor.
-#[derive(Debug, Clone, Copy)]
+#[derive(Clone)]
 pub struct Backoff {
     /// The first wait.
     pub base: Duration,
     /// The longest.
     pub max: Duration,
     /// The factor each wait is multiplied by (the engine's is random in
-    /// 0.75..1.25; a test's is fixed).
-    pub jitter: fn() -> f64,
+    /// 0.75..1.25, the simulation's seeded, a test's fixed).
+    pub jitter: Arc<dyn Fn() -> f64 + Send + Sync>,
+}
+
+impl std::fmt::Debug for Backoff {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Backoff")
+            .field("base", &self.base)
+            .field("max", &self.max)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Backoff {
@@ -314,7 +324,7 @@ impl Core {
                 .is_some_and(|r| r.phase >= Phase::Assigned),
             _ => true,
         };
-        let backoff = self.settings.backoff;
+        let backoff = &self.settings.backoff;
         self.world
             .apply(event, now, |attempt| backoff.after(attempt));
         // A job started on one of our runners: record the assignment (the
@@ -501,6 +511,15 @@ impl Core {
     pub fn prune(&mut self, now: Clock, keep: Duration) {
         self.world.prune(now, keep);
         let runners = &self.world.runners;
+        self.restarted.retain(|n| runners.contains_key(n));
+    }
+
+    /// Forgets, whatever their age, what can no longer change a decision
+    /// (see [`World::forget_settled`]), and what is kept about it.
+    pub fn forget_settled(&mut self) {
+        self.world.forget_settled();
+        let runners = &self.world.runners;
+        self.last_idle_check.retain(|n, _| runners.contains_key(n));
         self.restarted.retain(|n| runners.contains_key(n));
     }
 

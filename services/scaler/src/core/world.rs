@@ -3,7 +3,7 @@
 //! a reducer that is idempotent and order-tolerant, so replaying the log at
 //! start, redelivery and the scaler's own echo all converge on one state.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::time::Duration;
 
 use runyard_events::{Body, Event, Forge, JobStatus, Stage};
@@ -446,6 +446,32 @@ impl World {
                 .as_ref()
                 .and_then(|j| self.jobs.get(j))
                 .is_some_and(|j| j.status == JobStatus::Completed)
+    }
+
+    /// Forgets what can no longer change a decision, whatever its age:
+    /// completed jobs whose runner is gone, and deleted runners whose job
+    /// is no longer queued. The policy reads them only through a live
+    /// runner or a queued job, so what it decides is the same (the
+    /// simulation keeps its World small this way; the engine keeps them
+    /// for `lookback`, for what it reports).
+    pub fn forget_settled(&mut self) {
+        let queued: HashSet<JobId> = self
+            .jobs
+            .values()
+            .filter(|j| j.is_queued())
+            .map(|j| j.id.clone())
+            .collect();
+        self.runners.retain(|_, r| {
+            r.phase != Phase::Deleted || r.job.as_ref().is_some_and(|j| queued.contains(j))
+        });
+        let runners = &self.runners;
+        self.jobs.retain(|_, j| {
+            j.status != JobStatus::Completed
+                || j.runner_name
+                    .as_ref()
+                    .and_then(|n| runners.get(n))
+                    .is_some_and(|r| r.phase != Phase::Deleted)
+        });
     }
 
     /// Drops finished jobs and deleted runners older than `keep`, and the

@@ -212,7 +212,7 @@ impl Engine {
             backoff: Backoff {
                 base: timers.create_backoff,
                 max: timers.create_backoff_max,
-                jitter: || 0.75 + rand::random::<f64>() * 0.5,
+                jitter: Arc::new(|| 0.75 + rand::random::<f64>() * 0.5),
             },
             lookup_labels: shared.io.forges.gitlab.is_some(),
         });

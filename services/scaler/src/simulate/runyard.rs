@@ -1,23 +1,27 @@
-//! runyard's policy in virtual time: the forge's webhooks are folded into a
-//! `World` through the same reducer the engine uses, `policy::decide` runs on
-//! every event and every tick, and its decisions change the World the way
-//! the engine's operations do (here they finish in no time).
+//! runyard's engine in virtual time: the forge's webhooks go into the
+//! product's [`Core`] — the same reducer, policy and bookkeeping the engine
+//! runs — on every event and every tick, and its effects are carried out
+//! against the simulated forge the way the engine's operations carry them
+//! out (here they finish in no time).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use runyard_events::{
-    Body, Conclusion, Event, Forge as ForgeKind, JobKey, JobObserved, JobStatus, RunnerCreated,
-    RunnerDeleted, RunnerFailed, RunnerOnline, RunnerRef, claim_key, instance_name,
+    Body, Conclusion, Event, Forge as ForgeKind, JobObserved, JobStatus, RunnerCreated,
+    RunnerDeleted, RunnerFailed, RunnerOnline, RunnerRef,
 };
 
 use super::Scaler;
 use super::forge::{Forge, Obs, State};
-use crate::core::listing::{self, Finding, Listing, Sightings};
-use crate::core::policy::{self, Decision, Knobs, PoolSpec};
-use crate::core::world::{Clock, JobId, Phase, Runner, World, create_backoff};
+use crate::core::listing::{Finding, Listing};
+use crate::core::policy::{Knobs, PoolSpec};
+use crate::core::step::{Backoff, Core, Effect, Local, Settings, job_key};
+use crate::core::world::{Clock, JobId, Phase};
 use crate::forges::ForgeRunner;
 
 /// The pool every simulated job goes to.
@@ -26,7 +30,7 @@ const HOST: &str = "github.com";
 const LABELS: [&str; 3] = ["self-hosted", "linux", "x64"];
 
 /// The engine's timers that matter here.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Copy)]
 pub(crate) struct Timers {
     /// Policy period when no event arrives.
     pub tick: Duration,
@@ -41,13 +45,12 @@ pub(crate) struct Timers {
     pub create_backoff_max: Duration,
 }
 
-/// The engine's view and bookkeeping, minus the IO.
+/// The engine's core, with the simulated forge and provider as its IO.
 #[derive(Debug)]
 pub(crate) struct Runyard {
-    world: World,
-    pools: Vec<PoolSpec>,
-    knobs: Knobs,
-    timers: Timers,
+    core: Core,
+    tick: Duration,
+    sync_interval: Duration,
     next_tick: Clock,
     next_sync: Clock,
     next_prune: Clock,
@@ -56,10 +59,8 @@ pub(crate) struct Runyard {
     names: HashMap<usize, String>,
     /// Runner name → its current forge instance.
     instances: HashMap<String, usize>,
-    last_idle_check: HashMap<String, Clock>,
-    /// The forge listing's second-sighting counts.
-    sightings: Sightings,
-    free_counter: u64,
+    /// The retry jitter drawn for the event being folded in (its bits).
+    jitter: Arc<AtomicU64>,
     rng: StdRng,
 }
 
@@ -75,14 +76,6 @@ fn job_id(j: usize) -> JobId {
         forge: ForgeKind::Github,
         instance: HOST.into(),
         job_id: j as u64 + 1,
-    }
-}
-
-fn job_key(id: &JobId) -> JobKey {
-    JobKey {
-        forge: id.forge as i32,
-        instance: id.instance.clone(),
-        job_id: id.job_id,
     }
 }
 
@@ -106,38 +99,64 @@ impl Runyard {
         seed: u64,
         start: Clock,
     ) -> Self {
-        Self {
-            world: World::default(),
+        let jitter = Arc::new(AtomicU64::new(1.0f64.to_bits()));
+        let drawn = jitter.clone();
+        let mut core = Core::new(Settings {
+            pool_ids: HashMap::from([(pool.name.clone(), "sim".to_owned())]),
             pools: vec![pool],
+            replica: "sim".into(),
             knobs,
-            timers,
+            busy_confirmation: timers.busy_confirmation,
+            backoff: Backoff {
+                base: timers.create_backoff,
+                max: timers.create_backoff_max,
+                jitter: Arc::new(move || f64::from_bits(drawn.load(Ordering::Relaxed))),
+            },
+            lookup_labels: false,
+        });
+        core.own(POOL, true);
+        Self {
+            core,
+            tick: timers.tick,
+            sync_interval: timers.sync_interval,
             next_tick: start,
             next_sync: start,
             next_prune: start,
             sync_now: false,
             names: HashMap::new(),
             instances: HashMap::new(),
-            last_idle_check: HashMap::new(),
-            sightings: Sightings::default(),
-            free_counter: 0,
+            jitter,
             rng: StdRng::seed_from_u64(seed),
         }
     }
 
-    /// Folds an event in, as the engine does (with its retry jitter).
-    fn apply(&mut self, now: Clock, body: Body) {
-        let event = Event {
+    /// An event at `now`, with the retry jitter the engine would draw for
+    /// it.
+    fn event(&mut self, now: Clock, body: Body) -> Event {
+        let jitter = 0.75 + self.rng.random::<f64>() * 0.5;
+        self.jitter.store(jitter.to_bits(), Ordering::Relaxed);
+        Event {
             id: String::new(),
             occurred_at: Some(ts(now)),
             received_at: Some(ts(now)),
             source: None,
             body: Some(body),
-        };
-        let (base, max) = (self.timers.create_backoff, self.timers.create_backoff_max);
-        let jitter = 0.75 + self.rng.random::<f64>() * 0.5;
-        self.world.apply(&event, now, move |attempt| {
-            create_backoff(base, max, attempt).mul_f64(jitter)
-        });
+        }
+    }
+
+    /// Folds a forge event in, as the engine does with the log's.
+    fn apply(&mut self, now: Clock, body: Body) {
+        let event = self.event(now, body);
+        // What a job seen started asks for (recording the assignment) has
+        // nothing to do with the forge here.
+        let _assigned = self.core.observe(&event, now);
+    }
+
+    /// Operation `name` finished: the event it published, if any, and what
+    /// the forge said.
+    fn finish(&mut self, now: Clock, name: &str, body: Option<Body>, local: Option<Local>) {
+        let events: Vec<Event> = body.map(|b| self.event(now, b)).into_iter().collect();
+        let _assigned = self.core.done(name, &events, local, now);
     }
 
     fn observe_job(&mut self, forge: &Forge, now: Clock, j: usize, status: JobStatus) {
@@ -172,10 +191,10 @@ impl Runyard {
         self.apply(now, body);
     }
 
-    /// The forge listing, read by the engine's own [`listing::diff`]: busy
-    /// runners are marked assigned there, booting ones listed online get
-    /// `RunnerOnline`, and a registration no runner owns is removed at the
-    /// second listing showing it.
+    /// The forge listing, read by the core as the engine's listings are:
+    /// busy runners are marked assigned there, booting ones listed online
+    /// get `RunnerOnline`, and a registration no runner owns is removed at
+    /// the second listing showing it.
     fn sync(&mut self, forge: &mut Forge, now: Clock) {
         let mut listed: Vec<ForgeRunner> = self
             .instances
@@ -200,23 +219,16 @@ impl Runyard {
             instances: None,
             forge: Some(&listed),
         };
-        // Operations finish in no time here: none is ever under way.
-        let findings = listing::diff(
-            &mut self.world,
-            &listing,
-            &|_| false,
-            &mut self.sightings,
-            &mut HashSet::new(),
-        );
-        for finding in findings {
+        for finding in self.core.listed(&listing) {
+            let op = finding.op();
             match finding {
-                Finding::Online { name } => self.apply(
-                    now,
-                    Body::RunnerOnline(RunnerOnline {
+                Finding::Online { name } => {
+                    let body = Body::RunnerOnline(RunnerOnline {
                         runner: Some(rref(&name)),
                         source: "forge_list".into(),
-                    }),
-                ),
+                    });
+                    self.finish(now, &op, Some(body), None);
+                }
                 Finding::Orphan {
                     forge_id: Some(id), ..
                 } => {
@@ -226,32 +238,26 @@ impl Runyard {
                     if let Ok(id) = usize::try_from(id) {
                         let _ = forge.delete(now, id);
                     }
+                    self.core.end(&op);
                 }
                 // Without a provider listing nothing is interrupted, gone
                 // or stopped; a runner's registration is its instance.
-                _ => {}
+                _ => self.core.end(&op),
             }
         }
     }
 
     fn decide(&mut self, forge: &mut Forge, now: Clock) {
-        let decisions = policy::decide(
-            &self.pools,
-            &self.world,
-            &|_| true,
-            &|_| false,
-            now,
-            &self.knobs,
-        );
-        for d in decisions {
-            self.execute(forge, now, d);
+        for effect in self.core.decide(now).effects {
+            self.execute(forge, now, effect);
         }
     }
 
     /// One create attempt: the provider makes the instance (or fails).
     fn provision(&mut self, forge: &mut Forge, now: Clock, name: &str, attempt: u32) {
         let made_for = self
-            .world
+            .core
+            .world()
             .runners
             .get(name)
             .and_then(|r| r.job.as_ref())
@@ -278,29 +284,7 @@ impl Runyard {
                 job: None,
             })
         };
-        self.apply(now, body);
-    }
-
-    fn provisional(
-        &mut self,
-        name: &str,
-        job: Option<JobId>,
-        run_attempt: u32,
-        key: &str,
-        now: Clock,
-    ) {
-        self.world.runners.insert(
-            name.to_owned(),
-            Runner::requested(name, POOL, job, run_attempt, key, now),
-        );
-    }
-
-    /// The forge said the runner runs a job (a refused delete, a busy
-    /// reading): the engine's `Local::Busy`.
-    fn mark_busy(&mut self, name: &str) {
-        if let Some(r) = self.world.runners.get_mut(name) {
-            r.found_busy();
-        }
+        self.finish(now, name, Some(body), None);
     }
 
     /// Removes the runner's instance; `false` when the forge refused
@@ -312,160 +296,99 @@ impl Runyard {
         }
     }
 
-    fn execute(&mut self, forge: &mut Forge, now: Clock, decision: Decision) {
-        match decision {
-            Decision::Create {
-                pool,
-                job,
-                run_attempt,
-            } => {
-                let key = claim_key(job.forge, &job.instance, job.job_id, run_attempt);
-                let name = instance_name(&pool, &key);
-                self.provisional(&name, Some(job), run_attempt, &key, now);
-                self.provision(forge, now, &name, 1);
-            }
-            Decision::CreateIdle { pool } | Decision::Replace { pool } => {
-                self.free_counter += 1;
-                let key = format!("free.sim.{}", self.free_counter);
-                let name = instance_name(&pool, &key);
-                self.provisional(&name, None, 0, &key, now);
-                self.provision(forge, now, &name, 1);
-            }
-            Decision::Retry { name } => {
-                let Some(r) = self.world.runners.get_mut(&name) else {
-                    return;
-                };
-                let attempt = r.retrying(now);
-                self.provision(forge, now, &name, attempt);
-            }
-            Decision::GiveUp { name } => {
-                let Some(r) = self.world.runners.get(&name) else {
-                    return;
-                };
-                let body = Body::RunnerFailed(RunnerFailed {
-                    runner: Some(rref(&name)),
-                    reason: "gave_up".into(),
-                    error: format!("no runner after {} attempts", r.attempts),
-                    attempt: r.attempts,
-                    given_up: true,
-                    job: r.job.as_ref().map(job_key),
-                });
-                self.apply(now, body);
-            }
-            Decision::Reap { name } => {
-                let Some(r) = self.world.runners.get(&name) else {
-                    return;
-                };
-                let (attempts, job) = (r.attempts, r.job.as_ref().map(job_key));
-                if !self.remove(forge, now, &name) {
-                    self.mark_busy(&name);
-                    return;
-                }
-                let body = Body::RunnerFailed(RunnerFailed {
-                    runner: Some(rref(&name)),
-                    reason: "bootstrap_timeout".into(),
-                    error: "not online in time".into(),
-                    attempt: attempts,
-                    given_up: false,
-                    job,
-                });
-                self.apply(now, body);
-            }
-            Decision::Delete { name, reason } => {
-                let Some(r) = self.world.runners.get(&name) else {
-                    return;
-                };
-                let failed = r.phase == Phase::Failed;
-                if !failed && !self.remove(forge, now, &name) {
-                    self.mark_busy(&name);
-                    return;
-                }
-                self.apply(
-                    now,
-                    Body::RunnerDeleted(RunnerDeleted {
-                        runner: Some(rref(&name)),
-                        reason: reason.into(),
-                    }),
-                );
-            }
-            Decision::ConfirmIdle { name } => self.confirm_idle(forge, now, &name),
+    /// Removes runner `name` and, when the forge lets it go, records
+    /// `gone`; a refusal is the forge saying it runs a job.
+    fn remove_then(&mut self, forge: &mut Forge, now: Clock, name: &str, gone: Body) {
+        if self.remove(forge, now, name) {
+            self.finish(now, name, Some(gone), None);
+        } else {
+            self.finish(now, name, None, Some(Local::Busy(Vec::new())));
         }
     }
 
-    /// The engine's idle confirmation: at most two forge readings per
-    /// window; after a window of idle readings, delete (refused if busy).
-    fn confirm_idle(&mut self, forge: &mut Forge, now: Clock, name: &str) {
-        let window = self.timers.busy_confirmation;
-        if self
-            .last_idle_check
-            .get(name)
-            .is_some_and(|t| now.saturating_sub(*t) < window / 2)
-        {
-            return;
+    /// Carries out one of the core's effects, as the engine's operations
+    /// do.
+    fn execute(&mut self, forge: &mut Forge, now: Clock, effect: Effect) {
+        match effect {
+            Effect::Create { name, .. } | Effect::CreateFree { name, .. } => {
+                self.provision(forge, now, &name, 1);
+            }
+            Effect::Retry { name, attempt, .. } => self.provision(forge, now, &name, attempt),
+            Effect::GiveUp { runner } => {
+                let body = Body::RunnerFailed(RunnerFailed {
+                    runner: Some(rref(&runner.name)),
+                    reason: "gave_up".into(),
+                    error: format!("no runner after {} attempts", runner.attempts),
+                    attempt: runner.attempts,
+                    given_up: true,
+                    job: runner.job.as_ref().map(job_key),
+                });
+                self.finish(now, &runner.name, Some(body), None);
+            }
+            Effect::Reap { runner } => {
+                let body = Body::RunnerFailed(RunnerFailed {
+                    runner: Some(rref(&runner.name)),
+                    reason: "bootstrap_timeout".into(),
+                    error: "not online in time".into(),
+                    attempt: runner.attempts,
+                    given_up: false,
+                    job: runner.job.as_ref().map(job_key),
+                });
+                self.remove_then(forge, now, &runner.name, body);
+            }
+            Effect::Delete { runner, reason } => {
+                let body = Body::RunnerDeleted(RunnerDeleted {
+                    runner: Some(rref(&runner.name)),
+                    reason: reason.into(),
+                });
+                if runner.phase == Phase::Failed {
+                    self.finish(now, &runner.name, Some(body), None);
+                } else {
+                    self.remove_then(forge, now, &runner.name, body);
+                }
+            }
+            Effect::ConfirmIdle { runner, confirmed } => {
+                self.confirm_idle(forge, now, &runner.name, runner.forge_runner_id, confirmed);
+            }
+            // No GitLab job here, and every job has a pool.
+            Effect::Labels { job, .. } => self.core.labels(job, None),
+            effect @ (Effect::Unserved { .. } | Effect::Assigned { .. }) => {
+                if let Some(op) = effect.op() {
+                    self.core.end(&op);
+                }
+            }
         }
-        let Some(r) = self.world.runners.get(name) else {
-            return;
-        };
-        if r.forge_runner_id.is_none() {
-            return;
+    }
+
+    /// The engine's idle confirmation: read the forge; busy, it stays;
+    /// idle, the reading is noted, and once a window's earlier reading
+    /// confirms it, the runner goes (refused if it took a job meanwhile).
+    fn confirm_idle(
+        &mut self,
+        forge: &mut Forge,
+        now: Clock,
+        name: &str,
+        forge_id: Option<u64>,
+        confirmed: bool,
+    ) {
+        if forge_id.is_none() {
+            return self.finish(now, name, None, None);
         }
-        self.last_idle_check.insert(name.to_owned(), now);
-        let confirmed = r
-            .idle_confirmed_from
-            .is_some_and(|from| now.saturating_sub(from) >= window);
         let busy = self
             .instances
             .get(name)
             .is_some_and(|&id| forge.runners[id].state == State::Busy);
         if busy {
-            self.mark_busy(name);
-            return;
-        }
-        if !confirmed {
-            if let Some(r) = self.world.runners.get_mut(name) {
-                r.found_idle(now);
-            }
-            return;
-        }
-        if !self.remove(forge, now, name) {
-            self.mark_busy(name);
-            return;
-        }
-        self.apply(
-            now,
-            Body::RunnerDeleted(RunnerDeleted {
+            self.finish(now, name, None, Some(Local::Busy(Vec::new())));
+        } else if !confirmed {
+            self.finish(now, name, None, Some(Local::Idle));
+        } else {
+            let body = Body::RunnerDeleted(RunnerDeleted {
                 runner: Some(rref(name)),
                 reason: "idle_timeout".into(),
-            }),
-        );
-    }
-
-    /// Forgets what can no longer change a decision: completed jobs whose
-    /// runner is gone and deleted runners whose job is no longer queued.
-    /// (The engine keeps them for `lookback`; the policy reads them only
-    /// through a live runner or a queued job, so the decisions are the
-    /// same, and the World stays small enough to decide every tick.)
-    fn prune(&mut self) {
-        let world = &mut self.world;
-        let queued: std::collections::HashSet<JobId> = world
-            .jobs
-            .values()
-            .filter(|j| j.is_queued())
-            .map(|j| j.id.clone())
-            .collect();
-        world.runners.retain(|_, r| {
-            r.phase != Phase::Deleted || r.job.as_ref().is_some_and(|j| queued.contains(j))
-        });
-        let runners = &world.runners;
-        world.jobs.retain(|_, j| {
-            j.status != JobStatus::Completed
-                || j.runner_name
-                    .as_ref()
-                    .and_then(|n| runners.get(n))
-                    .is_some_and(|r| r.phase != Phase::Deleted)
-        });
-        let live = &world.runners;
-        self.last_idle_check.retain(|n, _| live.contains_key(n));
+            });
+            self.remove_then(forge, now, name, body);
+        }
     }
 }
 
@@ -494,7 +417,7 @@ impl Scaler for Runyard {
             // No event says a runner came online: the engine sees it in
             // the next forge listing (at once when that is switched off).
             Obs::Online(_) => {
-                let at_once = self.timers.sync_interval.is_zero();
+                let at_once = self.sync_interval.is_zero();
                 self.sync_now |= at_once;
                 return at_once;
             }
@@ -504,29 +427,32 @@ impl Scaler for Runyard {
 
     fn act(&mut self, forge: &mut Forge, now: Clock, events: bool) {
         let mut wake = events;
-        if self.sync_now || (!self.timers.sync_interval.is_zero() && now >= self.next_sync) {
+        if self.sync_now || (!self.sync_interval.is_zero() && now >= self.next_sync) {
             self.sync(forge, now);
             self.sync_now = false;
-            if !self.timers.sync_interval.is_zero() && now >= self.next_sync {
-                self.next_sync = next_after(now, self.timers.sync_interval);
+            if !self.sync_interval.is_zero() && now >= self.next_sync {
+                self.next_sync = next_after(now, self.sync_interval);
             }
             wake = true;
         }
         if now >= self.next_tick {
-            self.next_tick = next_after(now, self.timers.tick);
+            self.next_tick = next_after(now, self.tick);
             wake = true;
         }
         if wake {
             self.decide(forge, now);
         }
         if now >= self.next_prune {
-            self.prune();
+            // The engine keeps history for `lookback`; what the policy
+            // cannot read any more goes at once here, to keep every tick's
+            // decision cheap.
+            self.core.forget_settled();
             self.next_prune = next_after(now, Duration::from_secs(60));
         }
     }
 
     fn next_wakeup(&self) -> Clock {
-        if self.timers.sync_interval.is_zero() {
+        if self.sync_interval.is_zero() {
             self.next_tick
         } else {
             self.next_tick.min(self.next_sync)

@@ -106,21 +106,16 @@ async fn listings(scaler: &Scaler) -> u64 {
 /// Waits until `n` more sync cycles have passed (each could have acted).
 async fn cycles(scaler: &Scaler, n: u64) {
     let from = listings(scaler).await;
-    let deadline = tokio::time::Instant::now() + support::WAIT;
-    while listings(scaler).await < from + n + 1 {
-        assert!(tokio::time::Instant::now() < deadline, "no sync cycles");
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    support::until_async("sync cycles", async || listings(scaler).await > from + n).await;
 }
 
 /// Waits until the scaler counts one runner online and idle (GitLab's
 /// listing showed it online).
 async fn online(scaler: &Scaler) {
-    let deadline = tokio::time::Instant::now() + support::WAIT;
-    while scaler.pools().await["pools"][0]["idle"] != 1 {
-        assert!(tokio::time::Instant::now() < deadline, "never online");
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    support::until_async("the runner online and idle", async || {
+        scaler.pools().await["pools"][0]["idle"] == 1
+    })
+    .await;
 }
 
 /// The one runner registered so far, once there is one.

@@ -12,14 +12,10 @@ use crate::fake::{self, external_stack};
 use crate::support::{self, Stack, pool_toml, until};
 
 async fn wait_idle(scaler: &support::Scaler, n: u64) {
-    let deadline = tokio::time::Instant::now() + support::WAIT;
-    while scaler.pools().await["pools"][0]["idle"] != n {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "idle runners never seen"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    support::until_async("idle runners", async || {
+        scaler.pools().await["pools"][0]["idle"] == n
+    })
+    .await;
 }
 
 fn runner_names(events: &[runyard_events::Event]) -> Vec<String> {

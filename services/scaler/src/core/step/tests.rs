@@ -108,7 +108,7 @@ impl Harness {
             backoff: Backoff {
                 base: 2 * S,
                 max: 60 * S,
-                jitter: || 1.0,
+                jitter: std::sync::Arc::new(|| 1.0),
             },
             lookup_labels: false,
         });
@@ -396,4 +396,124 @@ fn an_abandoned_create_leaves_its_job_without_a_runner() {
     assert!(!h.core.world().runners.contains_key(&r1));
     h.step(S);
     assert_eq!(h.decide(), Vec::<String>::new());
+}
+
+fn registration(id: u64, name: &str, busy: bool) -> crate::forges::ForgeRunner {
+    crate::forges::ForgeRunner {
+        id,
+        name: name.into(),
+        online: true,
+        busy,
+        paused: false,
+        running_jobs: Vec::new(),
+    }
+}
+
+/// The forge's listing of the `linux` pool (no provider listing).
+fn forge_listing(runners: &[crate::forges::ForgeRunner]) -> Listing<'_> {
+    Listing {
+        pool: LINUX,
+        scope: "id-linux",
+        restart_stopped: false,
+        instances: None,
+        forge: Some(runners),
+    }
+}
+
+#[test]
+fn a_listing_brings_a_booting_runner_online_and_removes_a_stranger_at_its_second_sighting() {
+    let mut h = Harness::new(linux());
+    let r1 = h.create_for(1);
+    h.done(&r1, &[h.created(&r1, 1)]);
+    assert_eq!(h.core.world().runners[&r1].phase, Phase::Created);
+    let listed = [
+        registration(7, &r1, false),
+        registration(99, "ry-linux-stranger", false),
+    ];
+    // The first listing: r1 is online; the stranger is only noted.
+    let findings = h.core.listed(&forge_listing(&listed));
+    let [Finding::Online { name }] = findings.as_slice() else {
+        panic!("{findings:?}");
+    };
+    assert_eq!(name, &r1);
+    assert!(h.core.in_flight(&r1), "the online event is under way");
+    // The second: the stranger, seen twice in a row, goes; r1 is not
+    // brought online twice while the first is under way.
+    let findings = h.core.listed(&forge_listing(&listed));
+    let [Finding::Orphan { name, forge_id, .. }] = findings.as_slice() else {
+        panic!("{findings:?}");
+    };
+    assert_eq!((name.as_str(), *forge_id), ("ry-linux-stranger", Some(99)));
+    assert!(h.core.in_flight("orphan:ry-linux-stranger"));
+    h.done(&r1, &[h.online(&r1)]);
+    assert_eq!(h.core.world().runners[&r1].phase, Phase::Online);
+    // The third, with the removal under way: nothing.
+    let findings = h.core.listed(&forge_listing(&listed));
+    assert!(findings.is_empty(), "{findings:?}");
+    h.core.end("orphan:ry-linux-stranger");
+    let findings = h.core.listed(&forge_listing(&listed[..1]));
+    assert!(findings.is_empty(), "{findings:?}");
+}
+
+#[test]
+fn a_busy_stranger_is_never_removed() {
+    let mut h = Harness::new(linux());
+    let listed = [registration(99, "ry-linux-stranger", true)];
+    for _ in 0..3 {
+        let findings = h.core.listed(&forge_listing(&listed));
+        assert!(findings.is_empty(), "{findings:?}");
+    }
+}
+
+/// A round that reads one idle runner: whether the reading confirms an
+/// earlier one.
+fn confirm_reading(h: &mut Harness) -> bool {
+    let round = h.core.decide(h.now);
+    let [Effect::ConfirmIdle { confirmed, .. }] = round.effects.as_slice() else {
+        panic!("{:?}", described(&round.effects));
+    };
+    *confirmed
+}
+
+#[test]
+fn an_idle_runner_goes_only_after_two_idle_readings_a_window_apart() {
+    let mut h = Harness::new(linux());
+    let r1 = h.create_for(1);
+    h.done(&r1, &[h.created(&r1, 1), h.online(&r1)]);
+    // The job cancelled before it started: r1 is idle, above min_idle.
+    h.job(1, 1, JobStatus::Completed, &["linux"], "");
+    h.step(299 * S);
+    assert_eq!(
+        h.decide(),
+        Vec::<String>::new(),
+        "the idle timeout is 300 s"
+    );
+    h.step(S);
+    assert!(!confirm_reading(&mut h), "a first reading confirms nothing");
+    h.core.done(&r1, &[], Some(Local::Idle), h.now);
+    h.step(14 * S);
+    assert_eq!(
+        h.decide(),
+        Vec::<String>::new(),
+        "two readings per 30 s window"
+    );
+    h.step(S);
+    assert!(
+        !confirm_reading(&mut h),
+        "15 s after the first idle reading"
+    );
+    h.core.done(&r1, &[], Some(Local::Idle), h.now);
+    h.step(15 * S);
+    assert!(
+        confirm_reading(&mut h),
+        "a window after the first idle reading"
+    );
+    // The forge says it took a job meanwhile: it stays.
+    h.core.done(&r1, &[], Some(Local::Busy(Vec::new())), h.now);
+    h.step(60 * S);
+    assert_eq!(
+        h.decide(),
+        Vec::<String>::new(),
+        "a busy runner is not read again"
+    );
 }
