@@ -3,7 +3,6 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::Context as _;
 use async_nats::jetstream::consumer;
 use futures::StreamExt as _;
 use prost::Message as _;
@@ -13,6 +12,51 @@ use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 
 use crate::apply::{Incoming, apply_batch};
+
+/// Why a replay, a swap or a rebuild failed (each names the step).
+#[derive(Debug, thiserror::Error)]
+pub enum RebuildError {
+    /// Reading the event stream failed.
+    #[error("{what}: {source}")]
+    Stream {
+        /// The step.
+        what: &'static str,
+        /// What NATS said.
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// A database step failed.
+    #[error("{what}: {source}")]
+    Database {
+        /// The step.
+        what: String,
+        /// What Postgres said.
+        source: sqlx::Error,
+    },
+    /// Naming, creating or migrating a database failed.
+    #[error(transparent)]
+    Store(#[from] runyard_store::StoreError),
+    /// The rebuild was asked to go into the live database itself.
+    #[error("cannot rebuild into the live database")]
+    IntoLive,
+}
+
+/// Turns a NATS error into [`RebuildError::Stream`] of step `what`.
+fn stream<E: std::error::Error + Send + Sync + 'static>(
+    what: &'static str,
+) -> impl FnOnce(E) -> RebuildError {
+    move |e| RebuildError::Stream {
+        what,
+        source: Box::new(e),
+    }
+}
+
+/// Turns a Postgres error into [`RebuildError::Database`] of step `what`.
+fn database(what: impl Into<String>) -> impl FnOnce(sqlx::Error) -> RebuildError {
+    move |source| RebuildError::Database {
+        what: what.into(),
+        source,
+    }
+}
 
 /// What a replay did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -35,14 +79,19 @@ pub async fn replay(
     pool: &PgPool,
     from_seq: u64,
     batch_size: usize,
-) -> anyhow::Result<Replayed> {
+) -> Result<Replayed, RebuildError> {
     let ns = bus.namespace();
-    let mut stream = bus
+    let mut events = bus
         .jetstream()
         .get_stream(ns.events_stream())
         .await
-        .context("opening the event stream")?;
-    let state = stream.info().await?.state.clone();
+        .map_err(stream("opening the event stream"))?;
+    let state = events
+        .info()
+        .await
+        .map_err(stream("reading the event stream's state"))?
+        .state
+        .clone();
     let mut done = Replayed {
         through: from_seq.saturating_sub(1),
         ..Replayed::default()
@@ -51,7 +100,7 @@ pub async fn replay(
         return Ok(done);
     }
     let end = state.last_sequence;
-    let consumer = stream
+    let consumer = events
         .create_consumer(consumer::pull::OrderedConfig {
             deliver_policy: if from_seq <= 1 {
                 consumer::DeliverPolicy::All
@@ -63,17 +112,21 @@ pub async fn replay(
             filter_subject: ns.all_events(),
             ..Default::default()
         })
-        .await?;
-    let mut messages = consumer.messages().await?;
+        .await
+        .map_err(stream("creating the replay's consumer"))?;
+    let mut messages = consumer
+        .messages()
+        .await
+        .map_err(stream("reading the event stream"))?;
     let deadletter = ns.deadletter_subject();
     let mut batch: Vec<Incoming> = Vec::with_capacity(batch_size);
     let mut last_report = Instant::now();
     loop {
         let next = tokio::time::timeout(Duration::from_secs(30), messages.next())
             .await
-            .context("the stream stopped delivering during the replay")?;
+            .map_err(stream("the stream stopped delivering during the replay"))?;
         let Some(msg) = next else { break };
-        let msg = msg?;
+        let msg = msg.map_err(stream("reading the event stream"))?;
         let seq = msg.info().map(|i| i.stream_sequence).unwrap_or_default();
         done.messages += 1;
         if msg.subject.as_str() != deadletter {
@@ -86,7 +139,9 @@ pub async fn replay(
         }
         let at_end = seq >= end;
         if batch.len() >= batch_size || (at_end && !batch.is_empty()) {
-            let applied = apply_batch(pool, &batch).await?;
+            let applied = apply_batch(pool, &batch)
+                .await
+                .map_err(database("applying replayed events"))?;
             done.applied += applied.new as u64;
             done.skipped += applied.rejected.len() as u64;
             batch.clear();
@@ -106,18 +161,19 @@ pub async fn replay(
     )
     .bind(done.through.to_string())
     .execute(pool)
-    .await?;
+    .await
+    .map_err(database("recording the replayed sequence"))?;
     Ok(done)
 }
 
 /// Connects a pool to a projection database.
-pub async fn pool(url: &str, size: u32) -> anyhow::Result<PgPool> {
+pub async fn pool(url: &str, size: u32) -> Result<PgPool, RebuildError> {
     PgPoolOptions::new()
         .max_connections(size)
         .acquire_timeout(Duration::from_secs(5))
         .connect(url)
         .await
-        .context("connecting to the projection database")
+        .map_err(database("connecting to the projection database"))
 }
 
 /// How many times [`swap`] tries when a database is still in use.
@@ -130,10 +186,15 @@ const SWAP_ATTEMPTS: u32 = 5;
 /// on both are ended first (Postgres renames no database in use); one that
 /// reconnects in between makes the attempt fail whole, and it is tried
 /// again, up to [`SWAP_ATTEMPTS`] times.
-pub async fn swap(admin_url: &str, live: &str, target: &str, old: &str) -> anyhow::Result<()> {
+pub async fn swap(
+    admin_url: &str,
+    live: &str,
+    target: &str,
+    old: &str,
+) -> Result<(), RebuildError> {
     let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(admin_url)
         .await
-        .context("connecting to the server to swap databases")?;
+        .map_err(database("connecting to the server to swap databases"))?;
     let mut attempt = 1;
     loop {
         match try_swap(&mut conn, live, target, old).await {
@@ -148,9 +209,9 @@ pub async fn swap(admin_url: &str, live: &str, target: &str, old: &str) -> anyho
                 attempt += 1;
             }
             Err(e) => {
-                return Err(e).with_context(|| {
-                    format!("swapping {target} in for {live}; nothing was renamed")
-                });
+                return Err(database(format!(
+                    "swapping {target} in for {live}; nothing was renamed"
+                ))(e));
             }
         }
     }
@@ -203,16 +264,15 @@ pub struct RebuildOptions {
 /// old one is kept as `<live>_old_<unix time>`) and catches up whatever
 /// arrived meanwhile.
 /// Returns the rebuilt database's URL.
-pub async fn rebuild(bus: &Bus, opts: &RebuildOptions) -> anyhow::Result<(String, Replayed)> {
+pub async fn rebuild(bus: &Bus, opts: &RebuildOptions) -> Result<(String, Replayed), RebuildError> {
     let (_, live_name) = runyard_store::split_database_url(&opts.live_url)?;
     let target_name = opts
         .into
         .clone()
         .unwrap_or_else(|| format!("{live_name}_rebuild"));
-    anyhow::ensure!(
-        target_name != live_name,
-        "cannot rebuild into the live database"
-    );
+    if target_name == live_name {
+        return Err(RebuildError::IntoLive);
+    }
     let target_url = runyard_store::with_database(&opts.live_url, &target_name)?;
     runyard_store::drop_database(&target_url).await?;
     runyard_store::migrate(&target_url).await?;
