@@ -29,6 +29,7 @@ use std::time::Duration;
 use base64::Engine as _;
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
+use runyard_events::Forge;
 use secrecy::ExposeSecret as _;
 use serde::{Deserialize, Deserializer};
 use tokio::io::AsyncWriteExt as _;
@@ -222,8 +223,8 @@ fn b64(bytes: &[u8]) -> String {
 /// `extra_specs` carrying the default runner install template unless the
 /// pool set one.
 pub(crate) fn bootstrap_json(req: &CreateRequest, boot: &Bootstrap) -> serde_json::Value {
-    let jit = boot.forge != "gitlab";
-    let extra_specs = template::with_default(&req.extra_specs, &boot.forge, &boot.os_type);
+    let jit = boot.forge != Forge::Gitlab;
+    let extra_specs = template::with_default(&req.extra_specs, boot.forge, &boot.os_type);
     serde_json::json!({
         "name": req.name,
         "tools": boot.tools,
@@ -662,7 +663,7 @@ mod tests {
         let b = bootstrap_json(&req, &boot);
         assert_eq!(b["extra_specs"]["runner_install_template"], "b3duCg==");
         let gitlab = Bootstrap {
-            forge: "gitlab".into(),
+            forge: Forge::Gitlab,
             ..Bootstrap::default()
         };
         let b = bootstrap_json(&request(), &gitlab);

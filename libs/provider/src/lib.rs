@@ -8,7 +8,7 @@ use std::path::Path;
 use std::time::Duration;
 use tracing::Instrument as _;
 
-use runyard_events::Namespace;
+use runyard_events::{Forge, Namespace};
 use runyard_forge::api::github::RunnerDownload;
 use secrecy::SecretString;
 use serde::{Deserialize, Serialize};
@@ -83,10 +83,10 @@ pub struct Bootstrap {
     pub os_type: String,
     /// `arch`: `amd64`, `arm64`, `arm`, `i386`.
     pub os_arch: String,
-    /// `github` or `gitlab`: GitHub runners are configured just in time
+    /// The forge: GitHub runners are configured just in time
     /// (`jit_config_enabled`); GitLab runners register with the runner token
     /// the metadata API hands out (`labels` then set).
-    pub forge: String,
+    pub forge: Forge,
 }
 
 impl Default for Bootstrap {
@@ -98,7 +98,7 @@ impl Default for Bootstrap {
             instance_token: SecretString::from(String::new()),
             os_type: "linux".into(),
             os_arch: "amd64".into(),
-            forge: "github".into(),
+            forge: Forge::Github,
         }
     }
 }

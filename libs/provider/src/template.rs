@@ -19,6 +19,7 @@
 //! ([`SHELL_CALLBACKS`]) and its install steps, in that order.
 
 use base64::Engine as _;
+use runyard_events::Forge;
 
 /// The shell functions every install script and template shares: `SUDO`,
 /// `report <status> <message> [agent id]` (the status callback; never
@@ -44,11 +45,11 @@ pub const GITHUB_LINUX: &str = concat!(
 /// and runs it.
 pub const GITLAB_LINUX: &str = include_str!("../templates/gitlab-linux.sh");
 
-/// The default template for a pool of `forge` (`github`, `gitlab`) on
-/// `os_type`, if runyard has one.
-pub fn default_for(forge: &str, os_type: &str) -> Option<&'static str> {
+/// The default template for a pool of `forge` on `os_type`, if runyard
+/// has one.
+pub fn default_for(forge: Forge, os_type: &str) -> Option<&'static str> {
     match (forge, os_type) {
-        ("gitlab", "linux") => Some(GITLAB_LINUX),
+        (Forge::Gitlab, "linux") => Some(GITLAB_LINUX),
         (_, "linux") => Some(GITHUB_LINUX),
         _ => None,
     }
@@ -59,7 +60,7 @@ pub fn default_for(forge: &str, os_type: &str) -> Option<&'static str> {
 /// there is no default for the pool.
 pub fn with_default(
     extra_specs: &serde_json::Value,
-    forge: &str,
+    forge: Forge,
     os_type: &str,
 ) -> serde_json::Value {
     let mut specs = extra_specs.clone();
@@ -139,11 +140,11 @@ mod tests {
     #[test]
     fn a_pool_template_is_kept() {
         let own = serde_json::json!({"runner_install_template": "eA==", "x": 1});
-        assert_eq!(with_default(&own, "github", "linux"), own);
-        let none = with_default(&serde_json::Value::Null, "github", "linux");
+        assert_eq!(with_default(&own, Forge::Github, "linux"), own);
+        let none = with_default(&serde_json::Value::Null, Forge::Github, "linux");
         assert!(none["runner_install_template"].is_string());
         assert!(
-            with_default(&serde_json::json!({}), "github", "windows")
+            with_default(&serde_json::json!({}), Forge::Github, "windows")
                 .get("runner_install_template")
                 .is_none()
         );

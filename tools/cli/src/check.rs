@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use runyard_events::{Forge, Namespace, forge_token, valid_pool_name};
+use runyard_events::{Forge, Namespace, valid_pool_name};
 use runyard_forge::api::github::RunnerDownload;
 use runyard_provider::{
     Bootstrap, CreateRequest, Instance, Provider, ProviderConfig, ProviderError,
@@ -585,7 +585,7 @@ fn create_request(t: &Target) -> (CreateRequest, Bootstrap) {
         instance_token: SecretString::from(PLACEHOLDER.to_owned()),
         os_type,
         os_arch,
-        forge: forge_token(forge).to_owned(),
+        forge,
         ..Bootstrap::default()
     };
     (req, boot)

@@ -497,7 +497,7 @@ pub(super) async fn bootstrap(
     let secrets = InstanceSecrets {
         name: req.name.clone(),
         pool: req.pool.clone(),
-        forge: forge_token(p.spec.forge).to_owned(),
+        forge: p.spec.forge,
         jit_config: req.jit_config.expose_secret().to_owned(),
         repo_url: req.repo_url.clone(),
         labels: req.labels.clone(),
@@ -516,7 +516,7 @@ pub(super) async fn bootstrap(
         instance_token: SecretString::from(token),
         os_type: p.config.os_type.clone(),
         os_arch: p.config.os_arch.clone(),
-        forge: forge_token(p.spec.forge).to_owned(),
+        forge: p.spec.forge,
     })
 }
 

@@ -44,7 +44,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use base64::Engine as _;
-use runyard_events::{Body, RunnerFailed, RunnerOnline, RunnerRef, runner_event_id_for};
+use runyard_events::{Body, Forge, RunnerFailed, RunnerOnline, RunnerRef, runner_event_id_for};
 use serde::Deserialize;
 use serde_json::json;
 use tokio_util::task::TaskTracker;
@@ -365,11 +365,11 @@ async fn runner_metadata(State(api): State<Api>, caller: Caller) -> Response {
             "metadata_url": api.meta.metadata_url,
             "agent_url": "",
         },
-        "forge_type": s.forge,
+        "forge_type": runyard_events::forge_token(s.forge),
         "runner_registration_url": s.repo_url,
         "runner_name": s.name,
         "agent_mode": false,
-        "jit_enabled": s.forge != "gitlab",
+        "jit_enabled": s.forge != Forge::Gitlab,
         "runner_tools": {},
     });
     if !s.labels.is_empty() {
@@ -382,7 +382,7 @@ async fn runner_metadata(State(api): State<Api>, caller: Caller) -> Response {
 }
 
 async fn registration_token(caller: Caller) -> Response {
-    if caller.secrets.forge != "gitlab" {
+    if caller.secrets.forge != Forge::Gitlab {
         // JIT runners are configured by their files; garm refuses them a
         // registration token the same way.
         return error(StatusCode::UNAUTHORIZED, "Not Authorized", "");
@@ -423,7 +423,7 @@ pub fn jit_file(encoded: &str, file: &str) -> Result<Option<Vec<u8>>, JitError> 
 }
 
 async fn credentials(caller: Caller, Path(file): Path<String>) -> Response {
-    if caller.secrets.forge == "gitlab" {
+    if caller.secrets.forge == Forge::Gitlab {
         return error(
             StatusCode::NOT_FOUND,
             "Not Found",

@@ -19,6 +19,7 @@ use async_nats::jetstream::kv;
 use bytes::Bytes;
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use runyard_bus::Bus;
+use runyard_events::Forge;
 use secrecy::{ExposeSecret as _, SecretString};
 use serde::{Deserialize, Serialize};
 
@@ -143,6 +144,21 @@ impl InstanceTokens {
     }
 }
 
+/// A forge stored by its name (`github`, `gitlab`); any other is refused.
+mod forge_name {
+    use runyard_events::{Forge, forge_token, parse_forge};
+    use serde::{Deserialize, Deserializer, Serializer, de::Error as _};
+
+    pub fn serialize<S: Serializer>(forge: &Forge, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(forge_token(*forge))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Forge, D::Error> {
+        let name = String::deserialize(d)?;
+        parse_forge(&name).ok_or_else(|| D::Error::custom(format!("unknown forge {name:?}")))
+    }
+}
+
 /// What an instance may fetch from the metadata API. Its `Debug` shows
 /// the JIT configuration as `***`.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -151,8 +167,9 @@ pub struct InstanceSecrets {
     pub name: String,
     /// Pool name.
     pub pool: String,
-    /// `github` or `gitlab`.
-    pub forge: String,
+    /// The forge (stored as `github` or `gitlab`).
+    #[serde(with = "forge_name")]
+    pub forge: Forge,
     /// GitHub's `encoded_jit_config` (base64 of a JSON map of the runner's
     /// files `.runner`, `.credentials`, `.credentials_rsaparams`), or the
     /// GitLab runner authentication token.
@@ -318,7 +335,7 @@ mod tests {
         let secrets = InstanceSecrets {
             name: "ry-linux-0123456789".into(),
             pool: "linux".into(),
-            forge: "gitlab".into(),
+            forge: Forge::Gitlab,
             jit_config: secret.into(),
             repo_url: "https://gitlab.example.com".into(),
             labels: vec!["docker".into()],

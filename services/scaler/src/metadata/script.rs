@@ -8,6 +8,8 @@
 //! into a unit file or a service name is limited to characters that need no
 //! quoting there.
 
+use runyard_events::Forge;
+
 use super::InstanceSecrets;
 
 /// `s` as one bash word: single-quoted, with `'` written as `'\''`.
@@ -51,7 +53,7 @@ fn unit_safe(s: &str) -> String {
 /// `actions.runner.<host>` for a forge-wide runner. GitLab runners get
 /// `runyard-gitlab-runner`.
 pub fn service_name(secrets: &InstanceSecrets) -> String {
-    if secrets.forge == "gitlab" {
+    if secrets.forge == Forge::Gitlab {
         return "runyard-gitlab-runner".into();
     }
     let (host, path) = host_and_path(&secrets.repo_url);
@@ -95,7 +97,7 @@ pub const GITLAB_WAIT_TIMEOUT_SECS: u64 = 86_400;
 /// command line), and the unit does not restart it.
 pub fn unit_file(secrets: &InstanceSecrets, user: &str) -> String {
     let service = service_name(secrets);
-    if secrets.forge == "gitlab" {
+    if secrets.forge == Forge::Gitlab {
         let home = format!("/home/{user}/gitlab-runner");
         return format!(
             "[Unit]\n\
@@ -292,7 +294,7 @@ pub fn install_script(
     metadata_url: &str,
     token: &str,
 ) -> String {
-    let gitlab = secrets.forge == "gitlab";
+    let gitlab = secrets.forge == Forge::Gitlab;
     let forge_url = if gitlab {
         origin(&secrets.repo_url)
     } else {
@@ -332,11 +334,11 @@ pub fn install_script(
 mod tests {
     use super::*;
 
-    fn secrets(forge: &str, repo_url: &str) -> InstanceSecrets {
+    fn secrets(forge: Forge, repo_url: &str) -> InstanceSecrets {
         InstanceSecrets {
             name: "ry-linux-0123456789".into(),
             pool: "linux".into(),
-            forge: forge.into(),
+            forge,
             jit_config: "secret".into(),
             repo_url: repo_url.into(),
             labels: vec!["self-hosted".into(), "it's".into()],
@@ -347,7 +349,7 @@ mod tests {
 
     #[test]
     fn service_names_follow_the_scope() {
-        let name = |url: &str| service_name(&secrets("github", url));
+        let name = |url: &str| service_name(&secrets(Forge::Github, url));
         assert_eq!(name("https://github.com/acme"), "actions.runner.acme");
         assert_eq!(
             name("https://github.com/acme/app"),
@@ -360,7 +362,7 @@ mod tests {
         assert_eq!(name("https://github.com"), "actions.runner.github.com");
         assert_eq!(name("https://github.com/a b;rm"), "actions.runner.a-b-rm");
         assert_eq!(
-            service_name(&secrets("gitlab", "https://gitlab.example.com")),
+            service_name(&secrets(Forge::Gitlab, "https://gitlab.example.com")),
             "runyard-gitlab-runner"
         );
     }
@@ -369,7 +371,7 @@ mod tests {
     fn values_are_quoted_for_bash() {
         assert_eq!(sh_quote("a'b"), r"'a'\''b'");
         let script = install_script(
-            &secrets("github", "https://github.com/acme"),
+            &secrets(Forge::Github, "https://github.com/acme"),
             "http://s:8084/api/v1/callbacks/",
             "http://s:8084/api/v1/metadata",
             "tok",
@@ -388,7 +390,10 @@ mod tests {
     #[test]
     fn gitlab_scripts_register_against_the_instance() {
         let script = install_script(
-            &secrets("gitlab", "https://gitlab.example.com:8443/group/project"),
+            &secrets(
+                Forge::Gitlab,
+                "https://gitlab.example.com:8443/group/project",
+            ),
             "http://s/api/v1/callbacks",
             "http://s/api/v1/metadata",
             "tok",
@@ -406,7 +411,7 @@ mod tests {
 
     #[test]
     fn gitlab_units_run_one_job_and_stop() {
-        let unit = unit_file(&secrets("gitlab", "https://gitlab.example.com"), "ci");
+        let unit = unit_file(&secrets(Forge::Gitlab, "https://gitlab.example.com"), "ci");
         let exec = unit
             .lines()
             .find_map(|l| l.strip_prefix("ExecStart="))
@@ -435,7 +440,7 @@ mod tests {
 
     #[test]
     fn the_scripts_are_valid_bash() {
-        for forge in ["github", "gitlab"] {
+        for forge in [Forge::Github, Forge::Gitlab] {
             let script = install_script(
                 &secrets(forge, "https://example.com/acme"),
                 "http://s/api/v1/callbacks",
@@ -448,7 +453,7 @@ mod tests {
                 .expect("bash");
             assert!(
                 out.status.success(),
-                "{forge}: {}",
+                "{forge:?}: {}",
                 String::from_utf8_lossy(&out.stderr)
             );
         }
@@ -463,7 +468,7 @@ mod tests {
         assert!(!valid_user("a/../b"));
         assert!(!valid_user("a\nExecStart=/bin/sh"));
         assert!(!valid_user(&"a".repeat(33)));
-        let unit = unit_file(&secrets("github", "https://github.com/acme"), "runner");
+        let unit = unit_file(&secrets(Forge::Github, "https://github.com/acme"), "runner");
         assert!(unit.contains("ExecStart=/home/runner/actions-runner/runsvc.sh\n"));
         assert!(unit.contains("User=runner\n"));
     }

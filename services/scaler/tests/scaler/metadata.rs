@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use reqwest::StatusCode;
-use runyard_events::{Body, Event};
+use runyard_events::{Body, Event, Forge};
 use runyard_scaler::metadata::{InstanceSecrets, InstanceTokens, SecretStore};
 use runyard_scaler::{App, ScalerFile};
 use secrecy::SecretString;
@@ -59,7 +59,7 @@ fn github_secrets(name: &str) -> InstanceSecrets {
     InstanceSecrets {
         name: name.into(),
         pool: "linux".into(),
-        forge: "github".into(),
+        forge: Forge::Github,
         jit_config: encoded_jit(name),
         repo_url: "https://github.com/acme".into(),
         labels: vec![
@@ -569,7 +569,7 @@ async fn a_gitlab_instance_gets_its_runner_token_and_no_jit_files() {
         .put(&InstanceSecrets {
             name: name.into(),
             pool: "linux".into(),
-            forge: "gitlab".into(),
+            forge: Forge::Gitlab,
             jit_config: "glrt-runner-token".into(),
             repo_url: "https://gitlab.example.com".into(),
             labels: vec!["docker".into()],
@@ -619,7 +619,7 @@ async fn a_gitlab_instance_is_set_up_to_run_one_job_and_stop() {
         .put(&InstanceSecrets {
             name: name.into(),
             pool: "linux".into(),
-            forge: "gitlab".into(),
+            forge: Forge::Gitlab,
             jit_config: "glrt-runner-token".into(),
             repo_url: "https://gitlab.example.com".into(),
             labels: vec!["docker".into()],

@@ -370,7 +370,7 @@ async fn a_queued_job_gets_an_instance_with_the_whole_bootstrap() {
         let secrets = store.get(&name).await.unwrap().expect("secrets stored");
         let jit = runyard_testkit::fake_github::decode_jit_config(&secrets.jit_config).unwrap();
         assert_eq!(jit.name, name);
-        assert_eq!(secrets.forge, "github");
+        assert_eq!(secrets.forge, Forge::Github);
 
         // Online, takes the job, finishes: the instance and its secrets go.
         stack.github.set_online(name.as_str());
