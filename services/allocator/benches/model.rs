@@ -52,6 +52,7 @@ fn main() {
         wall_seconds: 300.0,
         oom_killed: false,
         protected: true,
+        job: None,
     };
 
     let before = resident_bytes();

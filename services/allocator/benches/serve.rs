@@ -435,6 +435,7 @@ async fn main() {
         (0..workloads).map(|w| RecommendRequest {
             workload: workload(w).into_iter().collect(),
             r#ref: "develop".into(),
+            retry_of: None,
         }),
     );
     type Health = tonic_health::pb::HealthCheckResponse;
@@ -510,6 +511,7 @@ async fn main() {
                     .into_iter()
                     .collect(),
                 r#ref: "develop".into(),
+                retry_of: None,
             })
             .collect();
         let s = Instant::now();

@@ -84,21 +84,37 @@ pub fn to_proto(r: &mut ModelRec) -> proto::Recommendation {
     }
 }
 
-/// The request's workload and ref (at most
-/// [`runyard_events::limits::MAX_TEXT_BYTES`], no NUL), or
-/// `INVALID_ARGUMENT` naming the field (`prefix` locates the request in a
-/// batch).
+/// What one request asks: the workload, the ref, the attempt it retries.
+type Asked = (Workload, String, Option<model::JobAttempt>);
+
+/// The request's workload, ref (at most
+/// [`runyard_events::limits::MAX_TEXT_BYTES`], no NUL) and the attempt it
+/// retries, or `INVALID_ARGUMENT` naming the field (`prefix` locates the
+/// request in a batch).
 fn workload_of(
     req: proto::RecommendRequest,
     prefix: impl FnOnce() -> String,
-) -> Result<(Workload, String), Status> {
+) -> Result<Asked, Status> {
     let workload: Workload = req.workload;
     // The ref rides on the AllocationIssued event: an oversized one would
     // make an event no consumer keeps, so it is refused here, by name.
-    model::validate(&workload)
+    let retry_of = model::validate(&workload)
         .and_then(|()| runyard_events::limits::text("ref", &req.r#ref))
+        .and_then(|()| req.retry_of.as_ref().map(retry_of).transpose())
         .map_err(|e| Status::invalid_argument(format!("{}{e}", prefix())))?;
-    Ok((workload, req.r#ref))
+    Ok((workload, req.r#ref, retry_of))
+}
+
+/// The attempt a request retries, or what is wrong with it.
+fn retry_of(a: &proto::JobAttempt) -> Result<model::JobAttempt, runyard_events::FieldError> {
+    model::JobAttempt::checked(
+        "retry_of",
+        &a.forge,
+        &a.instance,
+        a.job_id,
+        a.pipeline_id,
+        a.attempt,
+    )
 }
 
 /// Answers a call as one hop of its caller's trace (`traceparent`
@@ -152,8 +168,8 @@ impl Service {
         issuing: Issuing,
     ) -> Result<proto::Recommendation, Status> {
         self.state.require_ready()?;
-        let (workload, r) = workload_of(req, String::new)?;
-        let (mut rec, key) = self.state.recommend(&workload);
+        let (workload, r, retry) = workload_of(req, String::new)?;
+        let (mut rec, key) = self.state.recommend(&workload, retry);
         let response = to_proto(&mut rec);
         self.state
             .issued(Api::Grpc, (workload, key), r, rec, issuing);
@@ -174,17 +190,18 @@ impl Service {
                 req.requests.len()
             )));
         }
-        let (workloads, refs): (Vec<_>, Vec<_>) = req
+        let (asked, refs): (Vec<_>, Vec<_>) = req
             .requests
             .into_iter()
             .enumerate()
             .map(|(i, r)| workload_of(r, || format!("requests[{i}].")))
             .collect::<Result<Vec<_>, _>>()?
             .into_iter()
+            .map(|(w, r, retry)| ((w, retry), r))
             .unzip();
-        let mut recs = self.state.recommend_many(&workloads);
+        let mut recs = self.state.recommend_many(&asked);
         let recommendations = recs.iter_mut().map(|(rec, _)| to_proto(rec)).collect();
-        for ((w, r), (rec, key)) in workloads.into_iter().zip(refs).zip(recs) {
+        for (((w, _), r), (rec, key)) in asked.into_iter().zip(refs).zip(recs) {
             self.state.issued(Api::Batch, (w, key), r, rec, issuing);
         }
         Ok(proto::RecommendBatchResponse { recommendations })

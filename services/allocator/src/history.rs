@@ -17,7 +17,7 @@ use sqlx::Row as _;
 use tokio_util::sync::CancellationToken;
 
 use crate::State;
-use crate::model::{Observation, Workload};
+use crate::model::{JobAttempt, Observation, Workload, full_key};
 use sqlx::ConnectOptions as _;
 
 /// How far before the load the live follow starts, so nothing published
@@ -47,6 +47,25 @@ pub async fn load(state: &State) -> Result<(HashSet<String>, time::OffsetDateTim
         .acquire_timeout(Duration::from_secs(5))
         .connect_with(options)
         .await?;
+    // Retry pipelines first: a kill in one follows its workload's kill in
+    // the pipeline it retried.
+    let links: Vec<(String, String, i64, i64)> = sqlx::query_as(
+        "SELECT forge, instance, pipeline_id, new_pipeline_id FROM retries
+         WHERE kind = 'issued' AND strategy = 'pipeline'
+           AND pipeline_id IS NOT NULL AND new_pipeline_id IS NOT NULL
+           AND occurred_at >= $1
+         ORDER BY occurred_at",
+    )
+    .bind(oldest_loaded(&state.config, started))
+    .fetch_all(&pool)
+    .await?;
+    {
+        let mut model = state.model_write();
+        for (forge, instance, old, new) in &links {
+            let id = |v: &i64| u64::try_from(*v).unwrap_or(0);
+            model.link_pipelines(forge, instance, id(old), id(new));
+        }
+    }
     let protected: Vec<&str> = state.protected.iter().map(String::as_str).collect();
     // Insertion order is time order up to small skews the model tolerates;
     // it streams from the primary key instead of sorting a million rows.
@@ -62,7 +81,8 @@ pub async fn load(state: &State) -> Result<(HashSet<String>, time::OffsetDateTim
                 (j.ref IS NOT NULL AND j.ref = u.ref AND u.ref = ANY($1)) AS protected,
                 u.peak_memory_bytes, u.memory_limit_bytes, u.memory_request_bytes,
                 u.cpu_seconds, u.wall_seconds, u.oom_killed, u.reported_at,
-                CASE WHEN u.reported_at >= $2 THEN u.event_id END AS recent_id
+                CASE WHEN u.reported_at >= $2 THEN u.event_id END AS recent_id,
+                u.forge, u.instance, u.job_id, u.attempt, j.pipeline_id
          FROM usage_samples u
          LEFT JOIN jobs j
            ON j.forge = u.forge AND j.instance = u.instance AND j.job_id = u.job_id
@@ -182,6 +202,15 @@ fn decode(row: &sqlx::postgres::PgRow, chunk: &mut Chunk) -> Result<Option<Strin
         wall_seconds: row.try_get(6)?,
         oom_killed: row.try_get(7)?,
         protected: row.try_get::<Option<bool>, _>(1)?.unwrap_or(false),
+        job: Some(JobAttempt::new(
+            row.try_get(10)?,
+            row.try_get(11)?,
+            u64::try_from(row.try_get::<i64, _>(12)?).unwrap_or(0),
+            row.try_get::<Option<i64>, _>(14)?
+                .and_then(|p| u64::try_from(p).ok())
+                .unwrap_or(0),
+            u32::try_from(row.try_get::<i32, _>(13)?).unwrap_or(1),
+        )),
     });
     chunk.keys.push_str(key);
     chunk.ends.push(chunk.keys.len());
@@ -225,6 +254,15 @@ pub fn observation(
         wall_seconds: u.wall_seconds,
         oom_killed: runyard_events::oom_killed(u),
         protected: confirmed && state.is_protected(&u.r#ref),
+        job: u.job.as_ref().map(|k| {
+            JobAttempt::new(
+                runyard_events::forge_token(k.forge()),
+                &k.instance,
+                k.job_id,
+                job.map_or(0, |j| j.pipeline_id),
+                u.attempt.max(1),
+            )
+        }),
     };
     (workload, obs)
 }
@@ -248,6 +286,9 @@ pub async fn follow(
             format!("{}.v1.usage.>", state.bus.namespace()),
             format!("{}.v1.job.github.>", state.bus.namespace()),
             format!("{}.v1.job.gitlab.>", state.bus.namespace()),
+            // And retries: a pipeline a retry made links its kills to the
+            // retried pipeline's.
+            format!("{}.v1.retry.>", state.bus.namespace()),
         ],
         deliver: Deliver::ByStartTime(since - OVERLAP),
         batch_size: 256,
@@ -274,6 +315,7 @@ pub async fn follow(
         fed_through: AtomicU64::new(0),
         jobs: Mutex::default(),
         pending: Mutex::default(),
+        unplaced: Mutex::default(),
     };
     tokio::select! {
         () = consumer.run(follower, stop) => {}
@@ -294,6 +336,9 @@ struct UsageFollower {
     jobs: Mutex<HashMap<JobRef, KnownJob>>,
     /// Identity-token reports of jobs not seen yet, by job.
     pending: Mutex<HashMap<JobRef, Vec<(UsageReported, Event)>>>,
+    /// OOM-killed attempts fed before their job's webhook named its
+    /// pipeline: the workload key and attempt, placed once it does.
+    unplaced: Mutex<HashMap<JobRef, (String, u32)>>,
 }
 
 /// Jobs remembered for judging their usage (all are forgotten past this
@@ -319,6 +364,9 @@ pub struct KnownJob {
     /// The highest attempt the webhooks named (GitHub `run_attempt`,
     /// GitLab `retries_count + 1`); 0 when none did.
     pub run_attempt: u32,
+    /// The GitHub run or GitLab pipeline it is part of; 0 until a webhook
+    /// named it.
+    pub pipeline_id: u64,
     /// Attempts whose report was fed already.
     pub reported: Vec<u32>,
 }
@@ -376,6 +424,23 @@ impl UsageFollower {
             known.project.clone_from(&j.project);
         }
         known.run_attempt = known.run_attempt.max(j.run_attempt);
+        if j.pipeline_id != 0 {
+            known.pipeline_id = j.pipeline_id;
+        }
+        drop(jobs);
+        let unplaced = self
+            .unplaced
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(key);
+        if let (Some((full, attempt)), true) = (unplaced, j.pipeline_id != 0) {
+            let forge =
+                runyard_events::Forge::try_from(key.0).map_or("", runyard_events::forge_token);
+            self.state.model_write().place(
+                &full,
+                JobAttempt::new(forge, &key.1, key.2, j.pipeline_id, attempt),
+            );
+        }
     }
 
     /// An event over the limits: not used, counted and logged naming the
@@ -404,6 +469,13 @@ impl UsageFollower {
             }
         };
         let (w, o) = observation(&self.state, u, event, job.as_ref());
+        if o.oom_killed && job.as_ref().is_none_or(|j| j.pipeline_id == 0) {
+            let mut unplaced = self.unplaced.lock().unwrap_or_else(|e| e.into_inner());
+            if unplaced.len() >= PENDING_KEPT {
+                unplaced.clear();
+            }
+            unplaced.insert(key.clone(), (full_key(&w), u.attempt.max(1)));
+        }
         self.state.model_write().observe(&w, o);
         self.state.metrics.samples_observed.inc();
     }
@@ -482,6 +554,23 @@ impl Handler for UsageFollower {
                         for (u, event) in waiting.unwrap_or_default() {
                             self.feed(&key, &u, &event);
                         }
+                    }
+                    continue;
+                }
+                Some(Body::RetryIssued(r)) => {
+                    if let Some(t) = r.target.as_ref().filter(|_| r.strategy == "pipeline") {
+                        if let Err(why) =
+                            runyard_events::limits::text("target.instance", &t.instance)
+                        {
+                            self.refuse(d, &why);
+                            continue;
+                        }
+                        self.state.model_write().link_pipelines(
+                            runyard_events::forge_token(t.forge()),
+                            &t.instance,
+                            t.pipeline_id,
+                            r.new_pipeline_id,
+                        );
                     }
                     continue;
                 }
@@ -620,6 +709,76 @@ mod tests {
         .await
         .unwrap();
         confirm_jobs(pool, 1..=n, "develop").await;
+    }
+
+    #[tokio::test]
+    async fn a_restart_keeps_each_kill_open_for_its_own_retry() {
+        let nats = TestNats::get().await;
+        let db = TestDb::new();
+        runyard_store::migrate(&db.url).await.unwrap();
+        let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
+        develop_zlib_samples(&pool, 6).await;
+        // Job 100 (pipeline 50) killed at 2 GB; job 101 (pipeline 51)
+        // passes at the same limit; runyard's retry made pipeline 60 from
+        // 50, whose job 102 is killed again at 2.4 GB.
+        for (job, pipeline, peak, oom, ago) in [
+            (100i64, 50i64, 2_000_000_000i64, true, 30),
+            (101, 51, 1_500_000_000, false, 20),
+            (102, 60, 2_400_000_000, true, 10),
+        ] {
+            sqlx::query(
+                "INSERT INTO usage_samples (forge, instance, job_id, attempt, event_id, ref,
+                    workload, workload_key, peak_memory_bytes, memory_limit_bytes,
+                    cpu_seconds, wall_seconds, oom_killed, reported_at)
+                 VALUES ('gitlab', 'ci.example', $1, 1, 'usage:gitlab:ci.example:' || $1 || ':1',
+                    'develop', '{\"package\": \"zlib\"}', 'package=zlib', $2, $2, 60, 30, $3,
+                    now() - ($4 || ' milliseconds')::interval)",
+            )
+            .bind(job)
+            .bind(peak)
+            .bind(oom)
+            .bind(ago.to_string())
+            .execute(&pool)
+            .await
+            .unwrap();
+            confirm_jobs(&pool, job..=job, "develop").await;
+            sqlx::query("UPDATE jobs SET pipeline_id = $2 WHERE job_id = $1")
+                .bind(job)
+                .bind(pipeline)
+                .execute(&pool)
+                .await
+                .unwrap();
+        }
+        sqlx::query(
+            "INSERT INTO retries (event_id, kind, forge, instance, unit, pipeline_id, strategy,
+                new_pipeline_id, jobs, occurred_at, received_at)
+             VALUES ('retry:gitlab:ci.example:pipeline:50:issued', 'issued', 'gitlab',
+                'ci.example', 'pipeline:50', 50, 'pipeline', 60, '[]', now() - interval '25 ms',
+                now())",
+        )
+        .execute(&pool)
+        .await
+        .unwrap();
+        pool.close().await;
+        let app = app(&nats, &db, Config::default()).await;
+        super::load(&app.state).await.unwrap();
+        {
+            let model = app.state.model_read();
+            let w: crate::model::Workload = [("package".to_owned(), "zlib".to_owned())].into();
+            let asked = |job, pipeline, attempt| {
+                crate::model::JobAttempt::new("gitlab", "ci.example", job, pipeline, attempt)
+            };
+            // Pipeline 60's generate step: its job's second kill in a row.
+            let retry = model.recommend_retry(&w, asked(0, 60, 0));
+            assert!(retry.basis.oom_bump && retry.retry_count == 2, "{retry:?}");
+            assert!(retry.memory_limit_bytes >= 2_880_000_000, "{retry:?}");
+            // Job 100's kill was followed by pipeline 60's: closed.
+            assert!(!model.recommend_retry(&w, asked(100, 50, 1)).basis.oom_bump);
+            // A build that is no retry is not bumped.
+            let plain = model.recommend(&w);
+            assert!(!plain.basis.oom_bump && plain.retry_count == 0, "{plain:?}");
+        }
+        db.drop_db().await;
     }
 
     #[tokio::test]

@@ -120,6 +120,47 @@ async fn authenticate(
 #[derive(Debug, Deserialize)]
 struct SpecQuery {
     spec: Option<String>,
+    /// The job attempt this request retries: `retry_of_forge` and
+    /// `retry_of_instance` with `retry_of_job_id` and `retry_of_attempt`,
+    /// or with `retry_of_pipeline_id` (a GitLab retry pipeline's generate
+    /// step: `$RUNYARD_RETRY_OF`), or none of them.
+    retry_of_forge: Option<String>,
+    retry_of_instance: Option<String>,
+    retry_of_job_id: Option<u64>,
+    retry_of_attempt: Option<u32>,
+    retry_of_pipeline_id: Option<u64>,
+}
+
+impl SpecQuery {
+    /// The attempt it retries, or what is wrong with the parameters.
+    fn retry_of(&self) -> Result<Option<model::JobAttempt>, String> {
+        let named = self.retry_of_job_id.is_some() || self.retry_of_pipeline_id.is_some();
+        match (&self.retry_of_forge, &self.retry_of_instance) {
+            (None, None) if !named && self.retry_of_attempt.is_none() => Ok(None),
+            (Some(forge), Some(instance)) if named => {
+                if self.retry_of_job_id.is_some() && self.retry_of_attempt.is_none() {
+                    return Err("retry_of_attempt: missing; a retry_of_job_id needs the \
+                                attempt it retries"
+                        .into());
+                }
+                model::JobAttempt::checked(
+                    "retry_of",
+                    forge,
+                    instance,
+                    self.retry_of_job_id.unwrap_or(0),
+                    self.retry_of_pipeline_id.unwrap_or(0),
+                    self.retry_of_attempt.unwrap_or(0),
+                )
+                .map(Some)
+                .map_err(|e| e.to_string())
+            }
+            _ => Err(
+                "retry_of: give retry_of_forge and retry_of_instance with retry_of_job_id \
+                 and retry_of_attempt, or with retry_of_pipeline_id, or none of them"
+                    .into(),
+            ),
+        }
+    }
 }
 
 fn bad_request(message: &str) -> Response {
@@ -165,10 +206,17 @@ fn gantry_answer(
     query: Result<Query<SpecQuery>, axum::extract::rejection::QueryRejection>,
     issuing: crate::Issuing,
 ) -> Response {
-    let spec = match query {
-        Ok(Query(SpecQuery { spec: Some(spec) })) if !spec.trim().is_empty() => spec,
-        Ok(_) => return bad_request("spec: missing query parameter"),
+    let query = match query {
+        Ok(Query(q)) => q,
         Err(e) => return bad_request(&format!("query: {e}")),
+    };
+    let spec = match &query.spec {
+        Some(spec) if !spec.trim().is_empty() => spec.clone(),
+        _ => return bad_request("spec: missing query parameter"),
+    };
+    let retry_of = match query.retry_of() {
+        Ok(r) => r,
+        Err(e) => return bad_request(&e),
     };
     if state.require_ready().is_err() {
         return (
@@ -186,7 +234,7 @@ fn gantry_answer(
     if let Err(e) = model::validate(&workload) {
         return bad_request(&format!("spec: {e}"));
     }
-    let (rec, key) = state.recommend(&workload);
+    let (rec, key) = state.recommend(&workload, retry_of);
     let variables: std::collections::BTreeMap<String, String> = model::variables(&rec);
     // gantry's clients read `variables`; the model's confidence rides along.
     let body = axum::Json(json!({

@@ -254,13 +254,22 @@ impl Inner {
     }
 
     /// The recommendation for `w`, and `w`'s key (for its event).
-    fn recommend(&self, w: &model::Workload) -> (model::Recommendation, String) {
-        keyed_recommendation(&self.model_read(), w)
+    fn recommend(
+        &self,
+        w: &model::Workload,
+        retry_of: Option<model::JobAttempt>,
+    ) -> (model::Recommendation, String) {
+        keyed_recommendation(&self.model_read(), w, retry_of)
     }
 
-    fn recommend_many(&self, ws: &[model::Workload]) -> Vec<(model::Recommendation, String)> {
+    fn recommend_many(
+        &self,
+        ws: &[(model::Workload, Option<model::JobAttempt>)],
+    ) -> Vec<(model::Recommendation, String)> {
         let model = self.model_read();
-        ws.iter().map(|w| keyed_recommendation(&model, w)).collect()
+        ws.iter()
+            .map(|(w, retry_of)| keyed_recommendation(&model, w, *retry_of))
+            .collect()
     }
 
     /// Counts an answer and queues it for its `AllocationIssued` event —
@@ -356,9 +365,10 @@ impl EventsLimit {
 fn keyed_recommendation(
     model: &model::Model,
     w: &model::Workload,
+    retry_of: Option<model::JobAttempt>,
 ) -> (model::Recommendation, String) {
     let key = model::full_key(w);
-    (model.recommend_keyed(w, &key), key)
+    (model.recommend_keyed(w, &key, retry_of), key)
 }
 
 /// An answered recommendation on its way to becoming an `AllocationIssued`.

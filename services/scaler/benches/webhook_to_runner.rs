@@ -1332,7 +1332,7 @@ impl Direct {
             let _ = tokio::time::timeout(Duration::from_secs(1), query.fetch_optional(db)).await;
         }
         t[2] = now_ns();
-        let sizing = self.allocator.size(&job, &self.pool.flavors).await;
+        let sizing = self.allocator.size(&job, &self.pool.flavors, None).await;
         let flavor = &self.pool.flavors[sizing.flavor];
         t[3] = now_ns();
         self.publish(Body::RunnerRequested(runner_requested(
@@ -1389,6 +1389,7 @@ fn bench_job(job_id: u64) -> Job {
             job_id,
         },
         run_attempt: 1,
+        pipeline_id: job_id,
         labels: Some(LABELS.map(String::from).to_vec()),
         status: JobStatus::Queued,
         seen: (runyard_events::Stage::Pending, Duration::ZERO),

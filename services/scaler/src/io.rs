@@ -9,11 +9,14 @@ use std::time::Instant;
 use runyard_bus::Bus;
 use sqlx::PgPool;
 
+use crate::config::Flavor;
 use crate::config::Timers;
+use crate::core::world::Job;
 use crate::forges::Forges;
 use crate::kv::Coordination;
 use crate::metrics::ScalerMetrics;
-use crate::sizing::Allocator;
+use crate::retry::Lineage;
+use crate::sizing::{Allocator, Sizing, retry_of};
 
 /// What every part of the scaler talks to the world through.
 #[derive(Debug)]
@@ -26,6 +29,9 @@ pub struct Io {
     pub forges: Forges,
     /// Right-sizing.
     pub allocator: Allocator,
+    /// What runyard's retries made (the retrier's book), for sizing a
+    /// retry's runner.
+    pub lineage: Lineage,
     /// The projection (a job already started gets no runner).
     pub db: Option<PgPool>,
     /// Timers.
@@ -36,4 +42,14 @@ pub struct Io {
     pub db_down_until: std::sync::Mutex<Option<Instant>>,
     /// Creates under way at once.
     pub create_slots: tokio::sync::Semaphore,
+}
+
+impl Io {
+    /// Sizes `job`'s runner from its recommendation, as the retry it is
+    /// when runyard's lineage or the job itself says so.
+    pub async fn size(&self, job: &Job, flavors: &[Flavor]) -> Sizing {
+        self.allocator
+            .size(job, flavors, retry_of(job, &self.lineage))
+            .await
+    }
 }

@@ -371,6 +371,7 @@ impl App {
                 file.scaler.allocator_timeout,
                 allocator_tls,
             ),
+            lineage: retry::Lineage::default(),
             db,
             timers: file.scaler.clone(),
             metrics,

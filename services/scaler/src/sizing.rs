@@ -4,14 +4,15 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use runyard_allocator_api::RecommendRequest;
 use runyard_allocator_api::allocator_client::AllocatorClient;
-use runyard_events::{Forge, JobKey, RunnerRef, RunnerRequested};
+use runyard_allocator_api::{JobAttempt, RecommendRequest};
+use runyard_events::{Forge, JobKey, RunnerRef, RunnerRequested, forge_token};
 use secrecy::{ExposeSecret as _, SecretString};
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
 use crate::config::{Flavor, PoolConfig};
 use crate::core::world::Job;
+use crate::retry::Lineage;
 
 /// The workload attributes a job is known by, the same names usage reports
 /// are keyed with: GitHub `{repo, workflow, job}`, GitLab `{project, job}`.
@@ -122,9 +123,15 @@ impl Allocator {
         }
     }
 
-    /// Sizes a job from its recommendation.
-    pub async fn size(&self, job: &Job, flavors: &[Flavor]) -> Sizing {
-        let limit = self.recommend(job).await;
+    /// Sizes a job from its recommendation, as the retry of `retry_of`
+    /// when it is one ([`retry_of`]).
+    pub async fn size(
+        &self,
+        job: &Job,
+        flavors: &[Flavor],
+        retry_of: Option<JobAttempt>,
+    ) -> Sizing {
+        let limit = self.recommend(job, retry_of).await;
         Sizing {
             flavor: pick_flavor(flavors, limit),
             recommended_limit: limit,
@@ -132,11 +139,12 @@ impl Allocator {
         }
     }
 
-    async fn recommend(&self, job: &Job) -> Option<u64> {
+    async fn recommend(&self, job: &Job, retry_of: Option<JobAttempt>) -> Option<u64> {
         let mut client = self.client.clone()?;
         let mut req = tonic::Request::new(RecommendRequest {
             workload: workload(job),
             r#ref: job.git_ref.clone(),
+            retry_of,
         });
         req.set_timeout(self.timeout);
         // The call is a hop of the current trace (a job's runner creation).
@@ -160,6 +168,42 @@ impl Allocator {
             }
         }
     }
+}
+
+/// The attempt `job` retries, from what the job says and what runyard's
+/// own retries made (`lineage`):
+///
+/// - a later attempt (GitHub `run_attempt`, GitLab retries + 1) retries the
+///   attempt before it in the same run or pipeline: GitHub gives a re-run's
+///   job a new id in the same run, GitLab a retried job a new id in the
+///   same pipeline. The job id is sent too, for a forge that keeps it;
+/// - a GitLab job made by runyard's job retry retries the job it was made
+///   from;
+/// - a job of a GitLab pipeline made by runyard's pipeline retry retries
+///   its workload's killed attempt in the pipeline that was retried.
+///
+/// Else it is no retry, and is sized from the workload's history alone.
+pub fn retry_of(job: &Job, lineage: &Lineage) -> Option<JobAttempt> {
+    let forge = job.id.forge;
+    let (old_job, old_pipeline) = lineage.retried_from(
+        &(forge, job.id.instance.clone(), job.id.job_id),
+        job.pipeline_id,
+    );
+    let asked = |job_id, pipeline_id, attempt| JobAttempt {
+        forge: forge_token(forge).into(),
+        instance: job.id.instance.clone(),
+        job_id,
+        pipeline_id,
+        attempt,
+    };
+    if job.run_attempt > 1 {
+        let previous = old_job.unwrap_or(match forge {
+            Forge::Github => job.id.job_id,
+            _ => 0,
+        });
+        return Some(asked(previous, job.pipeline_id, job.run_attempt - 1));
+    }
+    old_pipeline.map(|p| asked(0, p, 0))
 }
 
 #[cfg(test)]
@@ -187,5 +231,120 @@ mod tests {
         assert_eq!(pick_flavor(&f, Some(ByteSize::gib(4).as_u64() + 1)), 1);
         assert_eq!(pick_flavor(&f, Some(ByteSize::gib(12).as_u64())), 2);
         assert_eq!(pick_flavor(&f, Some(ByteSize::gib(64).as_u64())), 2);
+    }
+
+    fn job(forge: Forge, job_id: u64, pipeline_id: u64, run_attempt: u32) -> Job {
+        Job {
+            id: crate::core::world::JobId {
+                forge,
+                instance: "forge.example.com".into(),
+                job_id,
+            },
+            run_attempt,
+            pipeline_id,
+            labels: None,
+            status: runyard_events::JobStatus::Queued,
+            seen: (runyard_events::Stage::Pending, Duration::ZERO),
+            cancelled: false,
+            queued_at: Duration::ZERO,
+            project: "acme/app".into(),
+            project_id: 1,
+            workflow: "CI".into(),
+            name: "build".into(),
+            git_ref: "main".into(),
+            runner_name: None,
+            given_up: false,
+        }
+    }
+
+    /// A `RetryIssued` of GitLab pipeline 100's job 10 (attempt 1).
+    fn issued(
+        strategy: &str,
+        new_pipeline_id: u64,
+        new_job_ids: Vec<u64>,
+    ) -> runyard_events::Event {
+        let target = runyard_events::RetryTarget {
+            forge: Forge::Gitlab.into(),
+            instance: "forge.example.com".into(),
+            project_id: 1,
+            project: "acme/app".into(),
+            pipeline_id: 100,
+            run_attempt: 1,
+            r#ref: "main".into(),
+            sha: "abc".into(),
+            unit: format!("{strategy}:100"),
+        };
+        let jobs = vec![runyard_events::RetryJob {
+            job: Some(JobKey {
+                forge: Forge::Gitlab.into(),
+                instance: "forge.example.com".into(),
+                job_id: 10,
+            }),
+            attempt: 1,
+            name: "build".into(),
+            ..Default::default()
+        }];
+        runyard_events::Event {
+            id: format!("retry:{strategy}:issued"),
+            body: Some(runyard_events::Body::RetryIssued(
+                runyard_events::RetryIssued {
+                    target: Some(target),
+                    strategy: strategy.into(),
+                    jobs,
+                    new_pipeline_id,
+                    new_job_ids,
+                    ..Default::default()
+                },
+            )),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_retry_names_the_attempt_it_retries() {
+        let none = Lineage::default();
+        // A first attempt nobody retried is no retry.
+        assert_eq!(retry_of(&job(Forge::Github, 5, 777, 1), &none), None);
+        // A GitHub re-run: the attempt before, in the same run (the job id
+        // too, for a forge that keeps it).
+        let rerun = retry_of(&job(Forge::Github, 6, 777, 2), &none).expect("a retry");
+        assert_eq!(
+            (
+                rerun.forge.as_str(),
+                rerun.job_id,
+                rerun.pipeline_id,
+                rerun.attempt
+            ),
+            ("github", 6, 777, 1)
+        );
+        // A GitLab job retried by hand: a new job id, the same pipeline.
+        let by_hand = retry_of(&job(Forge::Gitlab, 11, 100, 2), &none).expect("a retry");
+        assert_eq!(
+            (by_hand.job_id, by_hand.pipeline_id, by_hand.attempt),
+            (0, 100, 1)
+        );
+
+        // runyard's own retries, as its log says.
+        let lineage = Lineage::default();
+        lineage.observe(&issued("job", 100, vec![11]));
+        lineage.observe(&issued("pipeline", 200, Vec::new()));
+        let job_retry = retry_of(&job(Forge::Gitlab, 11, 100, 2), &lineage).expect("a retry");
+        assert_eq!(
+            (job_retry.job_id, job_retry.pipeline_id, job_retry.attempt),
+            (10, 100, 1)
+        );
+        // A job of the pipeline a retry made: the killed attempt of its
+        // workload in the pipeline retried.
+        let new_pipeline = retry_of(&job(Forge::Gitlab, 20, 200, 1), &lineage).expect("a retry");
+        assert_eq!(
+            (
+                new_pipeline.job_id,
+                new_pipeline.pipeline_id,
+                new_pipeline.attempt
+            ),
+            (0, 100, 0)
+        );
+        // Another pipeline's first attempt is still no retry.
+        assert_eq!(retry_of(&job(Forge::Gitlab, 30, 300, 1), &lineage), None);
     }
 }

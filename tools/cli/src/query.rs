@@ -370,6 +370,7 @@ pub async fn recommend(global: &Global, args: &RecommendArgs) -> Result<u8, Fail
     let mut req = tonic::Request::new(RecommendRequest {
         workload: workload.clone().into_iter().collect(),
         r#ref: args.git_ref.clone(),
+        retry_of: None,
     });
     if let Some(token) = &global.allocator_token {
         let v = format!("Bearer {token}")

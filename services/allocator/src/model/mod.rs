@@ -109,7 +109,7 @@ use std::sync::OnceLock;
 
 use keys::{KeyHasher, escape_name, select_ladder};
 pub(crate) use keys::{full_key, sub_key};
-use oom::{Overshoots, Streak};
+use oom::{Killed, Overshoots, Streak};
 pub use spec::{parse_spec, validate, variables};
 use stats::{Fit, FitKnobs, Sample};
 use target::Calibration;
@@ -322,6 +322,116 @@ pub struct Observation {
     /// Whether it ran on a protected ref (the caller decides); only these
     /// train the statistics, OOM streaks count on any ref.
     pub protected: bool,
+    /// The job attempt it was, when the report names it: a kill stays open
+    /// for that job's retry until the job reports a later attempt.
+    pub job: Option<JobAttempt>,
+}
+
+/// One attempt of one job, hashed: the job's identity, the pipeline (GitHub
+/// run) it ran in, and the attempt. Either identity may be unknown (0).
+///
+/// A GitHub re-run starts a new run attempt of the same run, and a GitLab
+/// job retry is a new job of the same pipeline with its retries counted
+/// up, so two attempts of one job (of one workload) share a pipeline even
+/// where the forge gives the new attempt a new job id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct JobAttempt {
+    /// A hash of the forge, its instance and the forge's job id; 0 unknown.
+    pub job: u64,
+    /// A hash of the forge, its instance and the pipeline / run id; 0
+    /// unknown.
+    pub pipeline: u64,
+    /// The attempt, from 1 (GitHub `run_attempt`; GitLab retries + 1); 0
+    /// in a request that names a pipeline only: its latest killed attempt.
+    pub attempt: u32,
+}
+
+/// Links of retry pipelines kept, at most (all are forgotten past it; the
+/// next start's load reads them again from the projection).
+const RETRIED_PIPELINES_KEPT: usize = 65_536;
+
+/// A forge-scoped id hashed (0 stays 0: unknown).
+fn scoped(kind: u8, forge: &str, instance: &str, id: u64) -> u64 {
+    use std::hash::{Hash as _, Hasher as _};
+    if id == 0 {
+        return 0;
+    }
+    let mut h = std::hash::DefaultHasher::new();
+    kind.hash(&mut h);
+    forge.to_ascii_lowercase().hash(&mut h);
+    instance.to_ascii_lowercase().hash(&mut h);
+    id.hash(&mut h);
+    h.finish().max(1)
+}
+
+impl JobAttempt {
+    /// Attempt `attempt` of job `job_id` of `forge` (`github`, `gitlab`)
+    /// at `instance` (host names compare without case), in pipeline (GitHub
+    /// run) `pipeline_id`; an id of 0 is unknown.
+    pub fn new(forge: &str, instance: &str, job_id: u64, pipeline_id: u64, attempt: u32) -> Self {
+        Self {
+            job: scoped(b'j', forge, instance, job_id),
+            pipeline: scoped(b'p', forge, instance, pipeline_id),
+            attempt,
+        }
+    }
+
+    /// Whether `self` is an earlier attempt of the job `later` is an
+    /// attempt of: the same job id, or the same pipeline.
+    pub(crate) fn precedes(&self, later: &Self) -> bool {
+        let same = (self.job != 0 && self.job == later.job)
+            || (self.pipeline != 0 && self.pipeline == later.pipeline);
+        same && self.attempt < later.attempt
+    }
+
+    /// Whether a request naming `asked` retries this attempt: the same
+    /// attempt of the same job or pipeline (any attempt in the pipeline
+    /// when `asked` names none).
+    pub(crate) fn answers(&self, asked: &Self) -> bool {
+        let job = asked.job != 0 && asked.job == self.job;
+        let pipeline = asked.pipeline != 0 && asked.pipeline == self.pipeline;
+        (job || pipeline) && (asked.attempt == 0 || asked.attempt == self.attempt)
+    }
+
+    /// [`JobAttempt::new`] from what a caller sent, each part checked and
+    /// refused by its name under `field` (`retry_of.forge`, ...): a job id
+    /// with its attempt, or a pipeline id (with or without an attempt).
+    pub fn checked(
+        field: &str,
+        forge: &str,
+        instance: &str,
+        job_id: u64,
+        pipeline_id: u64,
+        attempt: u32,
+    ) -> Result<Self, runyard_events::FieldError> {
+        use runyard_events::FieldError;
+        if runyard_events::parse_forge(forge).is_none() {
+            return Err(FieldError::new(
+                format!("{field}.forge"),
+                format!("{forge:?} is not a forge (github or gitlab)"),
+            ));
+        }
+        runyard_events::limits::text(&format!("{field}.instance"), instance)?;
+        if instance.trim().is_empty() {
+            return Err(FieldError::new(
+                format!("{field}.instance"),
+                "empty (the forge's host, e.g. github.com)",
+            ));
+        }
+        if job_id == 0 && pipeline_id == 0 {
+            return Err(FieldError::new(
+                format!("{field}.job_id"),
+                "neither a job id nor a pipeline id: name the attempt retried",
+            ));
+        }
+        if job_id != 0 && attempt == 0 {
+            return Err(FieldError::new(
+                format!("{field}.attempt"),
+                "0 with a job id: attempts count from 1",
+            ));
+        }
+        Ok(Self::new(forge, instance, job_id, pipeline_id, attempt))
+    }
 }
 
 /// How a recommendation was made.
@@ -390,6 +500,9 @@ pub struct Model {
     /// (also in `overshoots`): a new version can jump far beyond its
     /// package.
     fresh_overshoots: Overshoots,
+    /// Pipelines made by a retry (GitLab's pipeline strategy), hashed as
+    /// [`JobAttempt::pipeline`]: the new one → the one it retried.
+    retried_pipelines: HashMap<u64, u64>,
     /// The OOM-target calibration (`target_oom` > 0).
     calibration: Option<Calibration>,
     /// The spread pooled over all workloads: a running mean of squared
@@ -680,6 +793,7 @@ impl Model {
             workloads: HashMap::new(),
             overshoots: Overshoots::new(),
             fresh_overshoots: Overshoots::new(),
+            retried_pipelines: HashMap::new(),
             calibration: (params.target_oom > 0.0).then(|| {
                 Calibration::new(
                     params.target_oom,
@@ -751,6 +865,36 @@ impl Model {
         self.evicted
     }
 
+    /// Records that pipeline `new` (of `forge` at `instance`) was made by a
+    /// retry of pipeline `old`: a job's attempt in `new` follows its
+    /// workload's killed attempt in `old`.
+    pub fn link_pipelines(&mut self, forge: &str, instance: &str, old: u64, new: u64) {
+        let (old, new) = (
+            JobAttempt::new(forge, instance, 0, old, 0).pipeline,
+            JobAttempt::new(forge, instance, 0, new, 0).pipeline,
+        );
+        if old == 0 || new == 0 {
+            return;
+        }
+        if self.retried_pipelines.len() >= RETRIED_PIPELINES_KEPT {
+            self.retried_pipelines.clear();
+        }
+        self.retried_pipelines.insert(new, old);
+    }
+
+    /// Says which pipeline an attempt observed without one ran in (its
+    /// report came before its job's webhook): `attempt` with its pipeline,
+    /// of the workload with key `full`.
+    pub fn place(&mut self, full: &str, attempt: JobAttempt) {
+        let (index, check) = self.hasher.hash(full);
+        let via = self.retried_pipelines.get(&attempt.pipeline).copied();
+        if let Some(state) = self.workloads.get_mut(&index)
+            && state.check == check
+        {
+            state.streak.place(attempt, via);
+        }
+    }
+
     /// Adds one finished job attempt of `workload`. Observations may arrive
     /// slightly out of time order.
     pub fn observe(&mut self, workload: &Workload, obs: Observation) {
@@ -790,7 +934,10 @@ impl Model {
             .windows
             .first()
             .is_none_or(|&id| holds_nothing(&self.windows, id));
-        if let Some((ratio, fresh)) = state.streak.record(at, &obs, keep, fresh) {
+        let via = obs
+            .job
+            .and_then(|j| self.retried_pipelines.get(&j.pipeline).copied());
+        if let Some((ratio, fresh)) = state.streak.record(at, &obs, via, keep, fresh) {
             self.overshoots.add(ratio);
             if fresh {
                 self.fresh_overshoots.add(ratio);
@@ -844,7 +991,7 @@ impl Model {
             if self
                 .workloads
                 .get(&index)
-                .is_some_and(|s| s.windows.is_empty() && s.streak.kills.is_empty())
+                .is_some_and(|s| s.windows.is_empty() && s.streak.is_empty())
             {
                 self.workloads.remove(&index);
             }
@@ -945,12 +1092,25 @@ impl Model {
 
     /// The recommendation for the next job of `workload`. A pure read.
     pub fn recommend(&self, workload: &Workload) -> Recommendation {
-        self.recommend_keyed(workload, &full_key(workload))
+        self.recommend_keyed(workload, &full_key(workload), None)
+    }
+
+    /// [`Model::recommend`] for a job that retries attempt `retry_of`: when
+    /// that attempt was OOM-killed (and its job has reported no later
+    /// attempt), the limit is bumped above the one it was killed at,
+    /// whatever other builds of the workload did since.
+    pub fn recommend_retry(&self, workload: &Workload, retry_of: JobAttempt) -> Recommendation {
+        self.recommend_keyed(workload, &full_key(workload), Some(retry_of))
     }
 
     /// [`Model::recommend`] for a caller that already made the workload's
-    /// key ([`full_key`]).
-    pub(crate) fn recommend_keyed(&self, workload: &Workload, full: &str) -> Recommendation {
+    /// key ([`full_key`]), retrying `retry_of` when it says so.
+    pub(crate) fn recommend_keyed(
+        &self,
+        workload: &Workload,
+        full: &str,
+        retry_of: Option<JobAttempt>,
+    ) -> Recommendation {
         let p = &self.params;
 
         let (index, check) = self.hasher.hash(full);
@@ -1034,46 +1194,38 @@ impl Model {
             }
         };
 
-        // OOM streak of the full workload key.
+        // The retried attempt's own kill when the request names one that
+        // is open. A request that names none is no retry: the workload's
+        // streak bumps it only when its kills named no job (reports of
+        // callers that cannot say which attempt they retry).
+        let streak = state.map(|s| &s.streak);
+        let open = retry_of.and_then(|r| streak?.open_kill(r));
+        let legacy =
+            streak.filter(|s| retry_of.is_none() && s.kills.last().is_some_and(|k| !k.identified));
+        let chain = match (open, legacy) {
+            (Some(o), _) => Some((o.chain, o.kill, o.first)),
+            (None, Some(s)) => s.kills.last().zip(s.kills.first()).map(|(latest, first)| {
+                (
+                    u32::try_from(s.kills.len()).unwrap_or(u32::MAX),
+                    *latest,
+                    *first,
+                )
+            }),
+            (None, None) => None,
+        };
+        // A job's retries are spent by its own chain, or when its workload
+        // has been killed more than `oom_max_retries` times in a row (no
+        // build passed since): the scaler then retries none of them.
+        let workload_kills = streak.map_or(0, |s| s.kills.len());
+        let spent = open.is_some() && workload_kills > p.oom_max_retries as usize;
         let mut retry_count = 0;
-        if let Some(streak) = state.map(|s| &s.streak) {
-            let kills = u32::try_from(streak.kills.len()).unwrap_or(u32::MAX);
-            if kills > p.oom_max_retries {
+        if let Some((kills, latest, first)) = chain {
+            if kills > p.oom_max_retries || spent {
                 retry_count = p.oom_max_retries;
                 basis.retries_exhausted = true;
                 basis.statistic.push_str("+oom-exhausted");
-            } else if let Some(latest) = streak.kills.last() {
-                let peak = latest.peak as f64;
-                let previous = latest.limit.map_or(peak, |l| l as f64);
-                let bumped = (previous * OOM_FACTOR)
-                    .max(previous + OOM_ADD_BYTES as f64)
-                    .max(peak * OOM_FACTOR);
-                // Learned: cover `retry_coverage` of the overshoots seen
-                // beyond what this streak has already ruled out.
-                let learned = streak
-                    .kills
-                    .first()
-                    .filter(|_| p.retry_coverage > 0.0)
-                    .and_then(|first| Some((first.limit?, first.fresh)))
-                    .filter(|&(first, _)| first > 0)
-                    .and_then(|(first, fresh)| {
-                        let ruled_out = previous / first as f64;
-                        let all = self.overshoots.quantile_above(ruled_out, p.retry_coverage);
-                        // A new workload's kill covers new workloads'
-                        // overshoots too, once there are enough of them.
-                        let new = fresh
-                            .then(|| {
-                                self.fresh_overshoots
-                                    .quantile_above(ruled_out, p.retry_coverage)
-                            })
-                            .flatten();
-                        all.into_iter()
-                            .chain(new)
-                            .reduce(f64::max)
-                            .map(|ratio| first as f64 * ratio)
-                    })
-                    .unwrap_or(0.0);
-                let bumped = round_up(bumped.max(learned), MB).max(retry_floor);
+            } else {
+                let bumped = self.bumped(&latest, &first).max(retry_floor);
                 limit = limit.max(bumped).min(ceiling);
                 retry_count = kills;
                 basis.oom_bump = true;
@@ -1104,6 +1256,41 @@ impl Model {
             retry_count,
             basis,
         }
+    }
+
+    /// The limit after a kill: the rule's bump of the `latest` killed
+    /// limit (×1.2, at least +`OOM_ADD_BYTES`, at least 1.2 × the usage at
+    /// the kill) and, learned, enough to cover `retry_coverage` of the
+    /// overshoots seen beyond what the chain since `first` has ruled out.
+    fn bumped(&self, latest: &Killed, first: &Killed) -> u64 {
+        let p = &self.params;
+        let peak = latest.peak as f64;
+        let previous = latest.limit.map_or(peak, |l| l as f64);
+        let bumped = (previous * OOM_FACTOR)
+            .max(previous + OOM_ADD_BYTES as f64)
+            .max(peak * OOM_FACTOR);
+        let learned = Some((first.limit, first.fresh))
+            .filter(|_| p.retry_coverage > 0.0)
+            .and_then(|(limit, fresh)| Some((limit?, fresh)))
+            .filter(|&(first, _)| first > 0)
+            .and_then(|(first, fresh)| {
+                let ruled_out = previous / first as f64;
+                let all = self.overshoots.quantile_above(ruled_out, p.retry_coverage);
+                // A new workload's kill covers new workloads' overshoots
+                // too, once there are enough of them.
+                let new = fresh
+                    .then(|| {
+                        self.fresh_overshoots
+                            .quantile_above(ruled_out, p.retry_coverage)
+                    })
+                    .flatten();
+                all.into_iter()
+                    .chain(new)
+                    .reduce(f64::max)
+                    .map(|ratio| first as f64 * ratio)
+            })
+            .unwrap_or(0.0);
+        round_up(bumped.max(learned), MB)
     }
 
     /// The window of every level of `workload`'s ladder, created as needed.

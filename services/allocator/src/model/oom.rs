@@ -1,7 +1,28 @@
 //! OOM bookkeeping: consecutive kills per workload and the overshoots
 //! killed jobs turned out to need.
 
-use super::Observation;
+use super::{JobAttempt, Observation};
+
+/// Open kills kept per workload, at most (the oldest goes first).
+const OPEN_KEPT: usize = 16;
+/// An open kill older than this (seconds) is forgotten: GitHub allows
+/// re-runs for 30 days after a run.
+const OPEN_FOR: f64 = 30.0 * 86_400.0;
+
+/// An OOM kill of an identified job attempt whose job has not reported a
+/// later attempt yet: the request that retries it is sized from it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct OpenKill {
+    /// The killed attempt.
+    pub(super) job: JobAttempt,
+    /// The kill.
+    pub(super) kill: Killed,
+    /// The first kill of this job's chain of killed attempts (this one,
+    /// unless the attempt before it was killed too).
+    pub(super) first: Killed,
+    /// Killed attempts of the job in a row, this one included.
+    pub(super) chain: u32,
+}
 
 /// An OOM-killed attempt of a streak.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -15,6 +36,10 @@ pub(super) struct Killed {
     /// Whether the workload had no sample of its own when it was killed (a
     /// new version or package, sized from related keys or the site).
     pub(super) fresh: bool,
+    /// Whether its report named the job attempt: such a kill bumps only
+    /// the request that says it retries it ([`Streak::open_kill`]), never
+    /// another build of the workload.
+    pub(super) identified: bool,
 }
 
 /// Consecutive OOM kills of one full workload key, robust to attempts that
@@ -25,6 +50,10 @@ pub(super) struct Streak {
     pub(super) last_success: f64,
     /// Kills after `last_success`, oldest first, at most `oom_max_retries + 1`.
     pub(super) kills: Vec<Killed>,
+    /// Kills of identified job attempts not yet followed by their job's
+    /// next attempt, oldest first: whatever other builds of the workload
+    /// do, each stays open for its own retry.
+    pub(super) open: Vec<OpenKill>,
 }
 
 impl Streak {
@@ -32,30 +61,137 @@ impl Streak {
         Self {
             last_success: f64::NEG_INFINITY,
             kills: Vec::new(),
+            open: Vec::new(),
         }
     }
 
+    /// Whether it remembers nothing.
+    pub(super) fn is_empty(&self) -> bool {
+        self.kills.is_empty() && self.open.is_empty()
+    }
+
+    /// The open kill a request naming `asked` retries: that attempt's, or
+    /// the latest one in the pipeline it names.
+    pub(super) fn open_kill(&self, asked: JobAttempt) -> Option<&OpenKill> {
+        self.open.iter().rev().find(|o| o.job.answers(&asked))
+    }
+
+    /// Sets the pipeline of `attempt`'s open kill when it had none (its
+    /// report came before its job's webhook), and chains it to the kill it
+    /// follows now that this is known (`via`: the pipeline a retry made
+    /// its pipeline from).
+    pub(super) fn place(&mut self, attempt: JobAttempt, via: Option<u64>) {
+        let Some(i) = self.open.iter().position(|o| {
+            o.job.job == attempt.job && o.job.attempt == attempt.attempt && o.job.pipeline == 0
+        }) else {
+            return;
+        };
+        let mut me = self.open.remove(i);
+        me.job.pipeline = attempt.pipeline;
+        let follows = |o: &OpenKill| {
+            o.kill.at <= me.kill.at
+                && (o.job.precedes(&me.job) || via.is_some_and(|p| p != 0 && p == o.job.pipeline))
+        };
+        let before = self
+            .open
+            .iter()
+            .filter(|o| follows(o))
+            .max_by(|a, b| a.kill.at.total_cmp(&b.kill.at))
+            .copied()
+            .filter(|b| b.job.attempt + 1 == me.job.attempt || via.is_some());
+        if let Some(b) = before.filter(|_| me.chain == 1) {
+            me.first = b.first;
+            me.chain = b.chain.saturating_add(1);
+        }
+        self.open.retain(|o| !follows(o));
+        self.open.push(me);
+    }
+
+    /// Closes the kills an identified attempt follows (its job's earlier
+    /// attempts, or its workload's in the pipeline `via` that a retry made
+    /// its pipeline from) and, when it was killed, opens its own, chained
+    /// to the kill just before it. Returns the chain it closed when it
+    /// passed: how far the job turned out to need beyond the chain's first
+    /// killed limit.
+    fn record_open(
+        &mut self,
+        at: f64,
+        job: JobAttempt,
+        via: Option<u64>,
+        kill: Option<Killed>,
+        peak: u64,
+    ) -> Option<(f64, bool)> {
+        let follows =
+            |o: &JobAttempt| o.precedes(&job) || via.is_some_and(|p| p != 0 && p == o.pipeline);
+        let mut before: Option<OpenKill> = None;
+        self.open.retain(|o| {
+            let earlier = follows(&o.job);
+            if earlier && before.is_none_or(|b| b.kill.at <= o.kill.at) {
+                before = Some(*o);
+            }
+            !earlier && o.kill.at >= at - OPEN_FOR
+        });
+        // The kill just before: the previous attempt, or the retried
+        // pipeline's.
+        let before = before.filter(|b| b.job.attempt + 1 == job.attempt || via.is_some());
+        let Some(kill) = kill else {
+            return before
+                .and_then(|b| Some((b.first.limit?, b.first.fresh)))
+                .filter(|&(limit, _)| limit > 0)
+                .map(|(limit, fresh)| (peak as f64 / limit as f64, fresh));
+        };
+        if self.open.iter().any(|o| o.job == job) {
+            return None;
+        }
+        let (first, chain) = match before {
+            Some(b) => (b.first, b.chain.saturating_add(1)),
+            None => (kill, 1),
+        };
+        if self.open.len() >= OPEN_KEPT {
+            self.open.remove(0);
+        }
+        self.open.push(OpenKill {
+            job,
+            kill,
+            first,
+            chain,
+        });
+        None
+    }
+
     /// Records an attempt (`fresh`: the workload has no sample of its own
-    /// yet); when a success ends a streak, returns how far the job overshot
-    /// the streak's first killed limit (`peak / limit`) and whether that
-    /// kill was fresh.
+    /// yet); when a success ends a chain of kills, returns how far the job
+    /// overshot the chain's first killed limit (`peak / limit`) and whether
+    /// that kill was fresh. An identified attempt ends its own job's chain
+    /// only; an unidentified one ends the workload's streak.
     pub(super) fn record(
         &mut self,
         at: f64,
         obs: &Observation,
+        via: Option<u64>,
         keep: usize,
         fresh: bool,
     ) -> Option<(f64, bool)> {
+        let kill = Killed {
+            at,
+            limit: obs.memory_limit_bytes,
+            peak: obs.peak_memory_bytes,
+            fresh,
+            identified: obs.job.is_some(),
+        };
+        let own = obs.job.map(|job| {
+            self.record_open(
+                at,
+                job,
+                via,
+                obs.oom_killed.then_some(kill),
+                obs.peak_memory_bytes,
+            )
+        });
         if obs.oom_killed {
             if at < self.last_success {
                 return None;
             }
-            let kill = Killed {
-                at,
-                limit: obs.memory_limit_bytes,
-                peak: obs.peak_memory_bytes,
-                fresh,
-            };
             let pos = self.kills.partition_point(|k| k.at <= at);
             self.kills.insert(pos, kill);
             if self.kills.len() > keep {
@@ -72,9 +208,9 @@ impl Streak {
                 .filter(|&(limit, _)| limit > 0)
                 .map(|(limit, fresh)| (obs.peak_memory_bytes as f64 / limit as f64, fresh));
             self.kills.retain(|k| k.at > at);
-            overshoot
+            own.unwrap_or(overshoot)
         } else {
-            None
+            own.flatten()
         }
     }
 }
@@ -85,7 +221,7 @@ impl Streak {
 #[derive(Debug, Clone, PartialEq)]
 pub(super) struct Overshoots {
     bins: [f32; OVERSHOOT_BINS],
-    total: f32,
+    pub(super) total: f32,
 }
 
 const OVERSHOOT_BINS: usize = 64;

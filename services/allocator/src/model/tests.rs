@@ -37,6 +37,7 @@ fn ok(at: f64, peak: u64) -> Observation {
         wall_seconds: 100.0,
         oom_killed: false,
         protected: true,
+        job: None,
     }
 }
 
@@ -466,6 +467,167 @@ fn the_second_and_third_ooms_bump_again_and_the_fourth_is_exhausted() {
     assert_eq!(model.recommend(&w), r);
 }
 
+/// Attempt `attempt` of GitHub job `job` (of a run of its own).
+fn attempt(job: u64, attempt: u32) -> JobAttempt {
+    JobAttempt::new("github", "github.com", job, 0, attempt)
+}
+
+/// Attempt `attempt` of GitHub job `job` of run `run`.
+fn in_run(run: u64, job: u64, attempt: u32) -> JobAttempt {
+    JobAttempt::new("github", "github.com", job, run, attempt)
+}
+
+/// `obs` as attempt `a` of job `job`.
+fn of(job: u64, a: u32, obs: Observation) -> Observation {
+    Observation {
+        job: Some(attempt(job, a)),
+        ..obs
+    }
+}
+
+#[test]
+fn a_killed_jobs_retry_is_bumped_though_another_build_passed_at_the_same_limit() {
+    let w = zlib("1.3", "12.3.0");
+    let (mut model, before) = calm(&w);
+    let limit = before.memory_limit_bytes;
+    // Two builds of the workload at the same limit: job 7 is killed, job 8
+    // passes just under it (a pull request each).
+    model.observe(&w, unprotected(of(7, 1, oom(now(20), limit))));
+    model.observe(
+        &w,
+        unprotected(of(8, 1, ok(now(20) + 60.0, limit - 10_000_000))),
+    );
+    // The streak is over: a build that is no retry gets no bump.
+    let fresh = model.recommend(&w);
+    assert!(!fresh.basis.oom_bump, "{fresh:?}");
+    assert!(fresh.memory_limit_bytes < limit * 6 / 5);
+    // Job 7's re-run is sized above the limit its attempt 1 was killed at.
+    let retry = model.recommend_retry(&w, attempt(7, 1));
+    assert!(retry.basis.oom_bump, "{retry:?}");
+    assert_eq!(retry.retry_count, 1);
+    assert!(
+        retry.memory_limit_bytes >= limit * 6 / 5,
+        "{} after a kill at {limit}",
+        retry.memory_limit_bytes
+    );
+    // Naming an attempt that was not killed bumps nothing.
+    assert!(!model.recommend_retry(&w, attempt(8, 1)).basis.oom_bump);
+}
+
+#[test]
+fn a_retry_killed_again_is_bumped_from_its_own_limit_until_the_chain_is_spent() {
+    let w = zlib("1.3", "12.3.0");
+    let (mut model, _) = calm(&w);
+    let mut limit = 2 * GB;
+    for (n, expected) in [(1, 2_400_000_000), (2, 2_880_000_000), (3, 3_456_000_000)] {
+        model.observe(
+            &w,
+            unprotected(of(7, n, oom(now(20) + f64::from(n), limit))),
+        );
+        // Other builds pass in between: the workload's streak keeps ending.
+        model.observe(&w, unprotected(of(100 + u64::from(n), 1, ok(now(21), GB))));
+        let r = model.recommend_retry(&w, attempt(7, n));
+        assert_eq!(
+            (r.memory_limit_bytes, r.retry_count),
+            (expected, n),
+            "{r:?}"
+        );
+        limit = r.memory_limit_bytes;
+    }
+    model.observe(&w, unprotected(of(7, 4, oom(now(25), limit))));
+    let r = model.recommend_retry(&w, attempt(7, 4));
+    assert!(r.basis.retries_exhausted && !r.basis.oom_bump, "{r:?}");
+}
+
+#[test]
+fn a_kill_closes_when_its_job_reports_its_next_attempt() {
+    let w = zlib("1.3", "12.3.0");
+    let (mut model, _) = calm(&w);
+    model.observe(&w, unprotected(of(7, 1, oom(now(20), 2 * GB))));
+    model.observe(&w, unprotected(of(7, 2, ok(now(21), 2_200_000_000))));
+    // Attempt 2 passed: naming attempt 1 again finds no open kill (and the
+    // workload's streak ended with it).
+    let r = model.recommend_retry(&w, attempt(7, 1));
+    assert!(!r.basis.oom_bump, "{r:?}");
+    // Another job's identity is another job: job 9's kill stays open.
+    model.observe(&w, unprotected(of(9, 1, oom(now(22), 2 * GB))));
+    model.observe(&w, unprotected(of(10, 2, ok(now(23), GB))));
+    assert!(model.recommend_retry(&w, attempt(9, 1)).basis.oom_bump);
+}
+
+#[test]
+fn a_new_build_is_not_bumped_by_another_jobs_open_kill() {
+    let w = zlib("1.3", "12.3.0");
+    let (mut model, before) = calm(&w);
+    let limit = before.memory_limit_bytes;
+    model.observe(&w, unprotected(of(7, 1, oom(now(20), limit))));
+    // No build passed since: the kill is open, yet a request that retries
+    // nothing is sized from the history (which the kill is part of).
+    let next = model.recommend(&w);
+    assert!(!next.basis.oom_bump && next.retry_count == 0, "{next:?}");
+    assert!(next.memory_limit_bytes < limit * 6 / 5, "{next:?}");
+    // The same kill unidentified (a caller that cannot say) still bumps
+    // the workload's next request, as before.
+    let (mut legacy, _) = calm(&w);
+    legacy.observe(&w, unprotected(oom(now(20), limit)));
+    assert!(legacy.recommend(&w).basis.oom_bump);
+}
+
+#[test]
+fn a_rerun_under_a_new_job_id_is_found_by_its_run_and_chained() {
+    let w = zlib("1.3", "12.3.0");
+    let (mut model, _) = calm(&w);
+    // Run 500's job is killed at 2 GB; its re-run (attempt 2) has job id
+    // 71, the forge's new id for the new attempt.
+    let mut limit = 2 * GB;
+    let ids = [70, 71, 72, 73];
+    for (n, id) in (1..=3).zip(ids) {
+        model.observe(
+            &w,
+            unprotected(Observation {
+                job: Some(in_run(500, id, n)),
+                ..oom(now(20) + f64::from(n), limit)
+            }),
+        );
+        model.observe(&w, unprotected(of(900 + u64::from(n), 1, ok(now(21), GB))));
+        // The scaler names the run and the attempt before (the new job id
+        // is all it has of the new attempt).
+        let r = model.recommend_retry(&w, JobAttempt::new("github", "github.com", 0, 500, n));
+        assert!(r.basis.oom_bump && r.retry_count == n, "attempt {n}: {r:?}");
+        assert!(r.memory_limit_bytes >= limit * 6 / 5, "attempt {n}: {r:?}");
+        limit = r.memory_limit_bytes;
+    }
+    // A fourth kill in a row of the same job is its chain's last.
+    model.observe(
+        &w,
+        unprotected(Observation {
+            job: Some(in_run(500, ids[3], 4)),
+            ..oom(now(25), limit)
+        }),
+    );
+    let r = model.recommend_retry(&w, JobAttempt::new("github", "github.com", 0, 500, 4));
+    assert!(r.basis.retries_exhausted && !r.basis.oom_bump, "{r:?}");
+    // A pipeline named without an attempt means its latest kill.
+    let any = model.recommend_retry(&w, JobAttempt::new("github", "github.com", 0, 500, 0));
+    assert!(any.basis.retries_exhausted, "{any:?}");
+}
+
+#[test]
+fn a_retry_that_passes_teaches_the_overshoot_of_its_own_job() {
+    let w = zlib("1.3", "12.3.0");
+    let (mut model, _) = calm(&w);
+    let before = model.overshoots.total;
+    // Killed at 2 GB; another build passes at 1 GB (no lesson about the
+    // killed job); then the killed job's retry passes at 2.3 GB.
+    model.observe(&w, unprotected(of(7, 1, oom(now(20), 2 * GB))));
+    model.observe(&w, unprotected(of(8, 1, ok(now(20) + 10.0, GB))));
+    assert!((model.overshoots.total - before).abs() < 1e-6);
+    model.observe(&w, unprotected(of(7, 2, ok(now(21), 2_300_000_000))));
+    assert!((model.overshoots.total - before - 1.0).abs() < 1e-6);
+    // The job's kill is closed now.
+    assert!(!model.recommend_retry(&w, attempt(7, 1)).basis.oom_bump);
+}
+
 #[test]
 fn a_success_ends_the_streak_and_the_bump_decays_into_the_history() {
     let w = zlib("1.3", "12.3.0");
@@ -763,6 +925,7 @@ proptest! {
                 wall_seconds: wall,
                 oom_killed: killed,
                 protected,
+                job: None,
             });
         }
         let p = model.params().clone();

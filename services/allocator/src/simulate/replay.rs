@@ -7,7 +7,8 @@ use runyard_store::workload;
 
 use super::trace::Trace;
 use crate::model::{
-    GANTRY_LEVELS, MB, Model, OOM_ADD_BYTES, OOM_FACTOR, Observation, Params, Workload, sub_key,
+    GANTRY_LEVELS, JobAttempt, MB, Model, OOM_ADD_BYTES, OOM_FACTOR, Observation, Params, Workload,
+    sub_key,
 };
 
 /// Consecutive OOM kills of a workload that each get a retry (gantry and
@@ -335,6 +336,11 @@ impl Outcome {
     }
 }
 
+/// Attempt `attempt` of trace job `i`, as its usage reports would name it.
+fn sim_attempt(i: usize, attempt: u32) -> JobAttempt {
+    JobAttempt::new("github", "sim.invalid", i as u64 + 1, 0, attempt)
+}
+
 /// Replays `trace` through the runyard model: for each job in time order,
 /// ask for a recommendation, then reveal the job's need. A killed attempt is
 /// observed with its limit as its peak (usage at the kill); while the
@@ -396,6 +402,7 @@ pub fn replay_model(trace: &Trace, protected: &[bool], params: Params, warmup: u
                     wall_seconds: job.wall_seconds,
                     oom_killed: killed,
                     protected: is_protected,
+                    job: Some(sim_attempt(i, attempt + 1)),
                 },
             );
             if measured {
@@ -420,7 +427,7 @@ pub fn replay_model(trace: &Trace, protected: &[bool], params: Params, warmup: u
             let retry = streaks.killed(job.workload);
             // The recommendation once the kill has been observed: bumped
             // while the model's own streak allows a retry.
-            let next = model.recommend(w);
+            let next = model.recommend_retry(w, sim_attempt(i, attempt + 1));
             let agrees = if retry {
                 next.basis.oom_bump
             } else {

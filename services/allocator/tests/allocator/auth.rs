@@ -161,6 +161,7 @@ fn request(token: Option<&str>) -> tonic::Request<RecommendRequest> {
     let mut req = tonic::Request::new(RecommendRequest {
         workload: [("package".to_owned(), "zlib".to_owned())].into(),
         r#ref: "main".into(),
+        retry_of: None,
     });
     if let Some(t) = token {
         req.metadata_mut()

@@ -173,10 +173,23 @@ impl Stack {
     /// GitLab's (token-authenticated) Job Hook of job `job_id` on `r`: the
     /// projected job row a report's ref must match to train.
     async fn job_hook(&self, job_id: u64, r: &str) {
+        self.job_hook_in(job_id, r, 1234).await;
+    }
+
+    /// [`Stack::job_hook`] of a job of pipeline `pipeline`.
+    async fn job_hook_in(&self, job_id: u64, r: &str, pipeline: u64) {
+        self.job_hook_attempt(job_id, r, pipeline, 1).await;
+    }
+
+    /// [`Stack::job_hook_in`] of attempt `attempt` (a job retried
+    /// `attempt - 1` times).
+    async fn job_hook_attempt(&self, job_id: u64, r: &str, pipeline: u64, attempt: u32) {
         let mut hook: Value =
             serde_json::from_str(&runyard_testkit::fixture("gitlab_job_running.json")).unwrap();
         hook["build_id"] = json!(job_id);
         hook["ref"] = json!(r);
+        hook["pipeline_id"] = json!(pipeline);
+        hook["retries_count"] = json!(attempt - 1);
         let resp = reqwest::Client::new()
             .post(format!("{}/webhooks/gitlab", self.ingest))
             .header("X-Gitlab-Event", "Job Hook")
@@ -215,6 +228,7 @@ fn request(workload: &Value, r: &str) -> RecommendRequest {
             .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_owned()))
             .collect(),
         r#ref: r.into(),
+        retry_of: None,
     }
 }
 
@@ -841,6 +855,184 @@ async fn allocation_events(stack: &Stack) -> usize {
         .count()
 }
 
+/// `retry_of` naming attempt 1 of GitLab job `job_id`, or pipeline
+/// `pipeline` when `job_id` is 0.
+fn retry_of(job_id: u64, pipeline: u64) -> runyard_allocator::proto::JobAttempt {
+    runyard_allocator::proto::JobAttempt {
+        forge: "gitlab".into(),
+        instance: "gitlab.example.com".into(),
+        job_id,
+        attempt: u32::from(job_id != 0),
+        pipeline_id: pipeline,
+    }
+}
+
+#[tokio::test]
+async fn a_killed_jobs_retry_is_bumped_though_another_build_passed_since() {
+    let stack = Stack::start().await;
+    let mut client = stack.client().await;
+    let w = torch();
+    for (i, peak) in [4_000_000_000u64, 4_200_000_000, 4_100_000_000]
+        .into_iter()
+        .enumerate()
+    {
+        let job = 100 + i as u64;
+        stack.job_hook_in(job, "develop", 900 + i as u64).await;
+        stack.report(job, &w, peak, "develop").await;
+    }
+    let before = eventually(Duration::from_secs(20), || {
+        let mut client = client.clone();
+        let w = w.clone();
+        async move {
+            let r = recommend(&mut client, &w).await;
+            (r.basis.as_ref()?.samples >= 3).then_some(r)
+        }
+    })
+    .await
+    .expect("the history is learned");
+    let limit = before.memory_limit_bytes;
+    // Pipeline 950's build is killed at that limit; pipeline 951 builds the
+    // same spec and passes at the same limit.
+    let attempt = |job: u64, peak: u64, oom: bool| {
+        json!({
+            "forge": "gitlab", "instance": "gitlab.example.com", "job_id": job,
+            "attempt": 1, "ref": "develop", "workload": torch(),
+            "peak_memory_bytes": peak, "memory_limit_bytes": limit,
+            "cpu_seconds": 3600.0, "wall_seconds": 900.0, "oom_killed": oom,
+            "exit_code": if oom { 137 } else { 0 }, "cgroup": "v2"
+        })
+    };
+    stack.job_hook_in(500, "develop", 950).await;
+    stack.post_usage(&attempt(500, limit, true)).await;
+    stack.job_hook_in(501, "develop", 951).await;
+    stack.post_usage(&attempt(501, limit * 9 / 10, false)).await;
+    let fresh = eventually(Duration::from_secs(20), || {
+        let mut client = client.clone();
+        let w = w.clone();
+        async move {
+            let r = recommend(&mut client, &w).await;
+            (r.basis.as_ref()?.samples >= 4).then_some(r)
+        }
+    })
+    .await
+    .expect("the passing build is learned");
+    // A build that is no retry is sized from the history.
+    assert!(
+        fresh.retry_count == 0 && !fresh.basis.as_ref().unwrap().oom_bump,
+        "{fresh:?}"
+    );
+    // The killed job's retry, named by its job or by its pipeline (a retry
+    // pipeline's generate step), is bumped above the killed limit.
+    for asked in [retry_of(500, 0), retry_of(0, 950)] {
+        let mut req = request(&w, "develop");
+        req.retry_of = Some(asked.clone());
+        let r = client.recommend(req).await.unwrap().into_inner();
+        assert!(
+            r.retry_count == 1 && r.basis.as_ref().unwrap().oom_bump,
+            "{asked:?}: {r:?}"
+        );
+        assert!(
+            r.memory_limit_bytes >= limit * 6 / 5,
+            "{asked:?}: {} after a kill at {limit}",
+            r.memory_limit_bytes
+        );
+        assert!(r.memory_limit_bytes > fresh.memory_limit_bytes);
+    }
+    // The passing build's job, or another pipeline, retries no kill.
+    for asked in [retry_of(501, 0), retry_of(0, 951), retry_of(0, 777)] {
+        let mut req = request(&w, "develop");
+        req.retry_of = Some(asked.clone());
+        let r = client.recommend(req).await.unwrap().into_inner();
+        assert_eq!(r.retry_count, 0, "{asked:?}: {r:?}");
+    }
+    // Gantry's endpoint says the same with query parameters.
+    let http = reqwest::Client::new();
+    let spec = "py-torch@2.3.1 +cuda~rocm arch=x86_64_v3%gcc@12.3.0";
+    let gantry = |extra: Vec<(&'static str, String)>| {
+        let http = http.clone();
+        let url = format!("{}/v1/allocation", stack.http);
+        async move {
+            let mut query = vec![("spec", spec.to_owned())];
+            query.extend(extra);
+            let r = http.get(url).query(&query).send().await.unwrap();
+            let status = r.status().as_u16();
+            (status, r.json::<Value>().await.unwrap())
+        }
+    };
+    let host = || ("retry_of_instance", "gitlab.example.com".to_owned());
+    let gitlab = || ("retry_of_forge", "gitlab".to_owned());
+    let (status, body) = gantry(vec![
+        gitlab(),
+        host(),
+        ("retry_of_pipeline_id", "950".into()),
+    ])
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["variables"]["RUNYARD_RETRY_COUNT"], "1", "{body}");
+    let (_, plain) = gantry(Vec::new()).await;
+    assert_eq!(plain["variables"]["RUNYARD_RETRY_COUNT"], "0", "{plain}");
+    // Bad parameters are 400 naming them.
+    for (extra, says) in [
+        (
+            vec![gitlab(), ("retry_of_pipeline_id", "950".into())],
+            "retry_of: give retry_of_forge and retry_of_instance",
+        ),
+        (
+            vec![gitlab(), host(), ("retry_of_job_id", "500".into())],
+            "retry_of_attempt: missing",
+        ),
+        (
+            vec![
+                ("retry_of_forge", "svn".into()),
+                host(),
+                ("retry_of_pipeline_id", "950".into()),
+            ],
+            "retry_of.forge: \"svn\" is not a forge",
+        ),
+        (
+            vec![gitlab(), host(), ("retry_of_pipeline_id", "0".into())],
+            "retry_of.job_id: neither a job id nor a pipeline id",
+        ),
+    ] {
+        let (status, body) = gantry(extra).await;
+        assert_eq!(status, 400, "{body}");
+        let error = body["error"].as_str().unwrap();
+        assert!(error.starts_with(says), "{error}");
+    }
+    // gRPC names the field too.
+    for (asked, says) in [
+        (
+            runyard_allocator::proto::JobAttempt {
+                forge: "svn".into(),
+                ..retry_of(500, 0)
+            },
+            "retry_of.forge",
+        ),
+        (
+            runyard_allocator::proto::JobAttempt {
+                instance: String::new(),
+                ..retry_of(500, 0)
+            },
+            "retry_of.instance",
+        ),
+        (retry_of(0, 0), "retry_of.job_id"),
+        (
+            runyard_allocator::proto::JobAttempt {
+                attempt: 0,
+                ..retry_of(500, 0)
+            },
+            "retry_of.attempt",
+        ),
+    ] {
+        let mut req = request(&w, "develop");
+        req.retry_of = Some(asked);
+        let err = client.recommend(req).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
+        assert!(err.message().starts_with(says), "{}", err.message());
+    }
+    stack.stop().await;
+}
+
 #[tokio::test]
 async fn oversized_free_text_is_refused_naming_the_field() {
     let stack = Stack::start().await;
@@ -1316,7 +1508,7 @@ impl Stack {
 /// month replayed in seconds has no days between samples.)
 #[tokio::test]
 async fn the_stack_sizes_every_attempt_of_a_trace_as_the_simulation_does() {
-    use runyard_allocator::model::{Model, Observation, Params};
+    use runyard_allocator::model::{JobAttempt, Model, Observation, Params};
     use runyard_allocator::simulate::{SparseConfig, generate_sparse};
 
     let params = Params {
@@ -1332,13 +1524,22 @@ async fn the_stack_sizes_every_attempt_of_a_trace_as_the_simulation_does() {
     let protected: Vec<bool> = trace.refs.iter().map(|r| r == "develop").collect();
     assert!(protected.iter().any(|p| *p) && protected.iter().any(|p| !*p));
 
+    // Trace job `i` runs in pipeline `5000 + i`; its attempt `n` (a GitLab
+    // job retry: a new job id in the same pipeline, retried `n - 1` times)
+    // is job `10_000 + 16 i + n`.
+    let pipeline = |i: usize| 5000 + i as u64;
+    let job_id = |i: usize, n: u32| 10_000 + 16 * i as u64 + u64::from(n);
+    let identity = |i: usize, n: u32| {
+        JobAttempt::new("gitlab", "gitlab.example.com", job_id(i, n), pipeline(i), n)
+    };
+
     // In process, as `simulate` replays it.
     let mut model = Model::new(params.clone());
     let mut offline = Vec::new();
-    for job in &trace.jobs {
+    for (i, job) in trace.jobs.iter().enumerate() {
         let w = &trace.workloads[job.workload as usize];
         let mut rec = model.recommend(w);
-        for attempt in 0u32.. {
+        for attempt in 1u32..=8 {
             let limit = rec.memory_limit_bytes;
             offline.push(limit);
             let killed = job.peak_memory_bytes > limit;
@@ -1353,12 +1554,14 @@ async fn the_stack_sizes_every_attempt_of_a_trace_as_the_simulation_does() {
                     wall_seconds: job.wall_seconds,
                     oom_killed: killed,
                     protected: protected[job.git_ref as usize],
+                    job: Some(identity(i, attempt)),
                 },
             );
-            rec = model.recommend(w);
+            rec = model.recommend_retry(w, identity(i, attempt));
             if !killed || rec.basis.retries_exhausted {
                 break;
             }
+            assert!(attempt < 8, "job {i}: retried without end");
         }
     }
 
@@ -1374,12 +1577,15 @@ async fn the_stack_sizes_every_attempt_of_a_trace_as_the_simulation_does() {
         let ask = RecommendRequest {
             workload: w.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
             r#ref: git_ref.clone(),
+            retry_of: None,
         };
         let mut rec = client.recommend(ask.clone()).await.unwrap().into_inner();
-        for attempt in 1u32.. {
-            // A GitLab retry is a new job (its webhook first), attempt 1.
-            let job_id = 10_000 + 16 * i as u64 + u64::from(attempt);
-            stack.job_hook(job_id, git_ref).await;
+        for attempt in 1u32..=8 {
+            // A GitLab job retry is a new job (its webhook first).
+            let job_id = job_id(i, attempt);
+            stack
+                .job_hook_attempt(job_id, git_ref, pipeline(i), attempt)
+                .await;
             online.push(rec.memory_limit_bytes);
             let basis = rec.basis.clone().unwrap();
             newcomers += u32::from(basis.statistic.contains("+newcomer"));
@@ -1388,7 +1594,7 @@ async fn the_stack_sizes_every_attempt_of_a_trace_as_the_simulation_does() {
             stack
                 .report_attempt(&Attempt {
                     job_id,
-                    attempt: 1,
+                    attempt,
                     git_ref,
                     workload: w,
                     job,
@@ -1397,10 +1603,22 @@ async fn the_stack_sizes_every_attempt_of_a_trace_as_the_simulation_does() {
                 .await;
             reports += 1;
             stack.observed(reports).await;
-            rec = client.recommend(ask.clone()).await.unwrap().into_inner();
+            // The next attempt says which one it retries.
+            let retry = RecommendRequest {
+                retry_of: Some(runyard_allocator::proto::JobAttempt {
+                    forge: "gitlab".into(),
+                    instance: "gitlab.example.com".into(),
+                    job_id,
+                    attempt,
+                    pipeline_id: pipeline(i),
+                }),
+                ..ask.clone()
+            };
+            rec = client.recommend(retry).await.unwrap().into_inner();
             if !killed || rec.basis.as_ref().unwrap().retries_exhausted {
                 break;
             }
+            assert!(attempt < 8, "job {i}: retried without end");
         }
         if let Some(k) = online.iter().zip(&offline).position(|(a, b)| a != b) {
             panic!(

@@ -115,6 +115,7 @@ async fn recommend(
                 .map(|(k, v)| (k.to_owned(), v.to_owned()))
                 .collect(),
             r#ref: "main".into(),
+            retry_of: None,
         })
         .await
         .map_err(|s| format!("{s:?}"))?;

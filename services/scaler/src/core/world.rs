@@ -28,8 +28,10 @@ pub struct JobId {
 pub struct Job {
     /// Identity.
     pub id: JobId,
-    /// GitHub run attempt (1 on GitLab).
+    /// GitHub run attempt; GitLab retries + 1.
     pub run_attempt: u32,
+    /// GitHub run or GitLab pipeline id (0 while unknown).
+    pub pipeline_id: u64,
     /// Labels (GitHub) or tags (GitLab), lower-cased; `None` while unknown.
     pub labels: Option<Vec<String>>,
     /// The status of the latest observation in the furthest [`Stage`]:
@@ -369,6 +371,7 @@ impl World {
         let job = self.jobs.entry(id.clone()).or_insert_with(|| Job {
             id: id.clone(),
             run_attempt: j.run_attempt.max(1),
+            pipeline_id: j.pipeline_id,
             // GitLab's hooks carry the runner's tags, not the job's: those are
             // looked up before the job can be matched.
             labels: (id.forge == Forge::Github).then(Vec::new),
@@ -386,6 +389,9 @@ impl World {
         });
         if id.forge == Forge::Github && !labels.is_empty() {
             job.labels = Some(labels);
+        }
+        if j.pipeline_id != 0 {
+            job.pipeline_id = j.pipeline_id;
         }
         let stage = (Stage::of_job(j), seen);
         if stage > job.seen {

@@ -577,7 +577,7 @@ impl Engine {
                 let tools = self.tools.clone();
                 self.spawn_started(async move {
                     let sizing = match &job {
-                        Some(j) => shared.io.allocator.size(j, &p.config.flavors).await.flavor,
+                        Some(j) => shared.io.size(j, &p.config.flavors).await.flavor,
                         None => 0,
                     };
                     let made = provision(&shared, &p, &tools, &name, sizing, attempt).await;

@@ -217,7 +217,7 @@ pub(super) async fn create_for_job(
         tracing::info!(job_id = job.id.job_id, "job already started; no runner");
         return abandon(name, true);
     }
-    let sizing = shared.io.allocator.size(&job, &p.config.flavors).await;
+    let sizing = shared.io.size(&job, &p.config.flavors).await;
     let body = Body::RunnerRequested(runner_requested(
         rref(&p, &name),
         &p.config,

@@ -571,6 +571,19 @@ impl Book {
         by_name.max(chain)
     }
 
+    /// What one of runyard's retries made `job` (of `pipeline`) from: the
+    /// job a GitLab job retry retried, and the pipeline a GitLab pipeline
+    /// made by a retry retried.
+    pub fn retried_from(&self, job: &JobRef, pipeline: u64) -> (Option<&JobRef>, Option<u64>) {
+        let (forge, instance, _) = job;
+        (
+            self.retried_jobs.get(job),
+            self.retried_pipelines
+                .get(&(*forge, instance.clone(), pipeline))
+                .copied(),
+        )
+    }
+
     /// A pipeline's status read from the API.
     pub fn set_pipeline_status(&mut self, pipeline: &UnitRef, status: &str) {
         let p = self.pipelines.entry(pipeline.clone()).or_default();

@@ -54,6 +54,28 @@ use crate::progress::Progress;
 /// The variable a retry pipeline carries: the failed pipeline's id.
 pub const RETRY_OF_VARIABLE: &str = "RUNYARD_RETRY_OF";
 
+/// The retrier's book as the engine reads it: what runyard's own retries
+/// made, so a retry's runner is sized as the retry of the killed attempt.
+#[derive(Debug, Clone, Default)]
+pub struct Lineage(Arc<Mutex<Book>>);
+
+impl Lineage {
+    /// The killed job a GitLab job retry of runyard's made `job` from, and
+    /// the pipeline a GitLab pipeline made by a retry retried (`pipeline`
+    /// is `job`'s).
+    pub fn retried_from(&self, job: &book::JobRef, pipeline: u64) -> (Option<u64>, Option<u64>) {
+        let book = lock(&self.0);
+        let (old_job, old_pipeline) = book.retried_from(job, pipeline);
+        (old_job.map(|j| j.2), old_pipeline)
+    }
+
+    /// Folds one event in, as the retrier's follow does.
+    #[cfg(test)]
+    pub(crate) fn observe(&self, event: &Event) {
+        lock(&self.0).observe(event);
+    }
+}
+
 /// Folds the log into the book.
 #[derive(Debug)]
 struct Fold {
@@ -127,12 +149,14 @@ pub struct Retrier {
 }
 
 impl Retrier {
-    /// A retrier acting with the engine's forge clients.
+    /// A retrier acting with the engine's forge clients, keeping its book
+    /// in `io.lineage`.
     pub fn new(io: Arc<Io>, settings: RetrySection) -> Self {
+        let book = io.lineage.0.clone();
         Self {
             io,
             settings,
-            book: Arc::default(),
+            book,
             next_check: HashMap::new(),
             mine: HashMap::new(),
             progress: Arc::default(),

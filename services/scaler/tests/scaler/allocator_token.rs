@@ -27,6 +27,7 @@ fn job() -> Job {
             job_id: 42,
         },
         run_attempt: 1,
+        pipeline_id: 7,
         labels: Some(vec!["self-hosted".into()]),
         status: JobStatus::Queued,
         seen: (runyard_events::Stage::Pending, Duration::ZERO),
@@ -130,7 +131,7 @@ async fn the_recommend_call_carries_the_client_token() {
     let flavors = flavors();
     let timeout = Duration::from_secs(5);
     let sized = Allocator::new(&url, Some(TOKEN.to_owned().into()), timeout)
-        .size(&job(), &flavors)
+        .size(&job(), &flavors, None)
         .await;
     assert!(!sized.allocator_unavailable, "{sized:?}");
     assert!(
@@ -142,7 +143,7 @@ async fn the_recommend_call_carries_the_client_token() {
 
     for token in [None, Some("not-the-token".to_owned().into())] {
         let sized = Allocator::new(&url, token, timeout)
-            .size(&job(), &flavors)
+            .size(&job(), &flavors, None)
             .await;
         assert!(sized.allocator_unavailable, "{sized:?}");
         assert_eq!((sized.flavor, sized.recommended_limit), (0, None));
@@ -199,7 +200,7 @@ async fn the_recommend_call_goes_over_mtls_with_the_client_certificate() {
         timeout,
         Some(tls(Some(&pki.client))),
     )
-    .size(&job(), &flavors)
+    .size(&job(), &flavors, None)
     .await;
     assert!(!sized.allocator_unavailable, "{sized:?}");
     assert_eq!(sized.flavor, 1, "right-sized over mTLS: {sized:?}");
@@ -208,7 +209,7 @@ async fn the_recommend_call_goes_over_mtls_with_the_client_certificate() {
     // the public roots, the handshake fails: the first flavor.
     for tls in [Some(tls(None)), Some(tls(Some(&pki.other_client))), None] {
         let sized = Allocator::with_tls(&url, Some(TOKEN.to_owned().into()), timeout, tls)
-            .size(&job(), &flavors)
+            .size(&job(), &flavors, None)
             .await;
         assert!(sized.allocator_unavailable, "{sized:?}");
         assert_eq!((sized.flavor, sized.recommended_limit), (0, None));

@@ -133,12 +133,23 @@ async fn gitlab_oom_kills_get_one_new_pipeline_each_with_more_memory_until_the_l
     assert_eq!(first.retry_count, 0);
 
     // Kills 1..=3: one new pipeline each, for the failed one, with a limit
-    // that grows by at least 20% each time.
+    // that grows by at least 20% each time. Between each kill and its
+    // retry another pipeline builds the same spec and passes at the same
+    // limit: the retry's generate step, naming the pipeline it retries
+    // (`$RUNYARD_RETRY_OF`), is bumped all the same, and a build that is no
+    // retry is not.
     let mut limit = first.memory_limit_bytes;
     let mut pipeline = 1234u64;
     for n in 1..=3u32 {
         let job = 4700 + u64::from(n);
         kill(&stack, pipeline, job, limit, n % 2 == 0).await;
+        let other = 5700 + u64::from(n);
+        stack
+            .gitlab_pipeline(6700 + u64::from(n), "success", &[(other, "success", None)])
+            .await;
+        stack
+            .usage(&report(other, limit * 9 / 10, limit, false))
+            .await;
         let posts = wait_for_posts(&stack, n as usize).await;
         let (new_pipeline, retry_of) = posts.last().cloned().expect("a post");
         assert_eq!(
@@ -146,8 +157,16 @@ async fn gitlab_oom_kills_get_one_new_pipeline_each_with_more_memory_until_the_l
             pipeline.to_string(),
             "RUNYARD_RETRY_OF names the failed pipeline"
         );
+        let asked = runyard_allocator::proto::JobAttempt {
+            forge: "gitlab".into(),
+            instance: "gitlab.example.com".into(),
+            pipeline_id: retry_of.parse().expect("a pipeline id"),
+            ..Default::default()
+        };
         let bumped = eventually(WAIT, || async {
-            let r = stack.recommend(&workload, "develop").await;
+            let r = stack
+                .recommend_retry(&workload, "develop", Some(asked.clone()))
+                .await;
             (r.retry_count == n).then_some(r)
         })
         .await
@@ -158,6 +177,11 @@ async fn gitlab_oom_kills_get_one_new_pipeline_each_with_more_memory_until_the_l
             bumped.memory_limit_bytes
         );
         assert!(bumped.basis.as_ref().is_some_and(|b| b.oom_bump));
+        let fresh = stack.recommend(&workload, "develop").await;
+        assert!(
+            fresh.retry_count == 0 && fresh.memory_limit_bytes < bumped.memory_limit_bytes,
+            "kill {n}: a build that is no retry got {fresh:?}"
+        );
         limit = bumped.memory_limit_bytes;
         pipeline = new_pipeline;
     }
@@ -173,7 +197,9 @@ async fn gitlab_oom_kills_get_one_new_pipeline_each_with_more_memory_until_the_l
     .await
     .expect("the fourth kill is refused");
     assert_eq!(refused.jobs.len(), 1);
-    assert_eq!(refused.jobs[0].oom_streak, 4);
+    // The passing builds in between broke the workload's streak: the
+    // retries' lineage is what bounds them.
+    assert_eq!(refused.jobs[0].oom_streak, 1);
     stack.settled().await;
     assert_eq!(pipeline_posts(&stack).len(), 3, "never a fourth pipeline");
 
@@ -505,6 +531,26 @@ async fn github_reruns_only_the_oom_killed_job_once_the_run_completed_on_a_large
     stack
         .usage(&gh_report(k, 1, "lint", 100_000_000, 4 * GIB, 1))
         .await;
+
+    // Another run builds the same job and passes at the same limit: the
+    // workload's streak is over, and a build that is no retry is sized
+    // from the history, yet the killed job's re-run is still its retry.
+    let mut other = gh_job(70_100, 1, build, "completed", Some("success"));
+    other["run_id"] = json!(778);
+    stack.github_job(&other, "completed", "d-other-done").await;
+    stack
+        .usage(&gh_report(70_100, 1, "build", 1_000_000_000, 4 * GIB, 0))
+        .await;
+    let fresh = eventually(WAIT, || async {
+        let r = stack.recommend(&workload, "main").await;
+        (r.basis.as_ref().is_some_and(|b| b.samples >= 4)).then_some(r)
+    })
+    .await
+    .expect("the allocator saw the passing build");
+    assert!(
+        fresh.retry_count == 0 && !fresh.basis.as_ref().is_some_and(|b| b.oom_bump),
+        "{fresh:?}"
+    );
 
     // The run is still in progress: nothing is re-run.
     stack.settled().await;

@@ -366,6 +366,16 @@ impl Stack {
         workload: &BTreeMap<String, String>,
         git_ref: &str,
     ) -> runyard_allocator::proto::Recommendation {
+        self.recommend_retry(workload, git_ref, None).await
+    }
+
+    /// [`Stack::recommend`] for a job that says which attempt it retries.
+    pub async fn recommend_retry(
+        &self,
+        workload: &BTreeMap<String, String>,
+        git_ref: &str,
+        retry_of: Option<runyard_allocator::proto::JobAttempt>,
+    ) -> runyard_allocator::proto::Recommendation {
         let mut client = AllocatorClient::connect(self.allocator.clone())
             .await
             .expect("allocator");
@@ -373,6 +383,7 @@ impl Stack {
             .recommend(RecommendRequest {
                 workload: workload.clone().into_iter().collect(),
                 r#ref: git_ref.into(),
+                retry_of,
             })
             .await
             .expect("recommend")

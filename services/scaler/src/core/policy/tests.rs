@@ -44,6 +44,7 @@ fn job(world: &mut World, n: u64, labels: &[&str], queued_at: Clock) {
         Job {
             id: jid(n),
             run_attempt: 1,
+            pipeline_id: 0,
             labels: Some(labels.iter().map(|l| l.to_ascii_lowercase()).collect()),
             status: JobStatus::Queued,
             seen: (runyard_events::Stage::Pending, queued_at),
