@@ -68,8 +68,8 @@ use figment::providers::{Format as _, Serialized, Toml};
 
 pub use generate::{GenConfig, generate};
 pub use replay::{
-    HISTORY_BUCKETS, LevelOutcome, MAX_RETRIES, OomStreaks, Outcome, RetryScope, frontier,
-    history_buckets, oom_bump, replay_gantry, replay_model,
+    HISTORY_BUCKETS, LevelOutcome, MAX_RETRIES, OomStreaks, Outcome, Retries, RetryScope, frontier,
+    history_buckets, oom_bump, replay_gantry, replay_model, replay_model_with,
 };
 pub use sparse::{SparseConfig, generate_sparse};
 pub use trace::{Job, Trace, TraceBuilder, read_csv, write_csv};
@@ -204,6 +204,12 @@ pub struct SimulateArgs {
     /// `target_oom`, as `RUNYARD_ALLOCATOR_TARGET_OOM` sets it; 0 < X < 0.5).
     #[arg(long, value_name = "X", value_parser = parse_target)]
     pub target_oom: Option<f32>,
+    /// Hours from an OOM kill to its retry: other builds of the workload
+    /// run (and pass) in between. With it the report adds a row sized the
+    /// way runyard did before retries named the attempt they retry (the
+    /// workload's OOM streak alone).
+    #[arg(long, value_name = "HOURS", default_value_t = 0.0)]
+    pub retry_delay_hours: f64,
 }
 
 /// `--target-oom`: a fraction strictly between 0 and 0.5.
@@ -351,6 +357,7 @@ pub fn compare(
         params,
         protected_refs,
         Warmup::Fraction(warmup_fraction),
+        Retries::default(),
     )
 }
 
@@ -361,6 +368,7 @@ pub fn compare_with(
     params: Params,
     protected_refs: &[String],
     warmup: Warmup,
+    retries: Retries,
 ) -> Report {
     let protected: Vec<bool> = trace
         .refs
@@ -372,13 +380,30 @@ pub fn compare_with(
         .params()
         .ceiling_memory_bytes;
     let started = Instant::now();
-    let model = replay_model(trace, &protected, params, warmup);
+    let model = replay_model_with(trace, &protected, params.clone(), warmup, retries);
     let model_seconds = started.elapsed().as_secs_f64();
-    let mut rows = vec![
-        model,
-        replay_gantry(trace, &protected, ceiling, warmup, RetryScope::Job),
-        replay_gantry(trace, &protected, ceiling, warmup, RetryScope::Workload),
-    ];
+    let mut rows = vec![model];
+    if retries.delay_s > 0.0 {
+        let before = Retries {
+            identified: false,
+            ..retries
+        };
+        rows.push(replay_model_with(trace, &protected, params, warmup, before));
+    }
+    rows.push(replay_gantry(
+        trace,
+        &protected,
+        ceiling,
+        warmup,
+        RetryScope::Job,
+    ));
+    rows.push(replay_gantry(
+        trace,
+        &protected,
+        ceiling,
+        warmup,
+        RetryScope::Workload,
+    ));
     for q in [0.95, 0.98, 0.99] {
         rows.push(frontier(trace, &protected, q, ceiling, warmup));
     }
@@ -562,7 +587,7 @@ impl Report {
         }
         for row in retrying.iter().filter(|r| r.policy_mismatches > 0) {
             s.push_str(&format!(
-                "\n{}: the model's recommendation disagreed with the retry count {} times.\n",
+                "\n{}: the model disagreed with the retry policy {} times (a retry it did not bump, or a refusal it would have bumped).\n",
                 row.name, row.policy_mismatches,
             ));
         }
@@ -625,7 +650,18 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
         None if args.generate && args.profile == Profile::Sparse => Warmup::Days(7.0),
         None => Warmup::Fraction(wide(args.warmup_fraction)),
     };
-    let report = compare_with(&trace, source, params, &args.protected_refs, warmup);
+    let retries = Retries {
+        delay_s: args.retry_delay_hours.max(0.0) * 3600.0,
+        identified: true,
+    };
+    let report = compare_with(
+        &trace,
+        source,
+        params,
+        &args.protected_refs,
+        warmup,
+        retries,
+    );
     print(&report.markdown());
     Ok(())
 }

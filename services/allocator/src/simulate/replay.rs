@@ -341,37 +341,81 @@ fn sim_attempt(i: usize, attempt: u32) -> JobAttempt {
     JobAttempt::new("github", "sim.invalid", i as u64 + 1, 0, attempt)
 }
 
+/// How a replay retries a killed job.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Retries {
+    /// Seconds from a kill to its retry: 0 retries at once; more lets other
+    /// builds of the workload run (and pass) in between, as on a busy CI
+    /// where several pipelines build the same spec on the same day.
+    pub delay_s: f64,
+    /// Whether reports name their job attempt and a retry names the attempt
+    /// it retries (`retry_of`); false sizes a retry from the workload's OOM
+    /// streak alone, as runyard did before `retry_of`.
+    pub identified: bool,
+}
+
+impl Default for Retries {
+    fn default() -> Self {
+        Self {
+            delay_s: 0.0,
+            identified: true,
+        }
+    }
+}
+
+/// Replays `trace` through the runyard model ([`replay_model_with`],
+/// retries at once).
+pub fn replay_model(trace: &Trace, protected: &[bool], params: Params, warmup: usize) -> Outcome {
+    replay_model_with(trace, protected, params, warmup, Retries::default())
+}
+
 /// Replays `trace` through the runyard model: for each job in time order,
 /// ask for a recommendation, then reveal the job's need. A killed attempt is
 /// observed with its limit as its peak (usage at the kill); while the
 /// workload's consecutive kills number at most [`MAX_RETRIES`]
 /// ([`OomStreaks`]) the job is retried — the same build, so the same need —
-/// with the model's next recommendation (its OOM bump), and the retry is
-/// observed like any attempt. The next kill is refused.
-pub fn replay_model(trace: &Trace, protected: &[bool], params: Params, warmup: usize) -> Outcome {
+/// `retries.delay_s` later, with the model's recommendation at that time
+/// for the retry of that attempt, and the retry is observed like any
+/// attempt. The next kill is refused.
+pub fn replay_model_with(
+    trace: &Trace,
+    protected: &[bool],
+    params: Params,
+    warmup: usize,
+    retries: Retries,
+) -> Outcome {
     let mut model = Model::new(params);
-    let mut streaks = OomStreaks::new(trace.workloads.len());
-    let mut out = Outcome::new(
-        if model.params().target_oom > 0.0 {
-            format!(
-                "runyard (target OOM {}%)",
-                (model.params().target_oom * 1000.0).round() / 10.0
-            )
-        } else if model.params().oom_cost > 0.0 {
-            format!("runyard (lognormal, OOM cost {})", model.params().oom_cost)
-        } else {
-            format!("runyard (lognormal-q{})", model.params().limit_quantile)
-        },
-        true,
-    );
-    let history = history_buckets(trace, protected);
+    let mut name = if model.params().target_oom > 0.0 {
+        format!(
+            "runyard (target OOM {}%)",
+            (model.params().target_oom * 1000.0).round() / 10.0
+        )
+    } else if model.params().oom_cost > 0.0 {
+        format!("runyard (lognormal, OOM cost {})", model.params().oom_cost)
+    } else {
+        format!("runyard (lognormal-q{})", model.params().limit_quantile)
+    };
+    if !retries.identified {
+        name.push_str(", retries by workload streak");
+    }
+    let mut replay = ModelReplay {
+        trace,
+        protected,
+        warmup,
+        retries,
+        history: history_buckets(trace, protected),
+        streaks: OomStreaks::new(trace.workloads.len()),
+        out: Outcome::new(name, true),
+        due: std::collections::BinaryHeap::new(),
+    };
     for (i, job) in trace.jobs.iter().enumerate() {
+        replay.retries_due(&mut model, job.at);
         let w = &trace.workloads[job.workload as usize];
-        let is_protected = protected[job.git_ref as usize];
-        let measured = i >= warmup;
-        let mut rec = model.recommend(w);
-        if measured {
-            out.by_history[history[i] as usize].add(rec.memory_limit_bytes, job.peak_memory_bytes);
+        let rec = model.recommend(w);
+        if i >= warmup {
+            let out = &mut replay.out;
+            out.by_history[replay.history[i] as usize]
+                .add(rec.memory_limit_bytes, job.peak_memory_bytes);
             out.jobs += 1;
             out.limit_bytes += rec.memory_limit_bytes as f64;
             let level = usize::try_from(rec.basis.level + 1).unwrap_or(0);
@@ -386,9 +430,69 @@ pub fn replay_model(trace: &Trace, protected: &[bool], params: Params, warmup: u
                 l.add(rec.memory_limit_bytes, job.peak_memory_bytes);
             }
         }
-        let mut attempt = 0u32;
+        replay.attempt(&mut model, i, 0, job.at, &rec);
+    }
+    replay.retries_due(&mut model, f64::INFINITY);
+    replay.out
+}
+
+/// A retry waiting for its time: (time in ms, job, attempt).
+type Due = std::cmp::Reverse<(u64, usize, u32)>;
+
+/// [`replay_model_with`]'s state.
+struct ModelReplay<'a> {
+    trace: &'a Trace,
+    protected: &'a [bool],
+    warmup: usize,
+    retries: Retries,
+    history: Vec<u8>,
+    streaks: OomStreaks,
+    out: Outcome,
+    due: std::collections::BinaryHeap<Due>,
+}
+
+impl ModelReplay<'_> {
+    /// The recommendation for the retry that follows `attempt` (from 0) of
+    /// job `i`.
+    fn retry_rec(&self, model: &Model, i: usize, attempt: u32) -> crate::model::Recommendation {
+        let w = &self.trace.workloads[self.trace.jobs[i].workload as usize];
+        if self.retries.identified {
+            model.recommend_retry(w, sim_attempt(i, attempt + 1))
+        } else {
+            model.recommend(w)
+        }
+    }
+
+    /// Runs the retries due by `until`, in time order.
+    fn retries_due(&mut self, model: &mut Model, until: f64) {
+        while let Some(&std::cmp::Reverse((at, i, attempt))) = self.due.peek() {
+            if at as f64 / 1000.0 > until {
+                break;
+            }
+            self.due.pop();
+            let rec = self.retry_rec(model, i, attempt - 1);
+            if i >= self.warmup {
+                self.out.policy_mismatches += u64::from(!rec.basis.oom_bump);
+            }
+            self.attempt(model, i, attempt, at as f64 / 1000.0, &rec);
+        }
+    }
+
+    /// Attempt `attempt` (from 0) of job `i` at `at` with `rec`; a kill
+    /// queues its retry, or runs it at once without a delay.
+    fn attempt(
+        &mut self,
+        model: &mut Model,
+        i: usize,
+        mut attempt: u32,
+        mut at: f64,
+        rec: &crate::model::Recommendation,
+    ) {
+        let job = &self.trace.jobs[i];
+        let w = &self.trace.workloads[job.workload as usize];
+        let measured = i >= self.warmup;
+        let mut rec = rec.clone();
         loop {
-            let at = job.at + f64::from(attempt);
             let limit = rec.memory_limit_bytes;
             let killed = job.peak_memory_bytes > limit;
             model.observe(
@@ -401,15 +505,16 @@ pub fn replay_model(trace: &Trace, protected: &[bool], params: Params, warmup: u
                     cpu_seconds: job.cpu_seconds,
                     wall_seconds: job.wall_seconds,
                     oom_killed: killed,
-                    protected: is_protected,
-                    job: Some(sim_attempt(i, attempt + 1)),
+                    protected: self.protected[job.git_ref as usize],
+                    job: self.retries.identified.then(|| sim_attempt(i, attempt + 1)),
                 },
             );
+            let out = &mut self.out;
             if measured {
                 out.attempt(limit, job.wall_seconds, killed);
             }
             if !killed {
-                streaks.succeeded(job.workload);
+                self.streaks.succeeded(job.workload);
                 if measured {
                     out.success(
                         attempt,
@@ -419,36 +524,39 @@ pub fn replay_model(trace: &Trace, protected: &[bool], params: Params, warmup: u
                     );
                     out.finished(attempt, true);
                 }
-                break;
+                return;
             }
             if measured && attempt == 0 {
                 out.first_ooms += 1;
             }
-            let retry = streaks.killed(job.workload);
-            // The recommendation once the kill has been observed: bumped
-            // while the model's own streak allows a retry.
-            let next = model.recommend_retry(w, sim_attempt(i, attempt + 1));
-            let agrees = if retry {
-                next.basis.oom_bump
-            } else {
-                next.basis.retries_exhausted
-            };
-            if !retry {
+            if !self.streaks.killed(job.workload) {
+                // Refused: the model should say its retries are spent.
+                let next = self.retry_rec(model, i, attempt);
                 if measured {
-                    out.policy_mismatches += u64::from(!agrees);
-                    out.finished(attempt, false);
+                    self.out.policy_mismatches += u64::from(!next.basis.retries_exhausted);
+                    self.out.finished(attempt, false);
                 }
-                break;
+                return;
             }
             attempt += 1;
             if measured {
-                out.policy_mismatches += u64::from(!agrees);
-                out.retried(attempt);
+                self.out.retried(attempt);
             }
-            rec = next;
+            if self.retries.delay_s > 0.0 {
+                let when = at + self.retries.delay_s;
+                self.due
+                    .push(std::cmp::Reverse(((when * 1000.0) as u64, i, attempt)));
+                return;
+            }
+            // At once: the recommendation once the kill has been observed,
+            // bumped while the model's own streak allows a retry.
+            rec = self.retry_rec(model, i, attempt - 1);
+            if measured {
+                self.out.policy_mismatches += u64::from(!rec.basis.oom_bump);
+            }
+            at = job.at + f64::from(attempt);
         }
     }
-    out
 }
 
 /// gantry's samples per key: the newest 5 (time, peak).
@@ -658,6 +766,34 @@ mod tests {
             });
         }
         b.finish()
+    }
+
+    #[test]
+    fn a_delayed_retry_is_bumped_though_other_builds_passed_meanwhile() {
+        // A steady 1 GB workload built hourly; one build needs 1.3 GB and
+        // is killed; its retry runs 3 hours later, after three builds
+        // passed at the usual limit.
+        let mut peaks = vec![1_000_000_000; 12];
+        peaks.push(1_300_000_000);
+        peaks.extend([1_000_000_000; 6]);
+        let t = trace(&peaks);
+        let delayed = |identified| Retries {
+            delay_s: 3.0 * 3600.0,
+            identified,
+        };
+        let out = replay_model_with(&t, &[true], Params::default(), 12, delayed(true));
+        assert_eq!((out.first_ooms, out.retries), (1, 1), "{out:?}");
+        assert_eq!(out.ok_on_attempt[1], 1, "the first retry passes: {out:?}");
+        assert_eq!(out.policy_mismatches, 0);
+        // Sized from the workload's streak, which the passing builds ended,
+        // the retry gets the killed limit again.
+        let before = replay_model_with(&t, &[true], Params::default(), 12, delayed(false));
+        assert_eq!(before.first_ooms, 1);
+        assert_eq!(before.ok_on_attempt[1], 0, "{before:?}");
+        assert!(before.policy_mismatches >= 1, "{before:?}");
+        // At once, both ways agree.
+        let now = replay_model_with(&t, &[true], Params::default(), 12, Retries::default());
+        assert_eq!(now.ok_on_attempt[1], 1, "{now:?}");
     }
 
     #[test]
