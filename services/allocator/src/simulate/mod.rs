@@ -68,8 +68,9 @@ use figment::providers::{Format as _, Serialized, Toml};
 
 pub use generate::{GenConfig, generate};
 pub use replay::{
-    HISTORY_BUCKETS, LevelOutcome, MAX_RETRIES, OomStreaks, Outcome, Retries, RetryScope, frontier,
-    history_buckets, oom_bump, replay_gantry, replay_model, replay_model_with,
+    Band, HISTORY_BUCKETS, LevelOutcome, MAX_RETRIES, OomStreaks, Outcome, PREDICTED_BANDS,
+    Retries, RetryScope, frontier, history_buckets, oom_bump, replay_gantry, replay_model,
+    replay_model_with,
 };
 pub use sparse::{SparseConfig, generate_sparse};
 pub use trace::{Job, Trace, TraceBuilder, read_csv, write_csv};
@@ -539,6 +540,62 @@ impl Report {
                 ));
             }
             s.push('\n');
+        }
+        for row in self
+            .rows
+            .iter()
+            .filter(|r| r.by_history.iter().any(|b| b.mean_predicted().is_some()))
+        {
+            s.push_str(&format!(
+                "\n{} by history (first attempts; the model's predicted P(OOM) at the limit it gave):\n\n\
+                 | prior samples of the exact workload | jobs | OOM | avg slack | first retry succeeds | mean predicted P(OOM) |\n\
+                 |---|---:|---:|---:|---:|---:|\n",
+                row.name
+            ));
+            for (name, b) in HISTORY_BUCKETS.iter().zip(&row.by_history) {
+                s.push_str(&format!(
+                    "| {name} | {} | {} | {} | {} | {} |\n",
+                    b.jobs,
+                    percent(b.oom_rate()),
+                    percent(b.avg_slack()),
+                    b.first_retry_rate().map_or("—".to_owned(), percent),
+                    b.mean_predicted().map_or("—".to_owned(), percent),
+                ));
+            }
+            s.push_str(&format!(
+                "\nCalibration of {}: realized OOM rate / mean predicted P(OOM) of the first attempts in each band of predicted P(OOM) (jobs); in a band with 100 jobs or more the two should agree within ±30%:\n\n| prior samples |",
+                row.name
+            ));
+            let mut lower = 0.0;
+            for edge in PREDICTED_BANDS {
+                if edge >= 1.0 {
+                    s.push_str(&format!(" ≥ {} |", percent(lower)));
+                } else {
+                    s.push_str(&format!(" {}–{} |", percent(lower), percent(edge)));
+                }
+                lower = edge;
+            }
+            s.push_str("\n|---|");
+            s.push_str(&"---:|".repeat(PREDICTED_BANDS.len()));
+            s.push('\n');
+            for (name, b) in HISTORY_BUCKETS.iter().zip(&row.by_history) {
+                s.push_str(&format!("| {name} |"));
+                for band in &b.bands {
+                    if band.jobs == 0 {
+                        s.push_str(" — |");
+                        continue;
+                    }
+                    let realized = band.ooms as f64 / band.jobs as f64;
+                    let predicted = band.predicted / band.jobs as f64;
+                    s.push_str(&format!(
+                        " {} / {} ({}) |",
+                        percent(realized),
+                        percent(predicted),
+                        band.jobs
+                    ));
+                }
+                s.push('\n');
+            }
         }
         s
     }

@@ -146,34 +146,65 @@ pub struct Outcome {
     pub by_samples: Vec<LevelOutcome>,
     /// Every method: first attempts by how many earlier protected-ref jobs
     /// the exact workload key had when it was asked ([`HISTORY_BUCKETS`]).
-    pub by_history: [LevelOutcome; 4],
+    pub by_history: [LevelOutcome; HISTORY_BUCKETS.len()],
 }
 
 /// Names of the [`Outcome::by_history`] buckets: prior protected-ref jobs
-/// of the exact workload key.
-pub const HISTORY_BUCKETS: [&str; 4] = ["0", "1–2", "3–5", "6+"];
+/// of the exact workload key; one with none, by whether its package (the
+/// `package` attribute; a workload without one is its own package) had any.
+pub const HISTORY_BUCKETS: [&str; 5] = [
+    "package never seen",
+    "package seen, workload not",
+    "1–2",
+    "3–5",
+    "6+",
+];
 
 /// For each job of `trace`, its [`Outcome::by_history`] bucket: how many
-/// earlier jobs of the same workload key ran on a protected ref.
+/// earlier jobs of the same workload key ran on a protected ref, and for
+/// none, whether any of its package did.
 pub fn history_buckets(trace: &Trace, protected: &[bool]) -> Vec<u8> {
     let mut seen = vec![0u32; trace.workloads.len()];
+    let package: Vec<Option<&String>> = trace.workloads.iter().map(|w| w.get("package")).collect();
+    let mut packages: std::collections::HashSet<&String> = std::collections::HashSet::new();
     trace
         .jobs
         .iter()
         .map(|job| {
+            let pkg = package[job.workload as usize];
             let n = &mut seen[job.workload as usize];
             let bucket = match *n {
+                0 if pkg.is_some_and(|p| packages.contains(p)) => 1,
                 0 => 0,
-                1..=2 => 1,
-                3..=5 => 2,
-                _ => 3,
+                1..=2 => 2,
+                3..=5 => 3,
+                _ => 4,
             };
             if protected[job.git_ref as usize] {
                 *n += 1;
+                if let Some(p) = pkg {
+                    packages.insert(p);
+                }
             }
             bucket
         })
         .collect()
+}
+
+/// Upper edges of the predicted-P(OOM) bands [`LevelOutcome::bands`] counts
+/// first attempts in (the last band is open).
+pub const PREDICTED_BANDS: [f64; 5] = [0.01, 0.02, 0.04, 0.08, 1.0];
+
+/// First attempts whose predicted P(OOM) fell in one band: jobs, kills and
+/// the sum of the predictions.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Band {
+    /// Jobs.
+    pub jobs: u64,
+    /// ... whose first attempt was killed.
+    pub ooms: u64,
+    /// Σ predicted P(OOM).
+    pub predicted: f64,
 }
 
 /// The `by_samples` bucket of a sample count.
@@ -197,6 +228,13 @@ pub struct LevelOutcome {
     pub ooms: u64,
     /// Σ (limit − peak) / limit over the others.
     pub slack: f64,
+    /// First retries of its killed first attempts.
+    pub first_retries: u64,
+    /// ... that succeeded.
+    pub first_retries_ok: u64,
+    /// First attempts by the P(OOM) the model predicted at their limit
+    /// ([`PREDICTED_BANDS`]); empty for methods that predict none.
+    pub bands: [Band; PREDICTED_BANDS.len()],
 }
 
 impl LevelOutcome {
@@ -209,6 +247,30 @@ impl LevelOutcome {
             let limit = limit as f64;
             self.slack += (limit - peak as f64) / limit.max(1.0);
         }
+    }
+
+    /// Books the model's prediction for a first attempt (`killed` or not).
+    fn predicted(&mut self, p: f64, killed: bool) {
+        let band = PREDICTED_BANDS
+            .iter()
+            .position(|&edge| p < edge)
+            .unwrap_or(PREDICTED_BANDS.len() - 1);
+        let b = &mut self.bands[band];
+        b.jobs += 1;
+        b.ooms += u64::from(killed);
+        b.predicted += p;
+    }
+
+    /// Mean predicted P(OOM) of its first attempts, when the method
+    /// predicts one.
+    pub fn mean_predicted(&self) -> Option<f64> {
+        let jobs: u64 = self.bands.iter().map(|b| b.jobs).sum();
+        (jobs > 0).then(|| self.bands.iter().map(|b| b.predicted).sum::<f64>() / jobs as f64)
+    }
+
+    /// Share of first retries that succeeded.
+    pub fn first_retry_rate(&self) -> Option<f64> {
+        (self.first_retries > 0).then(|| self.first_retries_ok as f64 / self.first_retries as f64)
     }
 
     /// Share of its jobs whose first attempt was killed.
@@ -414,8 +476,11 @@ pub fn replay_model_with(
         let rec = model.recommend(w);
         if i >= warmup {
             let out = &mut replay.out;
-            out.by_history[replay.history[i] as usize]
-                .add(rec.memory_limit_bytes, job.peak_memory_bytes);
+            let bucket = &mut out.by_history[replay.history[i] as usize];
+            bucket.add(rec.memory_limit_bytes, job.peak_memory_bytes);
+            if let Some(p) = rec.basis.oom_probability.filter(|p| *p >= 0.0) {
+                bucket.predicted(p, job.peak_memory_bytes > rec.memory_limit_bytes);
+            }
             out.jobs += 1;
             out.limit_bytes += rec.memory_limit_bytes as f64;
             let level = usize::try_from(rec.basis.level + 1).unwrap_or(0);
@@ -512,6 +577,11 @@ impl ModelReplay<'_> {
             let out = &mut self.out;
             if measured {
                 out.attempt(limit, job.wall_seconds, killed);
+                if attempt == 1 {
+                    let bucket = &mut out.by_history[self.history[i] as usize];
+                    bucket.first_retries += 1;
+                    bucket.first_retries_ok += u64::from(!killed);
+                }
             }
             if !killed {
                 self.streaks.succeeded(job.workload);
@@ -794,6 +864,38 @@ mod tests {
         // At once, both ways agree.
         let now = replay_model_with(&t, &[true], Params::default(), 12, Retries::default());
         assert_eq!(now.ok_on_attempt[1], 1, "{now:?}");
+    }
+
+    #[test]
+    fn history_buckets_tell_a_new_package_from_a_new_version() {
+        let mut b = TraceBuilder::default();
+        let spec = |version: &str| {
+            [("package", "zlib"), ("version", version)]
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect()
+        };
+        let (old, new) = (b.workload(spec("1.2")), b.workload(spec("1.3")));
+        let (develop, pr) = (b.git_ref("develop"), b.git_ref("pr-1"));
+        // A pull request's build teaches nothing: 1.3's first job still
+        // finds no protected build of zlib; after 1.2's, it finds one.
+        let jobs = [(new, pr), (new, pr), (old, develop), (new, develop)];
+        for (n, (workload, git_ref)) in jobs.into_iter().chain([(new, develop); 6]).enumerate() {
+            b.push(Job {
+                at: n as f64,
+                workload,
+                git_ref,
+                peak_memory_bytes: 1,
+                cpu_seconds: 1.0,
+                wall_seconds: 1.0,
+            });
+        }
+        let t = b.finish();
+        let protected: Vec<bool> = t.refs.iter().map(|r| r == "develop").collect();
+        assert_eq!(
+            history_buckets(&t, &protected),
+            [0, 0, 0, 1, 2, 2, 3, 3, 3, 4]
+        );
     }
 
     #[test]
