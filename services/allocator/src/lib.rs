@@ -46,6 +46,12 @@ struct RecLabels {
     basis: &'static str,
 }
 
+/// Labels of the `runyard_allocator_calibration_*` gauges.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct HistoryLabels {
+    history: &'static str,
+}
+
 /// Labels of `runyard_allocator_auth_refused_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RefusedLabels {
@@ -102,6 +108,9 @@ struct AllocatorMetrics {
     auth_refused: [[Counter; REFUSALS.len()]; DOORS.len()],
     /// gRPC calls answered `RESOURCE_EXHAUSTED` (see [`shed`]).
     calls_shed: Counter,
+    /// Per history class: first attempts checked, their kills, and the
+    /// kills the model predicted for them.
+    calibration: [(Gauge, Gauge, Gauge<f64, AtomicU64>); model::HISTORY_CLASSES.len()],
 }
 
 impl AllocatorMetrics {
@@ -121,6 +130,17 @@ impl AllocatorMetrics {
                     .clone()
             })
         });
+        let checked = Family::<HistoryLabels, Gauge>::default();
+        let killed = Family::<HistoryLabels, Gauge>::default();
+        let predicted = Family::<HistoryLabels, Gauge<f64, AtomicU64>>::default();
+        let calibration = model::HISTORY_CLASSES.map(|history| {
+            let l = HistoryLabels { history };
+            (
+                checked.get_or_create(&l).clone(),
+                killed.get_or_create(&l).clone(),
+                predicted.get_or_create(&l).clone(),
+            )
+        });
         let m = Self {
             recommendations,
             samples_observed: Counter::default(),
@@ -133,6 +153,7 @@ impl AllocatorMetrics {
             workloads_evicted: Counter::default(),
             auth_refused,
             calls_shed: Counter::default(),
+            calibration,
         };
         registry.register(|r| {
             let r = r.sub_registry_with_prefix("allocator");
@@ -177,6 +198,21 @@ impl AllocatorMetrics {
                 "auth_refused",
                 "Calls refused for a missing or unknown bearer token or a missing client certificate, by API and reason",
                 refused,
+            );
+            r.register(
+                "calibration_first_attempts",
+                "First attempts checked against the P(OOM) the model predicted at their limit (one in two), by history class, since start (the loaded history included)",
+                checked,
+            );
+            r.register(
+                "calibration_kills",
+                "OOM kills among the checked first attempts, by history class",
+                killed,
+            );
+            r.register(
+                "calibration_predicted_kills",
+                "The kills the model predicted for the checked first attempts (the sum of their P(OOM)), by history class: calibrated where it matches calibration_kills",
+                predicted,
             );
             r.register(
                 "calls_shed",
@@ -228,10 +264,10 @@ impl Inner {
     /// Brings the model's gauges up to date (after a load or a batch of
     /// observations).
     fn model_metrics(&self) {
-        let (workloads, samples, evicted) = {
+        let (workloads, samples, evicted, checks) = {
             let model = self.model_read();
             let (w, s) = model.stats();
-            (w, s, model.evicted())
+            (w, s, model.evicted(), model.calibration_checks())
         };
         let m = &self.metrics;
         m.workloads
@@ -239,6 +275,11 @@ impl Inner {
         m.samples.set(i64::try_from(samples).unwrap_or(i64::MAX));
         m.workloads_evicted
             .inc_by(evicted.saturating_sub(m.workloads_evicted.get()));
+        for ((attempts, kills, predicted), c) in m.calibration.iter().zip(checks) {
+            attempts.set(i64::try_from(c.attempts).unwrap_or(i64::MAX));
+            kills.set(i64::try_from(c.kills).unwrap_or(i64::MAX));
+            predicted.set(c.predicted);
+        }
     }
 
     fn is_protected(&self, r: &str) -> bool {

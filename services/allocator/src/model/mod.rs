@@ -434,6 +434,43 @@ impl JobAttempt {
     }
 }
 
+/// Names of the history classes first attempts are checked in (metric
+/// label values): priced from the site's prior for new packages; a known
+/// package's workload with no sample of its own; 1–2, 3–5 and 6 or more
+/// samples of its own.
+pub const HISTORY_CLASSES: [&str; 5] = [
+    "new_package",
+    "new_workload",
+    "samples_1_2",
+    "samples_3_5",
+    "samples_6_plus",
+];
+
+/// The history class of an estimate: the site's prior (`newcomer`), else by
+/// the `exact` workload's own samples.
+fn class_of(newcomer: bool, exact: usize) -> usize {
+    match (newcomer, exact) {
+        (true, _) => 0,
+        (false, 0) => 1,
+        (false, 1..=2) => 2,
+        (false, 3..=5) => 3,
+        _ => 4,
+    }
+}
+
+/// First attempts of one history class checked against the P(OOM) the
+/// model predicted at the limit they ran with: a calibrated model's kills
+/// match the sum of its predictions.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct CalibrationCheck {
+    /// First attempts checked (one in two with a limit and an estimate).
+    pub attempts: u64,
+    /// ... that were OOM-killed.
+    pub kills: u64,
+    /// Σ of the P(OOM) predicted for them.
+    pub predicted: f64,
+}
+
 /// How a recommendation was made.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Basis {
@@ -505,6 +542,11 @@ pub struct Model {
     retried_pipelines: HashMap<u64, u64>,
     /// The OOM-target calibration (`target_oom` > 0).
     calibration: Option<Calibration>,
+    /// First attempts checked against their predicted P(OOM), by
+    /// [`HISTORY_CLASSES`].
+    checks: [CalibrationCheck; HISTORY_CLASSES.len()],
+    /// First attempts seen (one in two is checked).
+    first_attempts: u64,
     /// The spread pooled over all workloads: a running mean of squared
     /// one-step-ahead residuals (the prior σ² where no parent level has
     /// one), and how many it holds.
@@ -806,6 +848,8 @@ impl Model {
                     },
                 )
             }),
+            checks: [CalibrationCheck::default(); HISTORY_CLASSES.len()],
+            first_attempts: 0,
             pooled_var: params.prior_sigma.powi(2),
             pooled_n: 0.0,
             newcomers: vec![Newcomers::default(); params.ladders.len() + 1],
@@ -858,6 +902,12 @@ impl Model {
     /// up to `window` per key).
     pub fn stats(&self) -> (usize, usize) {
         (self.workloads.len(), self.held)
+    }
+
+    /// First attempts checked against their predicted P(OOM), by
+    /// [`HISTORY_CLASSES`].
+    pub fn calibration_checks(&self) -> [CalibrationCheck; HISTORY_CLASSES.len()] {
+        self.checks
     }
 
     /// Workloads forgotten so far to stay within `max_workloads`.
@@ -959,13 +1009,20 @@ impl Model {
                 .calibration
                 .as_ref()
                 .is_some_and(Calibration::wants_spread);
+        // One first attempt in two is checked against its prediction.
+        let wants_check = first_attempt
+            && obs.memory_limit_bytes.is_some()
+            && self.first_attempts.is_multiple_of(2);
+        if first_attempt {
+            self.first_attempts += 1;
+        }
         // Nothing on its ladder yet: a new workload, priced (and, when
         // protected, teaching) the prior for new workloads of its ladder.
         let newcomer = state
             .windows
             .iter()
             .all(|&id| holds_nothing(&self.windows, id));
-        let needs_estimate = wants_spread || (obs.protected && obs.oom_killed);
+        let needs_estimate = wants_spread || wants_check || (obs.protected && obs.oom_killed);
         let ladder = if newcomer && (needs_estimate || obs.protected) {
             select_ladder(
                 &self.params.ladders,
@@ -974,11 +1031,24 @@ impl Model {
         } else {
             None
         };
-        let estimate = if needs_estimate {
-            self.estimate(&self.found_from_ids(&state.windows, None, ladder))
+        let (estimate, class) = if needs_estimate {
+            let found = self.found_from_ids(&state.windows, None, ladder);
+            let estimate = self.estimate(&found);
+            (
+                estimate,
+                estimate.map(|e| class_of(e.newcomer, found.exact)),
+            )
         } else {
-            None
+            (None, None)
         };
+        if let (true, Some(e), Some(class), Some(limit)) =
+            (wants_check, estimate, class, obs.memory_limit_bytes)
+        {
+            let check = &mut self.checks[class];
+            check.attempts += 1;
+            check.kills += u64::from(obs.oom_killed);
+            check.predicted += e.oom_probability(limit);
+        }
         if first_attempt && let Some(calibration) = &mut self.calibration {
             let sd = estimate
                 .filter(|_| wants_spread)

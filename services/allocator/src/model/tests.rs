@@ -629,6 +629,45 @@ fn a_retry_that_passes_teaches_the_overshoot_of_its_own_job() {
 }
 
 #[test]
+fn first_attempts_are_checked_against_their_prediction_by_history_class() {
+    let w = zlib("1.3", "12.3.0");
+    let (mut model, before) = calm(&w);
+    let checked = |m: &Model| {
+        m.calibration_checks()
+            .iter()
+            .map(|c| c.attempts)
+            .sum::<u64>()
+    };
+    let start = checked(&model);
+    assert!(start > 0, "the calm history's attempts were checked");
+    // Twenty more first attempts of the known workload at its limit, one in
+    // two checked; the killed ones count as kills of its class.
+    let limit = before.memory_limit_bytes;
+    for i in 0..20 {
+        let at = now(30) + f64::from(i) * 60.0;
+        if i % 5 == 0 {
+            model.observe(&w, oom(at, limit));
+            model.observe(&w, ok(at + 1.0, limit - 1));
+        } else {
+            model.observe(&w, ok(at, limit / 2));
+        }
+    }
+    let checks = model.calibration_checks();
+    let six_plus = checks[4];
+    assert!(checked(&model) - start >= 10, "{checks:?}");
+    assert!(six_plus.kills >= 1 && six_plus.kills <= 4, "{checks:?}");
+    // Its predictions are probabilities at a limit priced near the target.
+    let mean = six_plus.predicted / six_plus.attempts as f64;
+    assert!(mean > 0.0 && mean < 0.2, "{checks:?}");
+    // A new version of the package is checked in its own class.
+    let new = zlib("1.4", "12.3.0");
+    let r = model.recommend(&new);
+    model.observe(&new, ok(now(40), r.memory_limit_bytes / 2));
+    model.observe(&new, ok(now(40) + 1.0, r.memory_limit_bytes / 2));
+    assert_eq!(model.calibration_checks()[1].attempts, 1);
+}
+
+#[test]
 fn a_success_ends_the_streak_and_the_bump_decays_into_the_history() {
     let w = zlib("1.3", "12.3.0");
     let (mut model, before) = calm(&w);
