@@ -211,6 +211,18 @@ pub struct SimulateArgs {
     /// workload's OOM streak alone).
     #[arg(long, value_name = "HOURS", default_value_t = 0.0)]
     pub retry_delay_hours: f64,
+    /// Sparse generator: share of streams built in two configurations under
+    /// one key (a third of their builds need 1.8× the memory).
+    #[arg(long, default_value_t = 0.0)]
+    pub bimodal_share: f32,
+    /// Sparse generator: share of builds that come with 1–3 more builds of
+    /// the same spec within six hours.
+    #[arg(long, default_value_t = 0.0)]
+    pub same_day_share: f32,
+    /// Sparse generator: the streams new during the trace appear on this
+    /// many days only (0: spread over the month).
+    #[arg(long, default_value_t = 0)]
+    pub new_package_days: u32,
 }
 
 /// `--target-oom`: a fraction strictly between 0 and 0.5.
@@ -261,6 +273,9 @@ impl SimulateArgs {
             version_jump: wide(self.version_jump),
             spike_rate: wide(self.spike_rate),
             pr_share: wide(self.pr_share),
+            bimodal_share: wide(self.bimodal_share),
+            same_day_share: wide(self.same_day_share),
+            new_package_days: self.new_package_days,
             ..d
         }
     }

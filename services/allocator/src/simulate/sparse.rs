@@ -72,7 +72,20 @@ pub struct SparseConfig {
     pub new_share: f64,
     /// Share of jobs on pull-request refs.
     pub pr_share: f64,
+    /// Share of streams that build in two configurations under one key: a
+    /// third of their builds need [`BIMODAL_FACTOR`] times the memory.
+    pub bimodal_share: f64,
+    /// Share of builds that come with 1–3 more builds of the same spec
+    /// within six hours (several pipelines building it the same day).
+    pub same_day_share: f64,
+    /// When above 0: the streams new during the trace all appear on this
+    /// many days (a release that adds many packages at once), not spread
+    /// over the month.
+    pub new_package_days: u32,
 }
+
+/// How much more memory the second configuration of a bimodal stream needs.
+pub const BIMODAL_FACTOR: f64 = 1.8;
 
 impl Default for SparseConfig {
     fn default() -> Self {
@@ -93,6 +106,9 @@ impl Default for SparseConfig {
             spike_rate: 0.005,
             new_share: 0.1,
             pr_share: 0.25,
+            bimodal_share: 0.0,
+            same_day_share: 0.0,
+            new_package_days: 0,
         }
     }
 }
@@ -118,7 +134,35 @@ impl SparseConfig {
             self.spike_rate * 100.0,
             self.new_share * 100.0,
             self.pr_share * 100.0,
-        )
+        ) + &self.adversarial()
+    }
+
+    /// The structures built to disagree with the model, when on.
+    fn adversarial(&self) -> String {
+        let mut parts = Vec::new();
+        if self.bimodal_share > 0.0 {
+            parts.push(format!(
+                "{:.0}% of streams bimodal (a third of builds ×{BIMODAL_FACTOR})",
+                self.bimodal_share * 100.0
+            ));
+        }
+        if self.same_day_share > 0.0 {
+            parts.push(format!(
+                "{:.0}% of builds with 1–3 more of the same spec within 6 h",
+                self.same_day_share * 100.0
+            ));
+        }
+        if self.new_package_days > 0 {
+            parts.push(format!(
+                "new streams arrive on {} days",
+                self.new_package_days
+            ));
+        }
+        if parts.is_empty() {
+            String::new()
+        } else {
+            format!("; {}", parts.join("; "))
+        }
     }
 }
 
@@ -161,6 +205,8 @@ struct Stream {
     cores: f64,
     ln_wall: f64,
     start: f64,
+    /// Builds in two configurations (see [`SparseConfig::bimodal_share`]).
+    bimodal: bool,
 }
 
 /// Generates a sparse trace.
@@ -178,6 +224,11 @@ pub fn generate_sparse(config: &SparseConfig) -> Trace {
     };
     let share = |x: f64| finite(x, 0.0).clamp(0.0, 1.0);
 
+    // Days new streams arrive on, when they come in waves (drawn only
+    // then, so the default trace stays as it was).
+    let arrival_days: Vec<f64> = (0..config.new_package_days)
+        .map(|_| (0.8 * days * rng.random::<f64>()).floor())
+        .collect();
     let mut packages: Vec<Package> = Vec::new();
     let mut streams: Vec<Stream> = Vec::new();
     while streams.len() < config.workloads.max(1) {
@@ -231,10 +282,16 @@ pub fn generate_sparse(config: &SparseConfig) -> Trace {
                 cores: (0.5f64.ln() + (12.0f64 / 0.5).ln() * rng.random::<f64>()).exp(),
                 ln_wall: (900.0f64.ln() + normal(&mut rng)).clamp(30f64.ln(), 14_400f64.ln()),
                 start: if rng.random_bool(share(config.new_share)) {
-                    START + 0.8 * horizon * rng.random::<f64>()
+                    if arrival_days.is_empty() {
+                        START + 0.8 * horizon * rng.random::<f64>()
+                    } else {
+                        let day = arrival_days[rng.random_range(0..arrival_days.len())];
+                        START + (day + 0.5 * rng.random::<f64>()) * DAY
+                    }
                 } else {
                     START
                 },
+                bimodal: config.bimodal_share > 0.0 && rng.random_bool(share(config.bimodal_share)),
             });
         }
     }
@@ -262,17 +319,12 @@ pub fn generate_sparse(config: &SparseConfig) -> Trace {
             .partition_point(|v| v.0 <= at)
             .saturating_sub(1);
         let (_, jump, version_name) = &package.versions[version];
-        let mut ln = package.ln_median
-            + stream.ln_factor
-            + jump
-            + stream.growth * (at - START) / DAY
-            + stream.sigma * normal(&mut rng);
+        let mean_ln =
+            package.ln_median + stream.ln_factor + jump + stream.growth * (at - START) / DAY;
+        let mut ln = mean_ln + stream.sigma * normal(&mut rng);
         if rng.random_bool(share(config.spike_rate)) {
             ln += 2f64.ln() + 2f64.ln() * rng.random::<f64>();
         }
-        let peak = ln.exp().clamp(MIN_PEAK, MAX_PEAK);
-        let wall = (stream.ln_wall + 0.25 * normal(&mut rng)).exp();
-        let cores = (stream.cores * (0.15 * normal(&mut rng)).exp()).clamp(0.05, 64.0);
         let workload = *ids.entry((s, version)).or_insert_with(|| {
             builder.workload(spack_workload(
                 &package.name,
@@ -281,18 +333,42 @@ pub fn generate_sparse(config: &SparseConfig) -> Trace {
                 COMPILERS[stream.compiler],
             ))
         });
-        push_build(
-            &mut builder,
-            &mut rng,
-            (share(config.pr_share), develop),
-            workload,
-            Build {
-                at,
-                peak,
-                cores,
-                wall,
-            },
-        );
+        // The same spec built again the same day, by other pipelines.
+        let again = if config.same_day_share > 0.0 && rng.random_bool(share(config.same_day_share))
+        {
+            rng.random_range(1..=3)
+        } else {
+            0
+        };
+        for k in 0..=again {
+            let (at, mut ln) = if k == 0 {
+                (at, ln)
+            } else {
+                let ln = mean_ln + stream.sigma * normal(&mut rng);
+                (
+                    (at + rng.random::<f64>() * 6.0 * 3600.0).min(START + horizon),
+                    ln,
+                )
+            };
+            if stream.bimodal && rng.random_bool(1.0 / 3.0) {
+                ln += BIMODAL_FACTOR.ln();
+            }
+            let peak = ln.exp().clamp(MIN_PEAK, MAX_PEAK);
+            let wall = (stream.ln_wall + 0.25 * normal(&mut rng)).exp();
+            let cores = (stream.cores * (0.15 * normal(&mut rng)).exp()).clamp(0.05, 64.0);
+            push_build(
+                &mut builder,
+                &mut rng,
+                (share(config.pr_share), develop),
+                workload,
+                Build {
+                    at,
+                    peak,
+                    cores,
+                    wall,
+                },
+            );
+        }
     }
     builder.finish()
 }
@@ -327,5 +403,83 @@ mod tests {
         assert!(trace.workloads.len() > 3000, "{}", trace.workloads.len());
         let again = generate_sparse(&config);
         assert_eq!(again.jobs, trace.jobs);
+    }
+
+    #[test]
+    fn the_adversarial_structures_are_what_they_say() {
+        let base = SparseConfig {
+            workloads: 400,
+            jobs: 6000,
+            ..SparseConfig::default()
+        };
+        let plain = generate_sparse(&base);
+        // Several pipelines the same day: more builds, in bursts of one spec.
+        let bursts = generate_sparse(&SparseConfig {
+            same_day_share: 0.5,
+            ..base.clone()
+        });
+        assert!(
+            bursts.jobs.len() > plain.jobs.len() * 3 / 2,
+            "{}",
+            bursts.jobs.len()
+        );
+        let close = |t: &Trace| {
+            t.jobs
+                .windows(2)
+                .filter(|w| w[0].workload == w[1].workload && w[1].at - w[0].at < 6.0 * 3600.0)
+                .count()
+        };
+        assert!(close(&bursts) > 3 * close(&plain).max(1));
+        // Waves of new packages: far more keys are first built on the
+        // busiest day than when new streams spread over the month.
+        let busiest = |config: &SparseConfig| {
+            let t = generate_sparse(config);
+            let mut first: HashMap<u32, f64> = HashMap::new();
+            for j in &t.jobs {
+                first.entry(j.workload).or_insert(j.at);
+            }
+            let mut per_day: HashMap<i64, u32> = HashMap::new();
+            for at in first.values().filter(|&&at| at > START + 3.0 * DAY) {
+                *per_day.entry(((at - START) / DAY) as i64).or_default() += 1;
+            }
+            per_day.values().copied().max().unwrap_or(0)
+        };
+        let spread = SparseConfig {
+            new_share: 0.3,
+            ..base.clone()
+        };
+        let waves = SparseConfig {
+            new_package_days: 2,
+            ..spread.clone()
+        };
+        let (w, p) = (busiest(&waves), busiest(&spread));
+        assert!(2 * w > 3 * p, "busiest day {w} in waves, {p} spread");
+        // Bimodal streams: peaks of one key come in two clusters ×1.8 apart.
+        let bimodal = generate_sparse(&SparseConfig {
+            bimodal_share: 1.0,
+            sigma_min: 0.02,
+            sigma_max: 0.03,
+            ..base.clone()
+        });
+        let mut by_key: HashMap<u32, Vec<f64>> = HashMap::new();
+        for j in &bimodal.jobs {
+            by_key
+                .entry(j.workload)
+                .or_default()
+                .push((j.peak_memory_bytes as f64).ln());
+        }
+        let (key, peaks) = by_key.iter().max_by_key(|(_, p)| p.len()).expect("a key");
+        let lo = peaks.iter().copied().fold(f64::INFINITY, f64::min);
+        let high = peaks.iter().filter(|&&p| p > lo + 0.4).count();
+        assert!(
+            high * 8 > peaks.len() && high * 2 < peaks.len(),
+            "key {key}: {high} of {} high",
+            peaks.len()
+        );
+        assert_eq!(
+            generate_sparse(&base).jobs,
+            plain.jobs,
+            "the default is unchanged"
+        );
     }
 }
