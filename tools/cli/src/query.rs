@@ -5,8 +5,8 @@
 use std::collections::BTreeMap;
 
 use clap::Args;
-use runyard_allocator_api::RecommendRequest;
 use runyard_allocator_api::allocator_client::AllocatorClient;
+use runyard_allocator_api::{JobAttempt, RecommendRequest};
 use serde_json::{Value, json};
 use sqlx::Row as _;
 
@@ -59,6 +59,57 @@ pub struct RecommendArgs {
     /// The git ref the job builds (only protected refs train the model).
     #[arg(long = "ref", value_name = "REF", default_value = "")]
     pub git_ref: String,
+    /// The attempt this request retries: `FORGE:INSTANCE:job:ID:ATTEMPT`
+    /// or `FORGE:INSTANCE:pipeline:ID` (e.g.
+    /// `gitlab:gitlab.example.com:pipeline:1234`). The answer is bumped
+    /// above that attempt's OOM kill.
+    #[arg(long, value_name = "ATTEMPT")]
+    pub retry_of: Option<String>,
+}
+
+/// Parses `--retry-of`.
+fn parse_retry_of(s: &str) -> Result<JobAttempt, Failure> {
+    let usage = |why: &str| {
+        Failure::Usage(format!(
+            "--retry-of {s:?}: {why} (FORGE:INSTANCE:job:ID:ATTEMPT or FORGE:INSTANCE:pipeline:ID)"
+        ))
+    };
+    let number = |v: &str, what: &str| {
+        v.parse::<u64>()
+            .ok()
+            .filter(|n| *n > 0)
+            .ok_or_else(|| usage(&format!("{what} {v:?} is not a positive number")))
+    };
+    let parts: Vec<&str> = s.split(':').collect();
+    let (forge, instance) = match parts.as_slice() {
+        [forge, instance, ..] if !instance.is_empty() => (*forge, *instance),
+        _ => return Err(usage("no forge and instance")),
+    };
+    if runyard_events::parse_forge(&forge.to_ascii_lowercase()).is_none() {
+        return Err(usage(&format!(
+            "{forge:?} is not a forge (github or gitlab)"
+        )));
+    }
+    let (job_id, pipeline_id, attempt) = match &parts[2..] {
+        ["job", id, attempt] => (
+            number(id, "job id")?,
+            0,
+            u32::try_from(number(attempt, "attempt")?).map_err(|_| usage("attempt too large"))?,
+        ),
+        ["pipeline", id] => (0, number(id, "pipeline id")?, 0),
+        _ => {
+            return Err(usage(
+                "expected job:ID:ATTEMPT or pipeline:ID after the instance",
+            ));
+        }
+    };
+    Ok(JobAttempt {
+        forge: forge.to_ascii_lowercase(),
+        instance: instance.to_owned(),
+        job_id,
+        attempt,
+        pipeline_id,
+    })
 }
 
 async fn connect_db(global: &Global) -> Result<sqlx::PgPool, Failure> {
@@ -358,6 +409,7 @@ pub fn parse_workload(pairs: &[String]) -> Result<BTreeMap<String, String>, Fail
 /// Runs `runyard recommend`.
 pub async fn recommend(global: &Global, args: &RecommendArgs) -> Result<u8, Failure> {
     let workload = parse_workload(&args.workload)?;
+    let retry_of = args.retry_of.as_deref().map(parse_retry_of).transpose()?;
     let url = redact(&global.allocator_url);
     let endpoint = global.allocator_endpoint()?;
     let channel = endpoint.connect().await.map_err(|e| {
@@ -370,7 +422,7 @@ pub async fn recommend(global: &Global, args: &RecommendArgs) -> Result<u8, Fail
     let mut req = tonic::Request::new(RecommendRequest {
         workload: workload.clone().into_iter().collect(),
         r#ref: args.git_ref.clone(),
-        retry_of: None,
+        retry_of,
     });
     if let Some(token) = &global.allocator_token {
         let v = format!("Bearer {token}")
@@ -455,4 +507,51 @@ pub async fn recommend(global: &Global, args: &RecommendArgs) -> Result<u8, Fail
     }
     out(&table(&["", "value"], rows));
     Ok(EXIT_OK)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_retry_of;
+
+    #[test]
+    fn retry_of_names_a_job_attempt_or_a_pipeline_and_refuses_the_rest() {
+        let job = parse_retry_of("GitHub:github.com:job:42:2").expect("a job attempt");
+        assert_eq!(
+            (
+                job.forge.as_str(),
+                job.instance.as_str(),
+                job.job_id,
+                job.attempt,
+                job.pipeline_id
+            ),
+            ("github", "github.com", 42, 2, 0)
+        );
+        let pipeline =
+            parse_retry_of("gitlab:gitlab.example.com:pipeline:1234").expect("a pipeline");
+        assert_eq!(
+            (pipeline.job_id, pipeline.pipeline_id, pipeline.attempt),
+            (0, 1234, 0)
+        );
+        for (bad, says) in [
+            ("svn:host:job:1:1", "\"svn\" is not a forge"),
+            ("gitlab", "no forge and instance"),
+            (
+                "gitlab:host:job:1",
+                "expected job:ID:ATTEMPT or pipeline:ID",
+            ),
+            (
+                "gitlab:host:job:x:1",
+                "job id \"x\" is not a positive number",
+            ),
+            (
+                "gitlab:host:pipeline:0",
+                "pipeline id \"0\" is not a positive number",
+            ),
+        ] {
+            let Err(crate::Failure::Usage(message)) = parse_retry_of(bad) else {
+                panic!("{bad} was taken");
+            };
+            assert!(message.contains(says), "{bad}: {message}");
+        }
+    }
 }
