@@ -140,7 +140,26 @@ impl Allocator {
     }
 
     async fn recommend(&self, job: &Job, retry_of: Option<JobAttempt>) -> Option<u64> {
-        let mut client = self.client.clone()?;
+        let retry = retry_of.is_some();
+        match self.ask(job, retry_of).await {
+            // The attempt it retries was refused by name: sized as no
+            // retry, not with the first flavor.
+            Err(status) if retry && status.code() == tonic::Code::InvalidArgument => {
+                tracing::warn!(
+                    message = status.message(),
+                    "allocator refused the retried attempt; asking without it"
+                );
+                self.ask(job, None).await.ok()
+            }
+            answer => answer.ok(),
+        }
+    }
+
+    /// One `Recommend` call: the limit, or why there is none (logged).
+    async fn ask(&self, job: &Job, retry_of: Option<JobAttempt>) -> Result<u64, tonic::Status> {
+        let Some(mut client) = self.client.clone() else {
+            return Err(tonic::Status::unavailable("no allocator URL"));
+        };
         let mut req = tonic::Request::new(RecommendRequest {
             workload: workload(job),
             r#ref: job.git_ref.clone(),
@@ -157,14 +176,14 @@ impl Allocator {
             req.metadata_mut().insert("authorization", v);
         }
         match tokio::time::timeout(self.timeout, client.recommend(req)).await {
-            Ok(Ok(answer)) => Some(answer.into_inner().memory_limit_bytes),
+            Ok(Ok(answer)) => Ok(answer.into_inner().memory_limit_bytes),
             Ok(Err(status)) => {
-                tracing::warn!(code = ?status.code(), "allocator refused; using the first flavor");
-                None
+                tracing::warn!(code = ?status.code(), message = status.message(), "allocator refused the call");
+                Err(status)
             }
             Err(_) => {
-                tracing::warn!("allocator timed out; using the first flavor");
-                None
+                tracing::warn!("allocator timed out");
+                Err(tonic::Status::deadline_exceeded("allocator timed out"))
             }
         }
     }
@@ -201,7 +220,10 @@ pub fn retry_of(job: &Job, lineage: &Lineage) -> Option<JobAttempt> {
             Forge::Github => job.id.job_id,
             _ => 0,
         });
-        return Some(asked(previous, job.pipeline_id, job.run_attempt - 1));
+        // Nothing to name it by (a GitLab job seen without its pipeline):
+        // sized as no retry rather than refused.
+        return (previous != 0 || job.pipeline_id != 0)
+            .then(|| asked(previous, job.pipeline_id, job.run_attempt - 1));
     }
     old_pipeline.map(|p| asked(0, p, 0))
 }
@@ -346,5 +368,7 @@ mod tests {
         );
         // Another pipeline's first attempt is still no retry.
         assert_eq!(retry_of(&job(Forge::Gitlab, 30, 300, 1), &lineage), None);
+        // A GitLab retry seen without its pipeline has nothing to name.
+        assert_eq!(retry_of(&job(Forge::Gitlab, 31, 0, 2), &none), None);
     }
 }

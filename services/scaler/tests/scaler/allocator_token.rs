@@ -140,6 +140,26 @@ async fn the_recommend_call_carries_the_client_token() {
             .is_some_and(|l| l > ByteSize::mib(1).as_u64())
     );
     assert_eq!(sized.flavor, 1, "{sized:?}");
+    // A retried attempt the allocator refuses by name: sized as no retry,
+    // not with the first flavor.
+    let refused = runyard_allocator::proto::JobAttempt {
+        forge: "svn".into(),
+        instance: "github.com".into(),
+        job_id: 42,
+        attempt: 1,
+        pipeline_id: 7,
+    };
+    let again = Allocator::new(&url, Some(TOKEN.to_owned().into()), timeout)
+        .size(&job(), &flavors, Some(refused))
+        .await;
+    assert_eq!(
+        (
+            again.flavor,
+            again.recommended_limit,
+            again.allocator_unavailable
+        ),
+        (sized.flavor, sized.recommended_limit, false)
+    );
 
     for token in [None, Some("not-the-token".to_owned().into())] {
         let sized = Allocator::new(&url, token, timeout)
