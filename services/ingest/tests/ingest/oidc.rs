@@ -542,6 +542,9 @@ async fn an_issuer_that_does_not_answer_costs_one_wait_then_reports_fail_fast() 
     })
     .await;
     let token = h.gitlab.sign(&gitlab_claims(&issuer, 4711));
+    // Made before the clock starts: making a key takes long enough on a
+    // busy machine to outlast the 1 s back-off the second part relies on.
+    let stranger = SigningKey::generate("made-up").sign(&gitlab_claims(&issuer, 2));
     let started = std::time::Instant::now();
     // Eight reports at once share one fetch of the keys: one wait of at
     // most its 5 s deadline, not eight in a row.
@@ -557,7 +560,6 @@ async fn an_issuer_that_does_not_answer_costs_one_wait_then_reports_fail_fast() 
     assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 1);
     // While the failure is fresh, reports — with keys made up or not — are
     // answered at once and the issuer is not asked again.
-    let stranger = SigningKey::generate("made-up").sign(&gitlab_claims(&issuer, 2));
     let started = std::time::Instant::now();
     for token in [&token, &stranger, &token] {
         let (status, answer, _) = h.usage(Some(token), &gitlab_report(4711)).await;
