@@ -350,18 +350,30 @@ pub struct JobAttempt {
 /// next start's load reads them again from the projection).
 const RETRIED_PIPELINES_KEPT: usize = 65_536;
 
-/// A forge-scoped id hashed (0 stays 0: unknown).
+/// A forge-scoped id hashed (0 stays 0: unknown). Forge and instance
+/// compare without case, hashed byte by byte (no lower-cased copies: the
+/// start-up load hashes two ids a row).
 fn scoped(kind: u8, forge: &str, instance: &str, id: u64) -> u64 {
-    use std::hash::{Hash as _, Hasher as _};
+    use std::hash::Hasher as _;
     if id == 0 {
         return 0;
     }
     let mut h = std::hash::DefaultHasher::new();
-    kind.hash(&mut h);
-    forge.to_ascii_lowercase().hash(&mut h);
-    instance.to_ascii_lowercase().hash(&mut h);
-    id.hash(&mut h);
+    h.write_u8(kind);
+    for part in [forge, instance] {
+        for b in part.bytes() {
+            h.write_u8(b.to_ascii_lowercase());
+        }
+        h.write_u8(0xff);
+    }
+    h.write_u64(id);
     h.finish().max(1)
+}
+
+/// The hashed identity of pipeline (GitHub run) `id` of `forge` at
+/// `instance`, as [`JobAttempt::pipeline`] holds it.
+fn pipeline_key(forge: &str, instance: &str, id: u64) -> u64 {
+    scoped(b'p', forge, instance, id)
 }
 
 impl JobAttempt {
@@ -371,7 +383,7 @@ impl JobAttempt {
     pub fn new(forge: &str, instance: &str, job_id: u64, pipeline_id: u64, attempt: u32) -> Self {
         Self {
             job: scoped(b'j', forge, instance, job_id),
-            pipeline: scoped(b'p', forge, instance, pipeline_id),
+            pipeline: pipeline_key(forge, instance, pipeline_id),
             attempt,
         }
     }
@@ -920,8 +932,8 @@ impl Model {
     /// workload's killed attempt in `old`.
     pub fn link_pipelines(&mut self, forge: &str, instance: &str, old: u64, new: u64) {
         let (old, new) = (
-            JobAttempt::new(forge, instance, 0, old, 0).pipeline,
-            JobAttempt::new(forge, instance, 0, new, 0).pipeline,
+            pipeline_key(forge, instance, old),
+            pipeline_key(forge, instance, new),
         );
         if old == 0 || new == 0 {
             return;

@@ -88,23 +88,31 @@ impl Streak {
         };
         let mut me = self.open.remove(i);
         me.job.pipeline = attempt.pipeline;
+        let before = self.close_before(&me.job, via, me.kill.at);
+        if let Some(b) = before.filter(|_| me.chain == 1) {
+            me.first = b.first;
+            me.chain = b.chain.saturating_add(1);
+        }
+        self.open.push(me);
+    }
+
+    /// Removes the open kills `job` follows, killed at or before `until`
+    /// (its job's earlier attempts, or its workload's in the pipeline `via`
+    /// that a retry made its pipeline from), and returns the kill just
+    /// before it: the previous attempt's, or the retried pipeline's latest.
+    fn close_before(&mut self, job: &JobAttempt, via: Option<u64>, until: f64) -> Option<OpenKill> {
         let follows = |o: &OpenKill| {
-            o.kill.at <= me.kill.at
-                && (o.job.precedes(&me.job) || via.is_some_and(|p| p != 0 && p == o.job.pipeline))
+            o.kill.at <= until
+                && (o.job.precedes(job) || via.is_some_and(|p| p != 0 && p == o.job.pipeline))
         };
         let before = self
             .open
             .iter()
             .filter(|o| follows(o))
             .max_by(|a, b| a.kill.at.total_cmp(&b.kill.at))
-            .copied()
-            .filter(|b| b.job.attempt + 1 == me.job.attempt || via.is_some());
-        if let Some(b) = before.filter(|_| me.chain == 1) {
-            me.first = b.first;
-            me.chain = b.chain.saturating_add(1);
-        }
+            .copied();
         self.open.retain(|o| !follows(o));
-        self.open.push(me);
+        before.filter(|b| b.job.attempt + 1 == job.attempt || via.is_some())
     }
 
     /// Closes the kills an identified attempt follows (its job's earlier
@@ -121,19 +129,8 @@ impl Streak {
         kill: Option<Killed>,
         peak: u64,
     ) -> Option<(f64, bool)> {
-        let follows =
-            |o: &JobAttempt| o.precedes(&job) || via.is_some_and(|p| p != 0 && p == o.pipeline);
-        let mut before: Option<OpenKill> = None;
-        self.open.retain(|o| {
-            let earlier = follows(&o.job);
-            if earlier && before.is_none_or(|b| b.kill.at <= o.kill.at) {
-                before = Some(*o);
-            }
-            !earlier && o.kill.at >= at - OPEN_FOR
-        });
-        // The kill just before: the previous attempt, or the retried
-        // pipeline's.
-        let before = before.filter(|b| b.job.attempt + 1 == job.attempt || via.is_some());
+        let before = self.close_before(&job, via, f64::INFINITY);
+        self.open.retain(|o| o.kill.at >= at - OPEN_FOR);
         let Some(kill) = kill else {
             return before
                 .and_then(|b| Some((b.first.limit?, b.first.fresh)))
