@@ -13,7 +13,8 @@ pub use v1::{
     AllocationIssued, Conclusion, Event, Forge, JobKey, JobObserved, JobStatus, JobUnserved,
     PipelineObserved, RetryIssued, RetryJob, RetryRefused, RetryRequested, RetryTarget,
     RunnerAssigned, RunnerCreated, RunnerDeleted, RunnerFailed, RunnerOnline, RunnerRef,
-    RunnerRequested, Source, UsageIdentity, UsageReported, event::Body,
+    RunnerRequested, ScaleSetProgress, ScaleSetStatistics, Source, UsageIdentity, UsageReported,
+    event::Body,
 };
 
 use std::fmt;
@@ -137,6 +138,11 @@ impl Namespace {
         format!("{}.v1.scaler.{}.unserved", self.0, forge_token(forge))
     }
 
+    /// `<ns>.v1.scaleset.<pool>`: a scale-set listener's progress.
+    pub fn scale_set_subject(&self, pool: &str) -> String {
+        format!("{}.v1.scaleset.{pool}", self.0)
+    }
+
     /// `<ns>.v1.retry.<forge>`.
     pub fn retry_subject(&self, forge: Forge) -> String {
         format!("{}.v1.retry.{}", self.0, forge_token(forge))
@@ -166,6 +172,12 @@ impl Namespace {
                 self.retry_subject(retry_target(retry)?.forge())
             }
             Body::JobUnserved(u) => self.unserved_subject(u.job.as_ref()?.forge()),
+            Body::ScaleSetProgress(p) => {
+                if !valid_pool_name(&p.pool) {
+                    return None;
+                }
+                self.scale_set_subject(&p.pool)
+            }
         })
     }
 }
@@ -294,6 +306,7 @@ pub fn event_type(event: &Event) -> &'static str {
         Some(Body::RetryIssued(_)) => "RetryIssued",
         Some(Body::RetryRefused(_)) => "RetryRefused",
         Some(Body::JobUnserved(_)) => "JobUnserved",
+        Some(Body::ScaleSetProgress(_)) => "ScaleSetProgress",
         None => "Unknown",
     }
 }

@@ -121,7 +121,8 @@ impl Delta {
             // Allocations are analysed from the log itself; event types this
             // version does not know are applied as no-ops so they never block
             // the log.
-            Some(Body::AllocationIssued(_) | Body::JobUnserved(_)) | None => {}
+            Some(Body::AllocationIssued(_) | Body::JobUnserved(_) | Body::ScaleSetProgress(_))
+            | None => {}
         }
         Ok(())
     }

@@ -347,6 +347,15 @@ pub struct Timers {
     /// `spread` (round-robin, the default) or `pack` (fill in name order).
     /// Either way it goes to the highest priority with room.
     pub balance: Balance,
+    /// Scale-set mode: the longest a message long poll may go without any
+    /// answer (the service holds it about 50 s, then answers 202). A poll
+    /// silent longer than this re-creates the session.
+    #[serde(with = "humantime_serde")]
+    pub scale_set_silence: Duration,
+    /// Scale-set mode: the first wait after a failed session or poll
+    /// (grows 1.5× per failure up to 30 s).
+    #[serde(with = "humantime_serde")]
+    pub scale_set_backoff: Duration,
 }
 
 impl Default for Timers {
@@ -366,6 +375,8 @@ impl Default for Timers {
             rate_limit_probe: Duration::from_secs(60),
             state_dir: None,
             balance: Balance::Spread,
+            scale_set_silence: Duration::from_secs(70),
+            scale_set_backoff: Duration::from_secs(5),
         }
     }
 }
@@ -383,7 +394,7 @@ pub struct Flavor {
 }
 
 /// Where a pool's runners register.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Scope {
     /// GitHub organization.
@@ -457,6 +468,32 @@ pub struct PoolConfig {
     /// `replace` (default) or `start`.
     #[serde(default)]
     pub stopped: StoppedAction,
+    /// How the pool learns of its jobs (GitHub): `webhook` (default) or
+    /// `scale-set` (a runner scale set's message session: no inbound
+    /// traffic).
+    #[serde(default)]
+    pub mode: PoolMode,
+    /// `scale-set` mode: the scale set's name (default: the pool's name).
+    /// It is the first label jobs name in `runs-on`; the pool's labels
+    /// follow it. GitHub applies labels at creation only.
+    #[serde(default)]
+    pub scale_set_name: Option<String>,
+    /// `scale-set` mode: the runner group by name (default: the default
+    /// group, id 1). Takes the place of `runner_group_id` there.
+    #[serde(default)]
+    pub runner_group: Option<String>,
+}
+
+/// How a GitHub pool learns of its jobs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PoolMode {
+    /// `workflow_job` webhooks (and the reconciler's polls).
+    #[default]
+    Webhook,
+    /// A runner scale set: the scaler holds the scale set's message session
+    /// and long-polls the Actions service for the jobs assigned to it.
+    ScaleSet,
 }
 
 /// What the scaler does with a runner whose instance its provider lists as
@@ -483,6 +520,28 @@ fn default_os_arch() -> String {
 }
 
 impl PoolConfig {
+    /// The scale set's name in `scale-set` mode (`None` in webhook mode).
+    pub fn scale_set(&self) -> Option<&str> {
+        (self.mode == PoolMode::ScaleSet)
+            .then(|| self.scale_set_name.as_deref().unwrap_or(&self.name))
+    }
+
+    /// The scale set's labels: its name first, then the pool's labels
+    /// (each once, compared case-insensitively).
+    pub fn scale_set_labels(&self) -> Vec<String> {
+        let mut labels: Vec<String> = Vec::new();
+        for l in self
+            .scale_set()
+            .into_iter()
+            .chain(self.labels.iter().map(String::as_str))
+        {
+            if !labels.iter().any(|x| x.eq_ignore_ascii_case(l)) {
+                labels.push(l.to_owned());
+            }
+        }
+        labels
+    }
+
     /// The pool's extra specs as JSON (`{}` when it has none).
     pub fn extra_specs_json(&self) -> serde_json::Value {
         self.extra_specs
@@ -645,7 +704,40 @@ impl ScalerFile {
             {
                 return Err(err(field("scope.repo"), "must be owner/name"));
             }
-            if pool.labels.is_empty() {
+            if pool.mode == PoolMode::ScaleSet {
+                if pool.forge != Forge::Github {
+                    return Err(err(
+                        field("mode"),
+                        "\"scale-set\" is a GitHub mode; a GitLab pool learns of its jobs from hooks",
+                    ));
+                }
+                let name = pool.scale_set().unwrap_or_default();
+                if name.is_empty()
+                    || name.len() > 100
+                    || name.chars().any(|c| c.is_control() || c == ',')
+                {
+                    return Err(err(
+                        field("scale_set_name"),
+                        format!(
+                            "{name:?} must be 1 to 100 characters, no commas or control characters"
+                        ),
+                    ));
+                }
+            } else {
+                if pool.scale_set_name.is_some() {
+                    return Err(err(
+                        field("scale_set_name"),
+                        "is for mode = \"scale-set\" (this pool is in webhook mode)",
+                    ));
+                }
+                if pool.runner_group.is_some() {
+                    return Err(err(
+                        field("runner_group"),
+                        "is for mode = \"scale-set\"; webhook pools name their group by runner_group_id",
+                    ));
+                }
+            }
+            if pool.labels.is_empty() && pool.mode != PoolMode::ScaleSet {
                 return Err(err(field("labels"), "is empty"));
             }
             if pool.flavors.is_empty() {
@@ -704,6 +796,22 @@ impl ScalerFile {
                     ),
                 ));
             }
+        }
+        let mut scale_sets = HashSet::new();
+        for (i, pool) in self.pools.iter().enumerate() {
+            if let Some(name) = pool.scale_set()
+                && !scale_sets.insert((name.to_ascii_lowercase(), pool.scope.clone()))
+            {
+                return Err(err(
+                    format!("pools[{i}].scale_set_name"),
+                    format!(
+                        "{name:?}: another pool already serves the scale set of that name in this scope (a scale set has one message session)"
+                    ),
+                ));
+            }
+        }
+        if self.scaler.scale_set_silence < Duration::from_secs(1) {
+            return Err(err("scaler.scale_set_silence", "must be at least 1s"));
         }
         if let Some(r) = &self.reconciler {
             r.validate(&self.pools)?;
@@ -879,6 +987,61 @@ lease_ttl = "2s"
             e.message.contains("\"bitbucket\" is not github or gitlab"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn scale_set_pools_are_github_pools_with_one_session_per_scale_set() {
+        let set = GOOD.replace("runner_group_id = 1", "mode = \"scale-set\"");
+        let f = ScalerFile::parse(&set).expect("valid");
+        let pool = &f.pools[0];
+        assert_eq!(pool.scale_set(), Some("linux-x64"), "named after the pool");
+        assert_eq!(
+            pool.scale_set_labels(),
+            ["linux-x64", "self-hosted", "linux", "x64"]
+        );
+        assert_eq!(f.scaler.scale_set_silence, Duration::from_secs(70));
+        let named = set.replace(
+            "mode = \"scale-set\"",
+            "mode = \"scale-set\"\nscale_set_name = \"Linux\"",
+        );
+        let f = ScalerFile::parse(&named).expect("valid");
+        assert_eq!(
+            f.pools[0].scale_set_labels(),
+            ["Linux", "self-hosted", "x64"]
+        );
+        assert_eq!(
+            ScalerFile::parse(GOOD).expect("valid").pools[0].scale_set(),
+            None
+        );
+        let e = refused(
+            &set.replace("forge = \"github\"", "forge = \"gitlab\"")
+                .replace("scope = { org = \"acme\" }", "scope = { group_id = 3 }"),
+        );
+        assert_eq!(e.field, "pools[0].mode");
+        let e = refused(&GOOD.replace("runner_group_id = 1", "scale_set_name = \"x\""));
+        assert_eq!(e.field, "pools[0].scale_set_name");
+        let e = refused(&GOOD.replace("runner_group_id = 1", "runner_group = \"ci\""));
+        assert_eq!(e.field, "pools[0].runner_group");
+        let e = refused(&set.replace(
+            "mode = \"scale-set\"",
+            "mode = \"scale-set\"\nscale_set_name = \"a,b\"",
+        ));
+        assert_eq!(e.field, "pools[0].scale_set_name");
+        let e = refused(&set.replace("mode = \"scale-set\"", "mode = \"listener\""));
+        assert!(e.message.contains("listener"), "{e}");
+        // Two pools on one scale set would fight over its one session.
+        let pool = &set[set.find("[[pools]]").unwrap_or(0)..set.find("[scaler]").unwrap_or(0)];
+        let twice = format!(
+            "{set}\n{}",
+            pool.replace(
+                "name = \"linux-x64\"",
+                "name = \"other\"\nscale_set_name = \"LINUX-X64\""
+            )
+        );
+        let e = refused(&twice);
+        assert_eq!(e.field, "pools[1].scale_set_name");
+        let e = refused(&set.replace("lease_ttl = \"2s\"", "scale_set_silence = \"100ms\""));
+        assert_eq!(e.field, "scaler.scale_set_silence");
     }
 
     #[test]

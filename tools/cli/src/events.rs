@@ -361,6 +361,14 @@ pub fn event_json(event: &Event) -> Value {
             "reason": u.reason,
             "detail": u.detail,
         }),
+        Some(Body::ScaleSetProgress(p)) => json!({
+            "pool": p.pool,
+            "scale_set_id": p.scale_set_id,
+            "session_id": p.session_id,
+            "owner": p.owner,
+            "last_message_id": p.last_message_id,
+            "assigned_jobs": p.statistics.as_ref().map(|s| s.assigned_jobs),
+        }),
         None => Value::Null,
     };
     json!({
@@ -461,6 +469,10 @@ pub fn describe(event: &Event) -> String {
             u.reason,
             u.labels,
             u.detail
+        ),
+        Some(Body::ScaleSetProgress(p)) => format!(
+            "scale set {} of pool {} at message {} session={:?} owner={}",
+            p.scale_set_id, p.pool, p.last_message_id, p.session_id, p.owner
         ),
         None => "empty".into(),
     };
