@@ -92,6 +92,9 @@ pub mod endpoint {
     pub const LIST_RUNNER_GROUPS: &str = "list_runner_groups";
     /// `GET /orgs/{org}/actions/runner-groups/{id}/repositories`.
     pub const LIST_RUNNER_GROUP_REPOS: &str = "list_runner_group_repos";
+    /// `POST .../actions/runners/registration-token` (the first step of a
+    /// runner scale-set client's authentication).
+    pub const REGISTRATION_TOKEN: &str = "registration_token";
 
     /// Every kind.
     pub const ALL: &[&str] = &[
@@ -113,6 +116,7 @@ pub mod endpoint {
         RATE_LIMIT,
         LIST_RUNNER_GROUPS,
         LIST_RUNNER_GROUP_REPOS,
+        REGISTRATION_TOKEN,
     ];
 }
 
@@ -736,6 +740,48 @@ impl GitHubClient {
             name: a.runner.name,
             encoded_jit_config: SecretString::from(a.encoded_jit_config),
         })
+    }
+
+    /// A runner registration token for `scope` (`201 {token, expires_at}`),
+    /// asked for with the scope's credential. The runner scale-set client
+    /// trades it for its Actions-service connection (SCALESET.md §1 step B).
+    /// GitHub documents a lifetime of an hour; the token is a credential.
+    pub async fn registration_token(&self, scope: &GitHubScope) -> Result<SecretString, ApiError> {
+        #[derive(Deserialize)]
+        struct Answer {
+            token: String,
+        }
+        let ep = endpoint::REGISTRATION_TOKEN;
+        let path = format!("{}/actions/runners/registration-token", scope.path_prefix());
+        let raw = self
+            .send(&Target::Scope(scope.clone()), ep, Method::POST, &path, None)
+            .await?;
+        if raw.status != StatusCode::CREATED {
+            if raw.status.is_success() {
+                // Another 2xx may still carry a token: keep its body out of
+                // the error.
+                return Err(ApiError::Status {
+                    status: raw.status.as_u16(),
+                    endpoint_kind: ep,
+                    message: "expected 201 Created".into(),
+                });
+            }
+            return Err(raw.into_error(ep));
+        }
+        // Tolerate a UTF-8 BOM, as the scale-set client does with every
+        // answer of the Actions service (SCALESET.md §2).
+        let body = raw
+            .body
+            .strip_prefix(b"\xEF\xBB\xBF".as_slice())
+            .unwrap_or(&raw.body);
+        let answer: Answer = super::decode(body, ep, true)?;
+        if answer.token.is_empty() {
+            return Err(ApiError::Decode {
+                endpoint_kind: ep,
+                detail: "empty registration token".into(),
+            });
+        }
+        Ok(SecretString::from(answer.token))
     }
 
     /// Every self-hosted runner registered at `scope` (all pages).

@@ -1,7 +1,9 @@
 //! REST clients for the forges: [`github::GitHubClient`] (JIT runners, runner
 //! lists and deletes, workflow runs and jobs, re-runs, webhook redelivery,
 //! GitHub App authentication) and [`gitlab::GitLabClient`] (runners created
-//! through the API, jobs, pipelines, retries).
+//! through the API, jobs, pipelines, retries), and
+//! [`scaleset::ActionsClient`] (GitHub's Actions service for runner scale
+//! sets: registration, scale sets, message sessions, JIT runners).
 //!
 //! Shared behaviour:
 //!
@@ -27,6 +29,7 @@ use serde::de::DeserializeOwned;
 pub mod github;
 pub mod gitlab;
 mod ratelimit;
+pub mod scaleset;
 
 pub use ratelimit::RateBudget;
 use ratelimit::{Bucket, RateLimiter};
@@ -286,6 +289,12 @@ pub(crate) fn message_of(body: &[u8]) -> String {
         },
         Err(_) => String::from_utf8_lossy(body).into_owned(),
     };
+    shortened(&text)
+}
+
+/// `text` as an error message keeps it: control characters blanked, at
+/// most [`MAX_MESSAGE`] characters (an ellipsis says it was cut), trimmed.
+pub(crate) fn shortened(text: &str) -> String {
     let mut out: String = text
         .chars()
         .map(|c| if c.is_control() { ' ' } else { c })
