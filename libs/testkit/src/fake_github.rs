@@ -593,6 +593,9 @@ struct GhState {
     /// Runner groups by scope prefix (`/orgs/o`, `/enterprises/e`),
     /// besides the default group every scope has.
     runner_groups: BTreeMap<String, Vec<FakeRunnerGroup>>,
+    /// The Actions service whose registration steps this fake answers
+    /// ([`FakeGitHub::connect_actions`]).
+    actions: Option<crate::fake_actions::ActionsLink>,
 }
 
 /// The fake GitHub server. Dropping it stops the server.
@@ -635,6 +638,7 @@ impl FakeGitHub {
             webhooks: Vec::new(),
             resource_budgets: BTreeMap::new(),
             runner_groups: BTreeMap::new(),
+            actions: None,
         }));
         let router = Router::new().fallback(handle).with_state(state.clone());
         Self {
@@ -692,6 +696,20 @@ impl FakeGitHub {
     /// Invalidates every installation token issued so far (`401` on use).
     pub fn revoke_tokens(&self) {
         self.st().tokens.clear();
+    }
+
+    /// Answers the registration steps of the Actions service `actions`
+    /// from now on, as github.com's API does: `POST
+    /// {orgs/o|repos/o/r|enterprises/e}/actions/runners/registration-token`
+    /// (this fake's own credential rules: any token, [`FakeGitHub::require_token`]
+    /// or App installation tokens; enterprises refuse those; charged to
+    /// `actions_runner_registration`) answers 201 with a registration token
+    /// `actions` knows, and `POST /actions/runner-registration`
+    /// (`Authorization: RemoteAuth <that token>`, charged to `core`)
+    /// answers 201 with `actions`' service URL and an admin token it
+    /// issued (honouring its `set_down` and `fail_next_registration`).
+    pub fn connect_actions(&self, actions: &crate::fake_actions::FakeActions) {
+        self.st().actions = Some(actions.link());
     }
 
     // -- runners
@@ -975,6 +993,8 @@ struct Req<'a> {
     query: Vec<(String, String)>,
     body: &'a [u8],
     bearer: Option<&'a str>,
+    /// `Authorization: RemoteAuth <token>` (the Actions registration).
+    remote_auth: Option<&'a str>,
     host: String,
 }
 
@@ -1005,6 +1025,9 @@ async fn handle(
         query: query_pairs(uri.query().unwrap_or("")),
         body: &body,
         bearer,
+        remote_auth: credential
+            .as_deref()
+            .and_then(|v| v.strip_prefix("RemoteAuth ")),
         host,
     };
     let mut st = lock(&state);
@@ -1051,7 +1074,13 @@ fn route(st: &mut GhState, req: &Req<'_>) -> Response {
     }
     let app_route = matches!(req.segs.first(), Some(&"app"))
         || matches!(req.segs.last(), Some(&"installation"));
-    let authorized = if app_route {
+    // Step C of the Actions registration carries its own credential.
+    let actions_registration = st.actions.is_some()
+        && req.method == Method::POST
+        && req.segs.as_slice() == ["actions", "runner-registration"];
+    let authorized = if actions_registration {
+        Ok(())
+    } else if app_route {
         check_jwt(st, req.bearer)
     } else {
         check_token(st, req)
@@ -1103,6 +1132,22 @@ fn route(st: &mut GhState, req: &Req<'_>) -> Response {
             match scope_of(&segs[..segs.len() - 3]) {
                 Some(scope) => generate_jitconfig(st, &scope, req.body),
                 None => message(404, "Not Found"),
+            }
+        }
+        ["actions", "runner-registration"] if m == Method::POST => match &st.actions {
+            Some(link) => {
+                let (status, body) = link.runner_registration(req.remote_auth, req.body);
+                answer(status, &body)
+            }
+            None => message(404, "Not Found"),
+        },
+        [.., "actions", "runners", "registration-token"] if m == Method::POST => {
+            match (scope_of(&segs[..segs.len() - 3]), &st.actions) {
+                (Some(_), Some(link)) => {
+                    let (token, expires_at) = link.issue_registration_token();
+                    answer(201, &json!({"token": token, "expires_at": expires_at}))
+                }
+                _ => message(404, "Not Found"),
             }
         }
         [.., "actions", "runners", "downloads"] if m == Method::GET => {
