@@ -1402,6 +1402,7 @@ fn bench_job(job_id: u64) -> Job {
         git_ref: "main".into(),
         runner_name: None,
         given_up: false,
+        scale_set: None,
     }
 }
 

@@ -75,6 +75,9 @@ pub struct Forges {
     pub rate_limit_probe: Duration,
     /// Creates waiting for a spent budget, per endpoint kind.
     pub waiting: Arc<Waiting>,
+    /// The runner scale sets of `scale-set` pools, by pool name: their
+    /// runners are registered, listed and removed through the scale set.
+    pub scale_sets: Arc<HashMap<String, Arc<crate::scaleset::ScaleSet>>>,
 }
 
 /// Creates waiting for a forge's rate limit, one queue per endpoint kind
@@ -144,9 +147,12 @@ pub enum ForgeError {
     /// The API failed.
     #[error(transparent)]
     Api(#[from] ApiError),
+    /// A runner scale set refused (or is not usable yet).
+    #[error("scale set: {0}")]
+    ScaleSet(String),
 }
 
-fn github_scope(scope: &Scope) -> GitHubScope {
+pub(crate) fn github_scope(scope: &Scope) -> GitHubScope {
     if let Some(repo) = &scope.repo {
         let (owner, name) = repo.split_once('/').unwrap_or((repo, ""));
         GitHubScope::Repo {
@@ -331,6 +337,9 @@ impl Forges {
         pool: &PoolConfig,
         name: &str,
     ) -> Result<Registration, ForgeError> {
+        if let Some(set) = self.scale_sets.get(&pool.name) {
+            return set.register(name).await;
+        }
         let mut labels = pool.labels.clone();
         if pool.forge == Forge::Gitlab {
             let gl = self.gitlab()?;
@@ -389,6 +398,9 @@ impl Forges {
         pool: &PoolConfig,
         runner_id: u64,
     ) -> Result<Unregistered, ForgeError> {
+        if let Some(set) = self.scale_sets.get(&pool.name) {
+            return set.unregister(runner_id).await;
+        }
         if pool.forge == Forge::Gitlab {
             let gl = self.gitlab()?;
             if !patiently(|| gl.pause_runner(runner_id)).await? {
@@ -426,6 +438,9 @@ impl Forges {
         pool: &PoolConfig,
         runner_id: u64,
     ) -> Result<Option<ForgeRunner>, ForgeError> {
+        if let Some(set) = self.scale_sets.get(&pool.name) {
+            return set.runner(runner_id).await;
+        }
         if pool.forge == Forge::Gitlab {
             // GitLab's runner says whether it exists, is online and paused;
             // its running jobs whether it is busy.
@@ -466,6 +481,9 @@ impl Forges {
     /// (`ry-<pool>-<10 hex>`); a listing does not say whether a runner is
     /// busy (`busy` is false: a removal asks for its jobs).
     pub async fn list(&self, pool: &PoolConfig) -> Result<Vec<ForgeRunner>, ForgeError> {
+        if let Some(set) = self.scale_sets.get(&pool.name) {
+            return set.list().await;
+        }
         if pool.forge == Forge::Gitlab {
             let gl = self.gitlab()?;
             let kind = gitlab_type(&pool.scope);
@@ -577,7 +595,12 @@ impl Forges {
     ) -> Result<HashMap<String, Vec<String>>, GroupError> {
         let mut admitted: HashMap<String, Vec<String>> = HashMap::new();
         let mut groups: HashMap<GitHubScope, Option<Vec<RunnerGroup>>> = HashMap::new();
-        for pool in pools.iter().filter(|p| p.forge != Forge::Gitlab) {
+        // Scale-set pools name their group by name and the scale set is
+        // made in it: the service applies the group's rules itself.
+        for pool in pools
+            .iter()
+            .filter(|p| p.forge != Forge::Gitlab && p.scale_set().is_none())
+        {
             let Ok(gh) = self.github_for(&pool.scope) else {
                 continue;
             };

@@ -17,6 +17,7 @@ mod progress;
 pub mod provider;
 mod reconciler;
 mod retry;
+pub mod scaleset;
 pub mod simulate;
 pub mod sizing;
 
@@ -151,7 +152,87 @@ fn forges(config: &Config, file: &ScalerFile) -> anyhow::Result<Forges> {
         gitlab,
         rate_limit_probe: file.scaler.rate_limit_probe,
         waiting: Arc::default(),
+        scale_sets: Arc::default(),
     })
+}
+
+/// The runner scale set of every `scale-set` pool, with an Actions
+/// service client on the pool's GitHub credentials.
+fn scale_sets(
+    config: &Config,
+    file: &ScalerFile,
+    forges: &Forges,
+) -> anyhow::Result<HashMap<String, Arc<scaleset::ScaleSet>>> {
+    use runyard_forge::api::ClientOptions;
+    use runyard_forge::api::scaleset::ActionsClient;
+    let mut sets = HashMap::new();
+    for pool in &file.pools {
+        let Some(name) = pool.scale_set() else {
+            continue;
+        };
+        let github = forges
+            .github_for(&pool.scope)
+            .with_context(|| format!("pool {:?} (scale-set mode)", pool.name))?
+            .clone();
+        let scope = forges::github_scope(&pool.scope);
+        let host = forge_host(pool, config);
+        let config_url = format!("https://{host}/{}", scope_path(&pool.scope));
+        let client = ActionsClient::new(
+            github,
+            scope,
+            &config_url,
+            &config.github_api_url,
+            &ClientOptions::new(file.scaler.forge_timeout),
+        )
+        .with_context(|| format!("pool {:?}: Actions service client", pool.name))?;
+        sets.insert(
+            pool.name.clone(),
+            Arc::new(scaleset::ScaleSet::new(
+                &pool.name,
+                name,
+                pool.scale_set_labels(),
+                pool.runner_group.clone(),
+                client,
+            )),
+        );
+    }
+    Ok(sets)
+}
+
+/// The path of a GitHub scope's configuration URL: `org`, `owner/repo` or
+/// `enterprises/slug`.
+fn scope_path(scope: &config::Scope) -> String {
+    if let Some(repo) = &scope.repo {
+        repo.clone()
+    } else if let Some(org) = &scope.org {
+        org.clone()
+    } else {
+        format!(
+            "enterprises/{}",
+            scope.enterprise.clone().unwrap_or_default()
+        )
+    }
+}
+
+/// Makes sure of every scale set at start: a label change the service
+/// cannot apply, or a runner group that does not exist, refuses to start;
+/// a service that cannot be reached now is retried by the listener.
+async fn ensure_scale_sets(forges: &Forges, timeout: Duration) -> anyhow::Result<()> {
+    for set in forges.scale_sets.values() {
+        match tokio::time::timeout(timeout * 3, set.ensure()).await {
+            Ok(Ok(id)) => {
+                tracing::info!(pool = %set.pool, scale_set = %set.name, id, "runner scale set ready");
+            }
+            Ok(Err(e)) if e.is_permanent() => return Err(e.into()),
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, pool = %set.pool, "the runner scale set cannot be checked now; the listener tries again");
+            }
+            Err(_) => {
+                tracing::warn!(pool = %set.pool, "the Actions service did not answer in time; the listener tries again");
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Tokens, the secret store and the URLs instances are given, when the
@@ -292,17 +373,23 @@ impl App {
         let mut specs = Vec::new();
         for p in &file.pools {
             let provider_config = &file.providers[&p.provider];
+            let labels = if p.scale_set().is_some() {
+                p.scale_set_labels()
+            } else {
+                p.labels.clone()
+            };
             let spec = PoolSpec {
                 name: p.name.clone(),
                 forge: p.forge,
                 instance: forge_host(p, &config),
-                labels: p.labels.iter().map(|l| l.to_ascii_lowercase()).collect(),
+                labels: labels.iter().map(|l| l.to_ascii_lowercase()).collect(),
                 min_idle: p.min_idle,
                 max_runners: p.max_runners,
                 idle_timeout: p.idle_timeout,
                 bootstrap_timeout: p.bootstrap_timeout,
                 priority: p.priority,
                 repos: None,
+                scale_set: p.scale_set().is_some(),
             };
             specs.push(spec.clone());
             pools.insert(
@@ -321,7 +408,9 @@ impl App {
                 }),
             );
         }
-        let forges = forges(&config, &file)?;
+        let mut forges = forges(&config, &file)?;
+        forges.scale_sets = Arc::new(scale_sets(&config, &file, &forges)?);
+        ensure_scale_sets(&forges, file.scaler.forge_timeout).await?;
         let admitted = forges
             .check_runner_groups(&file.pools)
             .await
@@ -358,6 +447,16 @@ impl App {
         let provider_names: Vec<&str> = file.providers.keys().map(String::as_str).collect();
         let pool_names: Vec<&str> = file.pools.iter().map(|p| p.name.as_str()).collect();
         metrics.init(&provider_names, &pool_names);
+        let scale_set_pools: Vec<&str> = file
+            .pools
+            .iter()
+            .filter(|p| p.scale_set().is_some())
+            .map(|p| p.name.as_str())
+            .collect();
+        metrics.init_scale_sets(
+            &scale_set_pools,
+            time::OffsetDateTime::now_utc().unix_timestamp(),
+        );
         let (listener, metadata_listener) =
             Box::pin(bind_listeners(&config, metadata.is_some())).await?;
         tracing::info!(addr = %listener.local_addr()?, namespace = %bus.namespace(), %replica, pools = specs.len(), "scaler listening");
@@ -385,6 +484,7 @@ impl App {
             status: RwLock::new(Vec::new()),
             progress: progress::Progress::default(),
             metadata,
+            owned: Arc::default(),
         });
         // Every endpoint's series exists from the start, at zero.
         if let Some(gh) = &io.forges.github {
@@ -489,6 +589,31 @@ impl App {
             tokio::spawn(async move { engine.run(events_rx, caught_up, stop).await })
         };
         let reconciler = self.reconciler.map(|r| tokio::spawn(r.run(stop.clone())));
+        let listeners: Vec<_> = self
+            .shared
+            .io
+            .forges
+            .scale_sets
+            .values()
+            .map(|set| {
+                let pool = &self.shared.pools[&set.pool];
+                let io = &self.shared.io;
+                let listener = scaleset::listener::Listener::new(
+                    set.clone(),
+                    io.bus.clone(),
+                    io.metrics.clone(),
+                    self.shared.owned.clone(),
+                    scaleset::listener::Settings {
+                        silence: io.timers.scale_set_silence,
+                        backoff: io.timers.scale_set_backoff,
+                        max_capacity: pool.config.max_runners,
+                        instance: pool.spec.instance.clone(),
+                        replica: io.coord.replica().to_owned(),
+                    },
+                );
+                tokio::spawn(listener.run(stop.clone()))
+            })
+            .collect();
         let retrier_progress = self.retrier.progress();
         let retrier = tokio::spawn(self.retrier.run(stop.clone()));
         let http_state = HttpState {
@@ -539,6 +664,9 @@ impl App {
             let _ = reconciler.await;
         }
         let _ = retrier.await;
+        for listener in listeners {
+            let _ = listener.await;
+        }
         let _ = http.await;
         let _ =
             tokio::time::timeout(Duration::from_secs(5), self.shared.io.bus.client().flush()).await;
@@ -748,6 +876,17 @@ async fn pools(AxumState(s): AxumState<HttpState>) -> Response {
         .read()
         .map(|p| p.clone())
         .unwrap_or_default();
+    let mut pools = serde_json::to_value(pools).unwrap_or_default();
+    if let Some(list) = pools.as_array_mut() {
+        for pool in list {
+            let set = pool["name"]
+                .as_str()
+                .and_then(|n| s.shared.io.forges.scale_sets.get(n));
+            if let Some(set) = set {
+                pool["scale_set"] = serde_json::to_value(set.view()).unwrap_or_default();
+            }
+        }
+    }
     let engine = s.shared.progress.view();
     let retrier = s.retrier.view();
     axum::Json(json!({ "pools": pools, "engine": engine, "retrier": retrier })).into_response()

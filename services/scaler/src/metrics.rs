@@ -96,6 +96,28 @@ pub struct RetryLabel {
     pub reason: &'static str,
 }
 
+/// Why a scale set's message session was made again.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SessionLabel {
+    /// Pool name.
+    pub pool: String,
+    /// `silent` (a long poll went unanswered past `scale_set_silence`),
+    /// `expired` (the service no longer knew the session), `taken_over`
+    /// (a dead holder's session removed), `scale_set_gone` (the scale set
+    /// was deleted on the service and made again).
+    pub reason: &'static str,
+}
+
+/// One of a scale set's statistics.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StatisticLabel {
+    /// Pool name.
+    pub pool: String,
+    /// `available`, `acquired`, `assigned`, `running`, `registered`,
+    /// `busy`, `idle`.
+    pub kind: &'static str,
+}
+
 /// Handles to the metrics the scaler updates.
 #[derive(Clone, Debug)]
 pub struct ScalerMetrics {
@@ -142,6 +164,14 @@ pub struct ScalerMetrics {
     /// Queued jobs no pool can serve, by forge and reason (each job
     /// attempt counted once).
     pub jobs_unserved: Family<UnservedLabel, Counter>,
+    /// Scale-set message sessions made again, by reason.
+    pub scale_set_sessions_recreated: Family<SessionLabel, Counter>,
+    /// Scale-set messages processed (their events in the log, acknowledged).
+    pub scale_set_messages: Family<PoolLabel, Counter>,
+    /// When a scale set's listener last heard from the service (Unix seconds).
+    pub scale_set_last_message: Family<PoolLabel, Gauge>,
+    /// The Actions service's statistics per scale set.
+    pub scale_set_statistics: Family<StatisticLabel, Gauge>,
 }
 
 impl ScalerMetrics {
@@ -171,6 +201,10 @@ impl ScalerMetrics {
             reconciler_cycles: Family::default(),
             retries: Family::default(),
             jobs_unserved: Family::default(),
+            scale_set_sessions_recreated: Family::default(),
+            scale_set_messages: Family::default(),
+            scale_set_last_message: Family::default(),
+            scale_set_statistics: Family::default(),
         };
         registry.register(|r| {
             let r = r.sub_registry_with_prefix("scaler");
@@ -266,6 +300,26 @@ impl ScalerMetrics {
                 m.jobs_unserved.clone(),
             );
             r.register(
+                "scale_set_sessions_recreated",
+                "Scale-set message sessions made again, by pool and reason (silent, expired, taken_over, scale_set_gone)",
+                m.scale_set_sessions_recreated.clone(),
+            );
+            r.register(
+                "scale_set_messages",
+                "Scale-set messages whose events are in the log and that were acknowledged, by pool",
+                m.scale_set_messages.clone(),
+            );
+            r.register(
+                "scale_set_last_message_timestamp_seconds",
+                "When each scale set's listener last had an answer from the Actions service (Unix seconds)",
+                m.scale_set_last_message.clone(),
+            );
+            r.register(
+                "scale_set_statistics",
+                "The Actions service's statistics per scale set (jobs available, acquired, assigned, running; runners registered, busy, idle)",
+                m.scale_set_statistics.clone(),
+            );
+            r.register(
                 "reconciler_api_calls",
                 "Forge API requests the reconciler sent, by forge",
                 m.reconciler_api_calls.clone(),
@@ -277,6 +331,43 @@ impl ScalerMetrics {
             );
         });
         m
+    }
+
+    /// Every series of the scale-set pools exists from the start: counts at
+    /// zero, and the last answer at `start` (so a listener that never hears
+    /// from the service shows its silence from the start).
+    pub fn init_scale_sets(&self, pools: &[&str], start: i64) {
+        for pool in pools {
+            let pool = (*pool).to_owned();
+            let _ = self
+                .scale_set_messages
+                .get_or_create(&PoolLabel { pool: pool.clone() });
+            self.scale_set_last_message
+                .get_or_create(&PoolLabel { pool: pool.clone() })
+                .set(start);
+            for reason in ["silent", "expired", "taken_over", "scale_set_gone"] {
+                let _ = self
+                    .scale_set_sessions_recreated
+                    .get_or_create(&SessionLabel {
+                        pool: pool.clone(),
+                        reason,
+                    });
+            }
+            for kind in [
+                "available",
+                "acquired",
+                "assigned",
+                "running",
+                "registered",
+                "busy",
+                "idle",
+            ] {
+                let _ = self.scale_set_statistics.get_or_create(&StatisticLabel {
+                    pool: pool.clone(),
+                    kind,
+                });
+            }
+        }
     }
 
     /// Makes every labelled series exist at zero, so dashboards and alerts

@@ -276,6 +276,7 @@ mod tests {
             git_ref: "main".into(),
             runner_name: None,
             given_up: false,
+            scale_set: None,
         }
     }
 

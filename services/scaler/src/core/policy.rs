@@ -35,6 +35,9 @@ pub struct PoolSpec {
     /// may take, when its GitHub runner group admits selected ones only;
     /// `None`: any.
     pub repos: Option<Vec<String>>,
+    /// A runner scale set's pool: it serves the jobs its scale set is
+    /// assigned (whatever their labels) and no others.
+    pub scale_set: bool,
 }
 
 impl PoolSpec {
@@ -152,6 +155,11 @@ pub fn candidate_pools<'a>(
     job: &Job,
     balance: Balance,
 ) -> Vec<&'a PoolSpec> {
+    if targets_scale_set(pools, job) {
+        // Its scale set's message says so and serves it; a webhook pool
+        // whose labels happen to cover it would make a second runner.
+        return Vec::new();
+    }
     let mut matching: Vec<&PoolSpec> = pools.iter().filter(|p| takes(p, job)).collect();
     matching.sort_by(|a, b| b.priority.cmp(&a.priority).then(a.name.cmp(&b.name)));
     if balance == Balance::Spread {
@@ -164,8 +172,14 @@ pub fn candidate_pools<'a>(
 }
 
 /// Whether `pool` may take `job`: the job's forge and instance, labels the
-/// pool's cover, a repository the pool's runner group admits.
+/// pool's cover, a repository the pool's runner group admits; a scale-set
+/// pool, exactly the jobs its scale set was assigned.
 pub fn takes(pool: &PoolSpec, job: &Job) -> bool {
+    if pool.scale_set || job.scale_set.is_some() {
+        // The service assigned the job to one scale set; a webhook's view
+        // of a job a scale set serves is not the scaler's to serve twice.
+        return pool.scale_set && job.scale_set.as_deref() == Some(pool.name.as_str());
+    }
     pool.forge == job.id.forge
         && pool.instance == job.id.instance
         && job
@@ -173,6 +187,23 @@ pub fn takes(pool: &PoolSpec, job: &Job) -> bool {
             .as_deref()
             .is_some_and(|labels| labels_match(labels, &pool.labels))
         && pool.admits(&job.project)
+}
+
+/// Whether a job seen by webhook or poll asks for a runner scale set: its
+/// labels are covered by a scale-set pool's (the scale set's name, then its
+/// labels) on its instance. Such a job is served through its scale set's
+/// messages only.
+pub fn targets_scale_set(pools: &[PoolSpec], job: &Job) -> bool {
+    job.scale_set.is_none()
+        && pools.iter().any(|p| {
+            p.scale_set
+                && p.forge == job.id.forge
+                && p.instance == job.id.instance
+                && job
+                    .labels
+                    .as_deref()
+                    .is_some_and(|l| labels_match(l, &p.labels))
+        })
 }
 
 /// The pool a job goes to when every pool has room: the first of
@@ -322,10 +353,12 @@ fn decide_pool(
     // reaped; failed attempts are retried or given up.
     for r in runners.iter().filter(|r| !in_flight(&r.name)) {
         match r.phase {
-            Phase::Assigned if world.runner_done(r) => out.push(Decision::Delete {
-                name: r.name.clone(),
-                reason: "job_completed",
-            }),
+            Phase::Assigned if world.runner_done(r) && r.removal_after.is_none_or(|t| now >= t) => {
+                out.push(Decision::Delete {
+                    name: r.name.clone(),
+                    reason: "job_completed",
+                });
+            }
             Phase::Requested | Phase::Created
                 if now.saturating_sub(r.attempt_started_at) >= pool.bootstrap_timeout =>
             {

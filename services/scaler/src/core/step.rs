@@ -373,6 +373,7 @@ impl Core {
             match local {
                 Some(Local::Busy(running)) => {
                     r.found_busy();
+                    r.removal_after = Some(now + self.settings.busy_confirmation);
                     // The jobs the forge names keep it until they complete
                     // (one whose completion was seen is the forge lagging).
                     if let Some((forge, instance)) = instance {
@@ -728,6 +729,7 @@ impl Core {
             };
             if self.unserved.get(&job.id) == Some(&job.run_attempt)
                 || specs.iter().any(|p| policy::takes(p, job))
+                || policy::targets_scale_set(specs, job)
                 || !specs
                     .iter()
                     .any(|p| p.forge == job.id.forge && p.instance == job.id.instance)

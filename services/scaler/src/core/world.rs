@@ -57,6 +57,10 @@ pub struct Job {
     pub runner_name: Option<String>,
     /// Set when the scaler gave it up (no more create attempts).
     pub given_up: bool,
+    /// The pool whose runner scale set it is assigned to (`None`: seen by
+    /// webhook or poll). Only that pool serves it, and scale-set pools
+    /// serve nothing else.
+    pub scale_set: Option<String>,
 }
 
 impl Job {
@@ -140,6 +144,9 @@ pub struct Runner {
     pub idle_confirmed_from: Option<Clock>,
     /// Why it was deleted or failed last.
     pub reason: String,
+    /// A removal the forge refused as busy is not tried again before this
+    /// (a runner service may say a job completed while it still runs).
+    pub removal_after: Option<Clock>,
 }
 
 impl Runner {
@@ -171,6 +178,7 @@ impl Runner {
             forge_runner_id: None,
             idle_confirmed_from: None,
             reason: String::new(),
+            removal_after: None,
         }
     }
 
@@ -386,7 +394,11 @@ impl World {
             git_ref: j.r#ref.clone(),
             runner_name: None,
             given_up: false,
+            scale_set: None,
         });
+        if !j.scale_set_pool.is_empty() {
+            job.scale_set = Some(j.scale_set_pool.clone());
+        }
         if id.forge == Forge::Github && !labels.is_empty() {
             job.labels = Some(labels);
         }

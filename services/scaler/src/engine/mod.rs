@@ -85,6 +85,9 @@ pub struct Shared {
     /// The instance metadata API's tokens and secrets (set when
     /// `RUNYARD_SCALER_INSTANCE_TOKEN_KEY` is).
     pub metadata: Option<crate::metadata::Metadata>,
+    /// The pools whose lease this replica holds, and until when (the
+    /// scale-set listeners hold a session only then).
+    pub owned: crate::scaleset::listener::Owned,
 }
 
 /// Wall clock now.
@@ -437,6 +440,13 @@ impl Engine {
                 Ok(Err(error)) => tracing::warn!(%error, pool = %name, "lease renewal failed"),
                 Err(_) => tracing::warn!(pool = %name, "lease renewal timed out"),
             }
+        }
+        if let Ok(mut owned) = self.shared.owned.write() {
+            *owned = self
+                .leases
+                .iter()
+                .map(|(name, lease)| (name.clone(), lease.valid_until))
+                .collect();
         }
         for name in self.shared.pools.keys() {
             let label = crate::metrics::PoolLabel { pool: name.clone() };

@@ -232,6 +232,7 @@ fn pool_spec(args: &SimulateArgs) -> PoolSpec {
         bootstrap_timeout: BOOTSTRAP_TIMEOUT,
         priority: 0,
         repos: None,
+        scale_set: false,
     }
 }
 

@@ -40,6 +40,7 @@ fn job() -> Job {
         git_ref: "refs/heads/main".into(),
         runner_name: None,
         given_up: false,
+        scale_set: None,
     }
 }
 

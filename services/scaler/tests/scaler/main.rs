@@ -16,6 +16,7 @@ mod oom_retry;
 mod provider;
 mod reconcile;
 mod retry;
+mod scaleset;
 mod scaling;
 mod support;
 mod trace;

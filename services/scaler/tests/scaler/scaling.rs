@@ -382,38 +382,9 @@ async fn github_rate_limits_are_waited_out_and_every_job_is_served() {
     scaler.stop().await;
 }
 
-/// Scaler processes, killed when the test ends however it ends.
-struct Replicas(Vec<std::process::Child>);
-
-impl Drop for Replicas {
-    fn drop(&mut self) {
-        for r in &mut self.0 {
-            let _ = r.kill();
-            let _ = r.wait();
-        }
-    }
-}
-
-/// A scaler process (the real binary), configured through the environment.
+/// A scaler process against the stack's fake GitHub.
 fn spawn_replica(stack: &Stack, file: &std::path::Path) -> std::process::Child {
-    let c = stack.config();
-    std::process::Command::new(env!("CARGO_BIN_EXE_runyard-scaler"))
-        .env_clear()
-        .env("RUNYARD_NATS_URL", &c.bus.nats_url)
-        .env("RUNYARD_NAMESPACE", &c.bus.namespace)
-        .env("RUNYARD_DATABASE_URL", &c.database.url)
-        .env("RUNYARD_SCALER_HTTP_LISTEN", "127.0.0.1:0")
-        .env("RUNYARD_SCALER_CONFIG", file)
-        .env("RUNYARD_GITHUB_API_URL", &c.github_api_url)
-        .env("RUNYARD_GITHUB_TOKEN", "test-token")
-        .env("RUNYARD_ALLOCATOR_URL", &c.allocator_url)
-        .env("RUST_LOG", "info")
-        .stdout(std::process::Stdio::null())
-        .stderr(
-            std::fs::File::create(format!("/tmp/replica-{}.log", rand::random::<u32>())).unwrap(),
-        )
-        .spawn()
-        .expect("scaler binary starts")
+    support::spawn_replica(&stack.config(), file)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -422,7 +393,7 @@ async fn three_replicas_one_killed_mid_burst_never_exceed_max_nor_double_a_job()
     const MAX: usize = 12;
     let stack = Stack::new(&pool_toml(MAX as u32, 0, "")).await;
     let file = stack.write_file();
-    let mut replicas = Replicas((0..3).map(|_| spawn_replica(&stack, &file)).collect());
+    let mut replicas = support::Replicas((0..3).map(|_| spawn_replica(&stack, &file)).collect());
     let jobs: Vec<u64> = (1..=JOBS).map(|n| 20_000 + n).collect();
     for &j in &jobs[..60] {
         stack.queued(j).await;
@@ -499,7 +470,21 @@ async fn three_replicas_one_killed_mid_burst_never_exceed_max_nor_double_a_job()
 /// queries exists with the suffix its type gives it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dashboard_covers_every_scaler_metric() {
-    let stack = Stack::new(&pool_toml(2, 1, "")).await;
+    // A webhook pool and a scale-set pool: every family has series.
+    let scale_set = r#"
+[[pools]]
+name = "big"
+forge = "github"
+mode = "scale-set"
+scope = { org = "acme" }
+labels = ["linux"]
+provider = "local"
+flavors = [{ name = "small", memory = "4GiB", cpus = 2 }]
+max_runners = 1
+"#;
+    let stack = Stack::new(&format!("{}{scale_set}", pool_toml(2, 1, ""))).await;
+    let actions = runyard_testkit::fake_actions::FakeActions::start().await;
+    stack.github.connect_actions(&actions);
     let scaler = stack.start().await;
     until("a warm runner", || stack.live_processes().len() == 1).await;
     let page = reqwest::get(format!("http://{}/metrics", scaler.addr))

@@ -19,6 +19,7 @@ fn pool(name: &str, labels: &[&str], max: u32, min_idle: u32) -> PoolSpec {
         bootstrap_timeout: 600 * S,
         priority: 0,
         repos: None,
+        scale_set: false,
     }
 }
 
@@ -57,6 +58,7 @@ fn job(world: &mut World, n: u64, labels: &[&str], queued_at: Clock) {
             git_ref: "main".into(),
             runner_name: None,
             given_up: false,
+            scale_set: None,
         },
     );
 }

@@ -24,6 +24,7 @@ fn spec(name: &str, labels: &[&str], max_runners: u32, min_idle: u32) -> PoolSpe
         bootstrap_timeout: 600 * S,
         priority: 0,
         repos: None,
+        scale_set: false,
     }
 }
 

@@ -525,3 +525,39 @@ pub async fn until_async(what: &str, mut f: impl AsyncFnMut() -> bool) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// Scaler processes, killed when the test ends however it ends.
+pub struct Replicas(pub Vec<std::process::Child>);
+
+impl Drop for Replicas {
+    fn drop(&mut self) {
+        for r in &mut self.0 {
+            let _ = r.kill();
+            let _ = r.wait();
+        }
+    }
+}
+
+/// A scaler process (the real binary), configured through the environment
+/// from `c` (its NATS, namespace, GitHub API and allocator) and the scaler
+/// file at `file`; its log goes to a file under `/tmp`.
+pub fn spawn_replica(c: &Config, file: &Path) -> std::process::Child {
+    std::process::Command::new(env!("CARGO_BIN_EXE_runyard-scaler"))
+        .env_clear()
+        .env("RUNYARD_NATS_URL", &c.bus.nats_url)
+        .env("RUNYARD_NAMESPACE", &c.bus.namespace)
+        .env("RUNYARD_DATABASE_URL", &c.database.url)
+        .env("RUNYARD_SCALER_HTTP_LISTEN", "127.0.0.1:0")
+        .env("RUNYARD_SCALER_CONFIG", file)
+        .env("RUNYARD_GITHUB_API_URL", &c.github_api_url)
+        .env("RUNYARD_GITHUB_TOKEN", "test-token")
+        .env("RUNYARD_ALLOCATOR_URL", &c.allocator_url)
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::null())
+        .stderr(
+            std::fs::File::create(format!("/tmp/replica-{}.log", rand::random::<u32>()))
+                .expect("a log file"),
+        )
+        .spawn()
+        .expect("scaler binary starts")
+}
