@@ -3,6 +3,7 @@
 //! words and how to fix it. Nothing is changed anywhere: the checks only
 //! read (no stream, database or table is created).
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, stream};
@@ -13,6 +14,8 @@ use serde::Serialize;
 use serde_json::json;
 
 use crate::{EXIT_FAILED, EXIT_OK, Failure, Global, out, out_json, redact, table};
+
+mod scale_set;
 
 /// The oldest NATS server runyard supports.
 const MIN_NATS: (u64, u64) = (2, 10);
@@ -35,6 +38,13 @@ pub struct DoctorArgs {
     /// job-tracker, allocator (its /readyz and gRPC), scaler.
     #[arg(long, value_name = "SERVICE")]
     pub skip: Vec<String>,
+    /// The scaler's pools-and-providers file: for each `mode =
+    /// "scale-set"` pool, checks the Actions service admin connection with
+    /// the scaler's GitHub variables (`RUNYARD_GITHUB_TOKEN`, the
+    /// `RUNYARD_GITHUB_APP_*` ones, `RUNYARD_GITHUB_API_URL`) and the
+    /// scale set's labels.
+    #[arg(long, env = "RUNYARD_SCALER_CONFIG", value_name = "FILE")]
+    pub scaler_config: Option<PathBuf>,
 }
 
 /// How a check ended.
@@ -155,6 +165,14 @@ pub async fn run(global: &Global, args: &DoctorArgs) -> Result<u8, Failure> {
     }
     if !skip("allocator") {
         checks.push(allocator_grpc(global).await);
+    }
+    // An empty RUNYARD_SCALER_CONFIG is no file.
+    if let Some(path) = args
+        .scaler_config
+        .as_deref()
+        .filter(|p| !p.as_os_str().is_empty())
+    {
+        checks.extend(scale_set::checks(global, path).await);
     }
     let failed = checks.iter().filter(|c| c.outcome == Outcome::Fail).count();
     let warned = checks.iter().filter(|c| c.outcome == Outcome::Warn).count();

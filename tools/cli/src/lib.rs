@@ -1,7 +1,8 @@
 //! `runyard`: the operator's command line.
 //!
-//! - `runyard doctor` checks NATS, Postgres, every service and the
-//!   allocator's gRPC, and says what is wrong and how to fix it;
+//! - `runyard doctor` checks NATS, Postgres, every service, the
+//!   allocator's gRPC and the scaler's scale-set pools' Actions service
+//!   connections, and says what is wrong and how to fix it;
 //! - `runyard events tail` prints (and follows) the event log, decoded;
 //! - `runyard jobs`, `runyard runners` read the Postgres projection,
 //!   `runyard pools` the scaler's `GET /v1/pools`, `runyard recommend`
@@ -297,9 +298,10 @@ impl Global {
 /// The subcommands.
 #[derive(Subcommand, Debug)]
 pub enum Command {
-    /// Checks NATS, Postgres, each service's /readyz and the allocator's
-    /// gRPC, and says what is wrong with the fix. Exit 0: all good; 1:
-    /// something failed.
+    /// Checks NATS, Postgres, each service's /readyz, the allocator's gRPC
+    /// and, given the scaler's file, its scale-set pools' Actions service
+    /// connections, and says what is wrong with the fix. Exit 0: all good;
+    /// 1: something failed.
     Doctor(doctor::DoctorArgs),
     /// The event log.
     Events {
@@ -311,7 +313,8 @@ pub enum Command {
     Jobs(query::JobsArgs),
     /// Runners in the projection.
     Runners(query::RunnersArgs),
-    /// The scaler's pools (desired, actual, idle, ...).
+    /// The scaler's pools (desired, actual, idle, ...), and the sessions of
+    /// the scale-set pools.
     Pools,
     /// Asks the allocator for a workload's CPU and memory.
     Recommend(query::RecommendArgs),

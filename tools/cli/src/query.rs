@@ -357,7 +357,22 @@ pub async fn pools(global: &Global) -> Result<u8, Failure> {
         out_json(&body);
         return Ok(EXIT_OK);
     }
+    out(&pools_text(&body, time::OffsetDateTime::now_utc()));
+    Ok(EXIT_OK)
+}
+
+/// The title of the second table of `runyard pools`, which says how its
+/// combined columns read.
+const SCALE_SETS_TITLE: &str =
+    "scale sets (jobs: available/assigned/running; runners: registered/busy/idle)";
+
+/// `runyard pools` for people: the pools table, and under it a table of
+/// the scale sets when any pool is in scale-set mode (its `scale_set`
+/// object). A webhook-only answer prints the pools table alone, as it
+/// always did.
+fn pools_text(body: &Value, now: time::OffsetDateTime) -> String {
     let empty = Vec::new();
+    let pools = body["pools"].as_array().unwrap_or(&empty);
     let cols = [
         "name",
         "desired",
@@ -369,19 +384,96 @@ pub async fn pools(global: &Global) -> Result<u8, Failure> {
         "min_idle",
         "max_runners",
     ];
-    let rows = body["pools"]
-        .as_array()
-        .unwrap_or(&empty)
+    let rows = pools
         .iter()
         .map(|p| cols.iter().map(|k| show(&p[*k])).collect())
         .collect();
-    out(&table(
+    let mut text = table(
         &[
             "pool", "desired", "actual", "idle", "creating", "busy", "queued", "min", "max",
         ],
         rows,
-    ));
-    Ok(EXIT_OK)
+    );
+    let sets: Vec<Vec<String>> = pools
+        .iter()
+        .filter(|p| p["scale_set"].is_object())
+        .map(|p| scale_set_row(&p["name"], &p["scale_set"], now))
+        .collect();
+    if !sets.is_empty() {
+        text.push('\n');
+        text.push_str(SCALE_SETS_TITLE);
+        text.push('\n');
+        text.push_str(&table(
+            &[
+                "pool",
+                "scale set",
+                "id",
+                "session",
+                "last message",
+                "answered",
+                "jobs",
+                "runners",
+                "error",
+            ],
+            sets,
+        ));
+    }
+    text
+}
+
+/// One scale set's row: the session's state, the last message whose
+/// events are in the log, how long ago the service last answered a poll,
+/// and the service's counts (`-` where the scaler has nothing yet).
+fn scale_set_row(pool: &Value, set: &Value, now: time::OffsetDateTime) -> Vec<String> {
+    let stats = &set["statistics"];
+    let counts = |keys: [&str; 3]| {
+        if stats.is_object() {
+            keys.map(|k| show(&stats[k])).join("/")
+        } else {
+            "-".to_owned()
+        }
+    };
+    let last_message = match set["last_message_id"].as_i64() {
+        Some(id) if id > 0 => id.to_string(),
+        _ => "-".to_owned(),
+    };
+    vec![
+        show(pool),
+        show(&set["name"]),
+        show(&set["id"]),
+        show(&set["state"]),
+        last_message,
+        set["last_message_at"]
+            .as_str()
+            .and_then(|at| ago(at, now))
+            .unwrap_or_else(|| "-".to_owned()),
+        counts([
+            "total_available_jobs",
+            "total_assigned_jobs",
+            "total_running_jobs",
+        ]),
+        counts([
+            "total_registered_runners",
+            "total_busy_runners",
+            "total_idle_runners",
+        ]),
+        show(&set["error"]),
+    ]
+}
+
+/// How long before `now` the RFC 3339 time `at` was, as people say it:
+/// `12s ago`, `1m10s ago`, `3h05m ago`, `2d ago`. A time after `now` (the
+/// scaler's clock ahead of this one) is `0s ago`; an unreadable one `None`.
+fn ago(at: &str, now: time::OffsetDateTime) -> Option<String> {
+    let then =
+        time::OffsetDateTime::parse(at, &time::format_description::well_known::Rfc3339).ok()?;
+    let s = (now - then).whole_seconds().max(0);
+    Some(match s {
+        0..60 => format!("{s}s ago"),
+        60..3600 => format!("{}m{:02}s ago", s / 60, s % 60),
+        3600..86_400 => format!("{}h{:02}m ago", s / 3600, s % 3600 / 60),
+        _ => format!("{}d ago", s / 86_400),
+    })
 }
 
 /// Parses `key=value` workload attributes.
@@ -511,7 +603,122 @@ pub async fn recommend(global: &Global, args: &RecommendArgs) -> Result<u8, Fail
 
 #[cfg(test)]
 mod tests {
-    use super::parse_retry_of;
+    use super::{SCALE_SETS_TITLE, ago, parse_retry_of, pools_text};
+    use serde_json::json;
+
+    fn at(rfc3339: &str) -> time::OffsetDateTime {
+        time::OffsetDateTime::parse(rfc3339, &time::format_description::well_known::Rfc3339)
+            .expect("a time")
+    }
+
+    fn webhook_pool(name: &str) -> serde_json::Value {
+        json!({
+            "name": name, "desired": 2, "actual": 1, "idle": 0, "creating": 1, "busy": 0,
+            "queued": 1, "min_idle": 0, "max_runners": 4,
+        })
+    }
+
+    #[test]
+    fn webhook_pools_print_the_pools_table_alone() {
+        let body = json!({ "pools": [webhook_pool("cpu")], "engine": {}, "retrier": {} });
+        let text = pools_text(&body, at("2026-01-01T00:00:00Z"));
+        assert_eq!(
+            text,
+            "POOL  DESIRED  ACTUAL  IDLE  CREATING  BUSY  QUEUED  MIN  MAX\n\
+             cpu   2        1       0     1         0     1       0    4\n",
+        );
+    }
+
+    #[test]
+    fn scale_set_pools_get_a_second_table_with_their_session() {
+        let mut big = webhook_pool("big");
+        big["scale_set"] = json!({
+            "name": "ry-big", "id": 7, "state": "active", "session_id": "5b0c…",
+            "last_message_id": 100000172, "last_message_at": "2026-01-01T00:00:48Z",
+            "statistics": {
+                "total_available_jobs": 1, "total_acquired_jobs": 0, "total_assigned_jobs": 2,
+                "total_running_jobs": 1, "total_registered_runners": 3,
+                "total_busy_runners": 1, "total_idle_runners": 2,
+            },
+            "error": null, "sessions_recreated": 0,
+        });
+        let mut gpu = webhook_pool("gpu");
+        gpu["scale_set"] = json!({
+            "name": "gpu", "id": null, "state": "error", "session_id": null,
+            "last_message_id": 0, "last_message_at": null, "statistics": null,
+            "error": "registration: the forge answered 401", "sessions_recreated": 0,
+        });
+        let body = json!({ "pools": [webhook_pool("cpu"), big, gpu] });
+        let text = pools_text(&body, at("2026-01-01T00:01:00Z"));
+        let (pools, sets) = text.split_once(&format!("\n{SCALE_SETS_TITLE}\n")).unwrap();
+        assert_eq!(pools.lines().count(), 4, "{text}");
+        assert!(pools.starts_with("POOL  DESIRED"), "{text}");
+        let lines: Vec<Vec<&str>> = sets
+            .lines()
+            .map(|l| l.split_whitespace().collect())
+            .collect();
+        assert_eq!(
+            lines[0],
+            [
+                "POOL", "SCALE", "SET", "ID", "SESSION", "LAST", "MESSAGE", "ANSWERED", "JOBS",
+                "RUNNERS", "ERROR"
+            ],
+            "{text}"
+        );
+        assert_eq!(
+            lines[1],
+            [
+                "big",
+                "ry-big",
+                "7",
+                "active",
+                "100000172",
+                "12s",
+                "ago",
+                "1/2/1",
+                "3/1/2",
+                "-"
+            ],
+            "{text}"
+        );
+        assert_eq!(
+            lines[2],
+            [
+                "gpu",
+                "gpu",
+                "-",
+                "error",
+                "-",
+                "-",
+                "-",
+                "-",
+                "registration:",
+                "the",
+                "forge",
+                "answered",
+                "401"
+            ],
+            "{text}"
+        );
+        assert_eq!(lines.len(), 3, "only the scale-set pools: {text}");
+    }
+
+    #[test]
+    fn ages_read_as_people_say_them() {
+        let now = at("2026-01-03T12:00:00Z");
+        for (then, says) in [
+            ("2026-01-03T12:00:00Z", "0s ago"),
+            ("2026-01-03T11:59:48Z", "12s ago"),
+            ("2026-01-03T11:58:50Z", "1m10s ago"),
+            ("2026-01-03T08:55:00Z", "3h05m ago"),
+            ("2026-01-01T11:00:00Z", "2d ago"),
+            ("2026-01-03T12:00:09Z", "0s ago"),
+            ("2026-01-03T13:00:00+01:00", "0s ago"),
+        ] {
+            assert_eq!(ago(then, now).as_deref(), Some(says), "{then}");
+        }
+        assert_eq!(ago("yesterday", now), None);
+    }
 
     #[test]
     fn retry_of_names_a_job_attempt_or_a_pipeline_and_refuses_the_rest() {

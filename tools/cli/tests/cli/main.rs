@@ -1,6 +1,8 @@
 //! The CLI's integration tests, one binary: each module is a concern
-//! (NATS logins, `provider check`, the commands against a running stack).
+//! (NATS logins, `provider check`, the commands against a running stack,
+//! scale-set pools in `pools` and `doctor`).
 
 mod nats_access;
 mod provider_check;
+mod scale_set;
 mod stack;

@@ -1,8 +1,9 @@
 //! The `runyard` binary against the real stack: a real nats-server (a
 //! namespace per test), a real Postgres (a database per test) and the
 //! services' own `App`s started in this process on loopback ports. Only
-//! GitHub's API is faked (the scaler's). Each test runs the binary as an
-//! operator would and reads what it prints and its exit code.
+//! GitHub's API is faked (the scaler's, with the Actions service of
+//! scale-set pools behind it). Each test runs the binary as an operator
+//! would and reads what it prints and its exit code.
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 use std::net::SocketAddr;
@@ -11,6 +12,7 @@ use std::time::Duration;
 
 use prost::Message as _;
 use runyard_events::{Body, Event, Namespace, RunnerRef, RunnerRequested, Source};
+use runyard_testkit::fake_actions::FakeActions;
 use runyard_testkit::fake_github::FakeGitHub;
 use runyard_testkit::pki::TestPki;
 use runyard_testkit::{NatsServer, TestDb, TestNats, eventually, free_port, unique_namespace};
@@ -18,17 +20,19 @@ use sea_orm_migration::MigratorTrait as _;
 use serde_json::Value;
 use tokio::sync::oneshot;
 
-const WAIT: Duration = Duration::from_secs(60);
+pub(crate) const WAIT: Duration = Duration::from_secs(60);
 // As `openssl rand -hex 32` makes them (runyard refuses weak secrets).
 const GITHUB_SECRET: &str = "e3eca9def0b915748e37856a5f22255bd7f99c4a563cb344bf3ad85f3c92fe17";
 const GITLAB_TOKEN: &str = "374f3aef87d01360e96a6f94db2a364da5ccc367bf0ba27a8cc22e6f7ad09bdd";
 const USAGE_TOKEN: &str = "bfbe986563665543276b7a64f56018f4d600aa7a95d53d079525895d6af2d2bd";
 /// The allocator wants it; the scaler and the CLI send it.
 const ALLOCATOR_TOKEN: &str = "3f287a4d3dc2eab10076d416f39a01a8bc03dffb54658f1c87555e68120c38c3";
+/// The scaler's GitHub token (a PAT).
+pub(crate) const GITHUB_TOKEN: &str = "ghp_cliTestToken0123456789abcdefABCDEF01";
 
 /// Where the CLI should look: every address it takes.
 #[derive(Debug, Clone)]
-struct Target {
+pub(crate) struct Target {
     nats: String,
     ns: String,
     db: String,
@@ -39,6 +43,8 @@ struct Target {
     scaler: String,
     /// `RUNYARD_ALLOCATOR_CA_FILE`, `_CLIENT_CERT`, `_CLIENT_KEY`.
     tls: Option<[std::path::PathBuf; 3]>,
+    /// More variables (the scaler's file, GitHub credentials).
+    pub(crate) env: Vec<(String, String)>,
 }
 
 impl Target {
@@ -55,13 +61,14 @@ impl Target {
             allocator_http: nowhere(),
             scaler: nowhere(),
             tls: None,
+            env: Vec::new(),
         }
     }
 }
 
 /// Runs `runyard ARGS` with the target's addresses in the environment (the
 /// `RUNYARD_*` fallbacks) and nothing else of this process's.
-async fn runyard(t: &Target, args: &[&str]) -> Output {
+pub(crate) async fn runyard(t: &Target, args: &[&str]) -> Output {
     let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_runyard"));
     command
         .env_clear()
@@ -84,28 +91,31 @@ async fn runyard(t: &Target, args: &[&str]) -> Output {
             .env("RUNYARD_ALLOCATOR_CLIENT_CERT", cert)
             .env("RUNYARD_ALLOCATOR_CLIENT_KEY", key);
     }
+    command.envs(t.env.iter().map(|(k, v)| (k, v)));
     command.args(args).output().await.expect("running runyard")
 }
 
-fn stdout(o: &Output) -> String {
+pub(crate) fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
-fn stderr(o: &Output) -> String {
+pub(crate) fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
-fn json(o: &Output) -> Value {
+pub(crate) fn json(o: &Output) -> Value {
     serde_json::from_slice(&o.stdout)
         .unwrap_or_else(|e| panic!("not JSON ({e}):\n{}\nstderr: {}", stdout(o), stderr(o)))
 }
 
-fn code(o: &Output) -> i32 {
+pub(crate) fn code(o: &Output) -> i32 {
     o.status.code().unwrap_or(-1)
 }
 
 /// The doctor's checks by id: (outcome, detail, fix).
-fn checks(report: &Value) -> std::collections::BTreeMap<String, (String, String, String)> {
+pub(crate) fn checks(
+    report: &Value,
+) -> std::collections::BTreeMap<String, (String, String, String)> {
     report["checks"]
         .as_array()
         .unwrap()
@@ -136,12 +146,18 @@ where
 }
 
 /// The whole stack, in this process.
-struct Stack {
+pub(crate) struct Stack {
     nats: TestNats,
     ns: Namespace,
-    db: TestDb,
-    target: Target,
-    _github: FakeGitHub,
+    pub(crate) db: TestDb,
+    pub(crate) target: Target,
+    /// GitHub's REST API, the scaler's; it brokers the registration steps
+    /// of [`Stack::actions`].
+    pub(crate) github: FakeGitHub,
+    /// The Actions service of scale-set pools.
+    pub(crate) actions: FakeActions,
+    /// The scaler's pools-and-providers file, as it was started with.
+    pub(crate) scaler_file: std::path::PathBuf,
     _stops: Stops,
     _dir: tempfile::TempDir,
 }
@@ -149,7 +165,7 @@ struct Stack {
 const LOCAL: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 0);
 
 /// A pool no fixture job matches: the scaler shows it and makes nothing.
-const SCALER_FILE: &str = r#"
+pub(crate) const SCALER_FILE: &str = r#"
 [providers.local]
 kind = "process"
 command = ["/bin/true"]
@@ -174,6 +190,15 @@ impl Stack {
     /// over `https://` with the client certificate, and the CLI is given
     /// the CA and the client certificate.
     async fn start_with(pki: Option<&TestPki>) -> Self {
+        Self::build(pki, SCALER_FILE).await
+    }
+
+    /// The stack with the scaler started on `scaler_file`.
+    pub(crate) async fn start_with_pools(scaler_file: &str) -> Self {
+        Self::build(None, scaler_file).await
+    }
+
+    async fn build(pki: Option<&TestPki>, scaler_file: &str) -> Self {
         runyard_telemetry::install_crypto_provider();
         let cert = pki.map(|p| p.server.cert.clone());
         let key = pki.map(|p| p.server.key.clone());
@@ -183,7 +208,11 @@ impl Stack {
         let ns = unique_namespace();
         let db = TestDb::new();
         let github = FakeGitHub::start().await;
+        let actions = FakeActions::start().await;
+        github.connect_actions(&actions);
         let dir = tempfile::tempdir().unwrap();
+        let scaler_path = dir.path().join("scaler.toml");
+        std::fs::write(&scaler_path, scaler_file).unwrap();
         let mut stops = Stops(Vec::new());
 
         let ingest = runyard_ingest::App::build(runyard_ingest::Config {
@@ -275,7 +304,7 @@ impl Stack {
                 },
                 scaler_http_listen: LOCAL,
                 github_api_url: github.url(),
-                github_token: Some("test-token".to_owned().into()),
+                github_token: Some(GITHUB_TOKEN.to_owned().into()),
                 allocator_url: format!("{scheme}://{grpc}"),
                 allocator_client_token: Some(ALLOCATOR_TOKEN.to_owned().into()),
                 allocator_ca_file: ca.clone(),
@@ -294,7 +323,7 @@ impl Stack {
                 ),
                 ..runyard_scaler::Config::default()
             },
-            Some(runyard_scaler::ScalerFile::parse(SCALER_FILE).unwrap()),
+            Some(runyard_scaler::ScalerFile::parse(scaler_file).unwrap()),
         )
         .await
         .unwrap();
@@ -321,6 +350,7 @@ impl Stack {
                     p.client.key.clone(),
                 ]
             }),
+            env: Vec::new(),
         };
         let http = match pki {
             Some(p) => p.https_client(Some(&p.client)),
@@ -348,7 +378,9 @@ impl Stack {
             ns,
             db,
             target,
-            _github: github,
+            github,
+            actions,
+            scaler_file: scaler_path,
             _stops: stops,
             _dir: dir,
         }
@@ -440,6 +472,20 @@ async fn doctor_passes_on_a_healthy_stack() {
         text.lines()
             .any(|l| l.starts_with("ok ") && l.contains("postgres.migrations")),
         "{text}"
+    );
+    // The scaler's file, without scale-set pools: nothing more to check.
+    let mut t = stack.target.clone();
+    t.env.push((
+        "RUNYARD_SCALER_CONFIG".into(),
+        stack.scaler_file.display().to_string(),
+    ));
+    let o = runyard(&t, &["doctor", "--json"]).await;
+    let with_file = json(&o);
+    assert_eq!(code(&o), 0, "{with_file:#}");
+    assert_eq!(
+        self::checks(&with_file).keys().collect::<Vec<_>>(),
+        checks.keys().collect::<Vec<_>>(),
+        "{with_file:#}"
     );
     stack.db.drop_db().await;
 }
@@ -992,14 +1038,15 @@ async fn jobs_runners_pools_and_recommend_answer_from_the_stack() {
     assert_eq!(pools["pools"][0]["name"], "cli-test", "{pools:#}");
     assert_eq!(pools["pools"][0]["max_runners"], 3);
     let o = runyard(&stack.target, &["pools"]).await;
-    assert!(
-        stdout(&o)
-            .lines()
-            .nth(1)
-            .is_some_and(|l| l.contains("cli-test")),
-        "{}",
-        stdout(&o)
+    let text = stdout(&o);
+    // Webhook pools only: the one table, as it always was.
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    assert_eq!(
+        lines[0], "POOL      DESIRED  ACTUAL  IDLE  CREATING  BUSY  QUEUED  MIN  MAX",
+        "{text}"
     );
+    assert!(lines[1].starts_with("cli-test "), "{text}");
 
     // A recommendation from the usage report's history.
     let workload = [
