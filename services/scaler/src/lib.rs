@@ -598,8 +598,13 @@ impl App {
             .map(|set| {
                 let pool = &self.shared.pools[&set.pool];
                 let io = &self.shared.io;
+                let twins = scaleset::resolve::Resolver::new(
+                    io.forges.github_for(&pool.config.scope).ok().cloned(),
+                    io.timers.forge_timeout.min(Duration::from_secs(2)),
+                );
                 let listener = scaleset::listener::Listener::new(
                     set.clone(),
+                    twins,
                     io.bus.clone(),
                     io.metrics.clone(),
                     self.shared.owned.clone(),

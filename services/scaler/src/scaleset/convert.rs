@@ -10,19 +10,23 @@
 //! | `JobCompleted` with a runner | `completed` with the result |
 //! | `JobCompleted` without a runner | `waiting`: the service took the job back (it reassigns it up to three times, or it was cancelled before any runner took it) |
 //!
-//! Identity: a job is `(github, instance, job_id)` where `job_id` is the
-//! scale-set `jobId` when it is a decimal number, else
-//! [`job_id_of`]: 2^62 plus 62 bits of its SHA-256, far above any
-//! `workflow_job.id`. Event ids are
+//! Identity: a job is `(github, instance, job_id)` where `job_id` is its
+//! REST twin's `workflow_job.id` ([`super::resolve`]) — the id its webhook,
+//! its usage report and a re-run use, so a job seen both ways is one job —
+//! and, when GitHub could not name it, the scale-set `jobId` when it is a
+//! decimal number, else [`job_id_of`]: 2^62 plus 62 bits of its SHA-256,
+//! far above any `workflow_job.id`. Event ids are
 //! `github:scaleset:<scale set id>:<message id>:<index>`: a redelivered
 //! message makes the same events (JetStream's dedup window and the
 //! projection drop them), and a job assigned again after being taken back
 //! is a new event.
 //!
-//! Workload: `{repo = owner/repo, workflow = the workflow file's path from
-//! jobWorkflowRef, job = jobDisplayName}` (the message names the workflow
-//! by file, not by its `name:`).
+//! Workload: `{repo = owner/repo, workflow = the workflow's name, job =
+//! jobDisplayName}`, the webhook key; the message names the workflow by file
+//! only, so without a twin the workflow is the file's path from
+//! jobWorkflowRef.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use runyard_events::{
@@ -32,6 +36,8 @@ use runyard_events::{
 use runyard_forge::api::scaleset::{JobMessage, JobMessageKind, ScaleSetMessage, Statistics};
 use sha2::{Digest as _, Sha256};
 use time::OffsetDateTime;
+
+use super::resolve::Twin;
 
 /// The `producer` of scale-set events.
 pub const PRODUCER: &str = "scaleset";
@@ -126,17 +132,29 @@ fn forge_status(job: &JobMessage) -> String {
     }
 }
 
-/// The events of one message's jobs, in message order.
-pub fn events(ctx: &Context<'_>, message: &ScaleSetMessage) -> Vec<Event> {
+/// The events of one message's jobs, in message order; a job with a REST
+/// twin in `twins` (by scale-set job id) is named as GitHub's REST API and
+/// webhooks name it.
+pub fn events(
+    ctx: &Context<'_>,
+    message: &ScaleSetMessage,
+    twins: &HashMap<String, Twin>,
+) -> Vec<Event> {
     message
         .jobs
         .iter()
         .enumerate()
-        .filter_map(|(i, job)| event(ctx, message.message_id, i, job))
+        .filter_map(|(i, job)| event(ctx, message.message_id, i, job, twins.get(&job.job_id)))
         .collect()
 }
 
-fn event(ctx: &Context<'_>, message_id: i64, index: usize, job: &JobMessage) -> Option<Event> {
+fn event(
+    ctx: &Context<'_>,
+    message_id: i64,
+    index: usize,
+    job: &JobMessage,
+    twin: Option<&Twin>,
+) -> Option<Event> {
     let status = status_of(job)?;
     let id = format!("github:scaleset:{}:{message_id}:{index}", ctx.scale_set_id);
     // Events of one message keep their order: a later one is later.
@@ -165,17 +183,16 @@ fn event(ctx: &Context<'_>, message_id: i64, index: usize, job: &JobMessage) -> 
             job: Some(JobKey {
                 forge: Forge::Github as i32,
                 instance: ctx.instance.to_owned(),
-                job_id: job_id_of(&job.job_id),
+                job_id: twin.map_or_else(|| job_id_of(&job.job_id), |t| t.job_id),
             }),
             project,
             pipeline_id: u64::try_from(job.workflow_run_id).unwrap_or(0),
-            run_attempt: 1,
+            run_attempt: twin.map_or(1, |t| t.run_attempt),
             name: job.job_display_name.clone(),
-            workflow_name: workflow_path(
-                &job.job_workflow_ref,
-                &job.owner_name,
-                &job.repository_name,
-            ),
+            workflow_name: match twin {
+                Some(t) if !t.workflow_name.is_empty() => t.workflow_name.clone(),
+                _ => workflow_path(&job.job_workflow_ref, &job.owner_name, &job.repository_name),
+            },
             labels: job.request_labels.clone(),
             status: status as i32,
             forge_status: forge_status(job),
@@ -291,7 +308,7 @@ mod tests {
             ],
             statistics: Statistics::default(),
         };
-        let evs = events(&ctx(), &message);
+        let evs = events(&ctx(), &message, &HashMap::new());
         let statuses: Vec<JobStatus> = evs.iter().map(|e| observed(e).status()).collect();
         assert_eq!(
             statuses,
@@ -320,7 +337,7 @@ mod tests {
         let nanos = |e: &Event| e.occurred_at.as_ref().map(|t| (t.seconds, t.nanos));
         assert!(evs.windows(2).all(|w| nanos(&w[0]) < nanos(&w[1])));
         assert_eq!(
-            events(&ctx(), &message),
+            events(&ctx(), &message, &HashMap::new()),
             evs,
             "a redelivery makes the same events"
         );
@@ -419,10 +436,18 @@ mod order {
             statistics: Statistics::default(),
         };
         // The completion's message is handled before the start's.
-        for e in events(&ctx(2), &message(2, JobMessageKind::Completed)) {
+        for e in events(
+            &ctx(2),
+            &message(2, JobMessageKind::Completed),
+            &HashMap::new(),
+        ) {
             world.apply(&e, now, backoff);
         }
-        for e in events(&ctx(3), &message(1, JobMessageKind::Started)) {
+        for e in events(
+            &ctx(3),
+            &message(1, JobMessageKind::Started),
+            &HashMap::new(),
+        ) {
             world.apply(&e, now, backoff);
         }
         let runner = &world.runners[&rref.name];

@@ -65,6 +65,7 @@ pub struct Settings {
 #[derive(Debug)]
 pub struct Listener {
     set: Arc<ScaleSet>,
+    twins: super::resolve::Resolver,
     bus: Bus,
     metrics: ScalerMetrics,
     owned: Owned,
@@ -96,6 +97,7 @@ impl Listener {
     /// A listener for `set`.
     pub fn new(
         set: Arc<ScaleSet>,
+        twins: super::resolve::Resolver,
         bus: Bus,
         metrics: ScalerMetrics,
         owned: Owned,
@@ -103,6 +105,7 @@ impl Listener {
     ) -> Self {
         Self {
             set,
+            twins,
             bus,
             metrics,
             owned,
@@ -474,8 +477,10 @@ impl Listener {
                 tracing::info!(pool = %self.set.pool, offered = available.len(), acquired = acquired.len(), "some available jobs went to another scale set");
             }
         }
+        let twins = self.twins.resolve(message).await;
         let ctx = self.ctx(id);
-        self.log(&convert::events(&ctx, message)).await?;
+        self.log(&convert::events(&ctx, message, &twins)).await?;
+        self.twins.done(message);
         // Only once the jobs are in: the progress says they are.
         self.log(&[convert::progress(
             &ctx,

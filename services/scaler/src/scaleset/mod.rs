@@ -12,6 +12,7 @@
 
 pub mod convert;
 pub mod listener;
+pub mod resolve;
 
 use std::sync::{Mutex, RwLock};
 

@@ -408,7 +408,7 @@ async fn a_label_change_the_service_cannot_apply_refuses_to_start() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn webhooks_and_a_scale_set_for_the_same_jobs_make_one_runner_each() {
+async fn webhooks_and_a_scale_set_for_the_same_jobs_make_one_job_and_one_runner_each() {
     // A webhook pool beside the scale set; the organization's webhook also
     // reports the scale set's jobs (their runs-on names the scale set).
     let pools = format!(
@@ -424,11 +424,18 @@ async fn webhooks_and_a_scale_set_for_the_same_jobs_make_one_runner_each() {
     };
     let scaler = s.stack.start_with(config).await;
     let set = s.scale_set_id().await;
+    // The same three jobs on both sides: REST jobs of run 17 (what the
+    // webhook and usage reports name) and the scale set's messages.
+    let mut rest = Vec::new();
+    for i in 0..3 {
+        let name = format!("build {i}");
+        let mut job = runyard_testkit::fake_github::FakeJob::queued(17, &name, &["big"]);
+        job.workflow_name = "CI".into();
+        rest.push(s.stack.github.add_job("acme", "app", job));
+    }
     let jobs = s.queue(set, 17, 3);
-    for n in 0..3 {
-        s.stack
-            .observe(90_000 + n, JobStatus::Queued, "", &["big"])
-            .await;
+    for &id in &rest {
+        s.stack.observe(id, JobStatus::Queued, "", &["big"]).await;
     }
     // A job only the webhook pool serves.
     s.stack.queued(90_100).await;
@@ -437,6 +444,20 @@ async fn webhooks_and_a_scale_set_for_the_same_jobs_make_one_runner_each() {
     assert_eq!(s.stack.live_processes().len(), 4, "one each, none twice");
     assert_eq!(s.actions.jit_configs_issued(), 3);
     assert_eq!(s.stack.jit_calls(), 1);
+    // The scale set's events name the REST jobs, with the workflow's name:
+    // one job each in the log, and the webhook key for sizing.
+    let mut named = std::collections::BTreeSet::new();
+    for e in s.stack.events().await {
+        if let Some(Body::JobObserved(j)) = &e.body
+            && !j.scale_set_pool.is_empty()
+        {
+            assert_eq!(j.workflow_name, "CI", "{j:?}");
+            named.insert(j.job.as_ref().map_or(0, |k| k.job_id));
+        }
+    }
+    assert_eq!(named, rest.iter().copied().collect());
+    let per_job = s.requested_per_job().await;
+    assert!(per_job.values().all(|n| *n == 1), "{per_job:?}");
     s.drain(&jobs, 10).await;
     scaler.stop().await;
 }
