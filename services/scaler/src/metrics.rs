@@ -172,6 +172,8 @@ pub struct ScalerMetrics {
     pub scale_set_last_message: Family<PoolLabel, Gauge>,
     /// The Actions service's statistics per scale set.
     pub scale_set_statistics: Family<StatisticLabel, Gauge>,
+    /// Assigned jobs the service counts beyond the scaler's own count.
+    pub scale_set_unseen_jobs: Family<PoolLabel, Gauge>,
 }
 
 impl ScalerMetrics {
@@ -205,6 +207,7 @@ impl ScalerMetrics {
             scale_set_messages: Family::default(),
             scale_set_last_message: Family::default(),
             scale_set_statistics: Family::default(),
+            scale_set_unseen_jobs: Family::default(),
         };
         registry.register(|r| {
             let r = r.sub_registry_with_prefix("scaler");
@@ -315,6 +318,11 @@ impl ScalerMetrics {
                 m.scale_set_last_message.clone(),
             );
             r.register(
+                "scale_set_unseen_jobs",
+                "Jobs the Actions service counts as assigned to a scale set beyond the scaler's own count of its queued and running jobs (a check: positive for long means lost messages)",
+                m.scale_set_unseen_jobs.clone(),
+            );
+            r.register(
                 "scale_set_statistics",
                 "The Actions service's statistics per scale set (jobs available, acquired, assigned, running; runners registered, busy, idle)",
                 m.scale_set_statistics.clone(),
@@ -341,6 +349,9 @@ impl ScalerMetrics {
             let pool = (*pool).to_owned();
             let _ = self
                 .scale_set_messages
+                .get_or_create(&PoolLabel { pool: pool.clone() });
+            let _ = self
+                .scale_set_unseen_jobs
                 .get_or_create(&PoolLabel { pool: pool.clone() });
             self.scale_set_last_message
                 .get_or_create(&PoolLabel { pool: pool.clone() })

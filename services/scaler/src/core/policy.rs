@@ -390,7 +390,12 @@ fn decide_pool(
     let mut made_for: HashMap<&JobId, bool> = HashMap::new();
     for r in &runners {
         if let Some(job) = &r.job {
-            let serving = r.is_unassigned() || r.phase == Phase::Failed;
+            // A runner the forge lists busy before saying which job it took
+            // (the listing raced the job's start) is taken to run its own:
+            // once the start names another job, that job's own runner is
+            // free for this one.
+            let unknown_job = r.phase == Phase::Assigned && r.running.is_none();
+            let serving = r.is_unassigned() || r.phase == Phase::Failed || unknown_job;
             *made_for.entry(job).or_default() |= serving;
         }
     }

@@ -475,6 +475,22 @@ impl Engine {
         }
         self.start_all(round.effects);
         self.shared.io.metrics.record_pools(&round.status);
+        let unix = i64::try_from(now().as_secs()).unwrap_or(i64::MAX);
+        for status in &round.status {
+            if let Some(set) = self.shared.io.forges.scale_sets.get(&status.name)
+                && self.owns(&status.name)
+            {
+                let gap = set.check_count(status.queued + status.busy, unix);
+                self.shared
+                    .io
+                    .metrics
+                    .scale_set_unseen_jobs
+                    .get_or_create(&crate::metrics::PoolLabel {
+                        pool: status.name.clone(),
+                    })
+                    .set(gap);
+            }
+        }
         if let Ok(mut s) = self.shared.status.write() {
             *s = round.status;
         }

@@ -97,7 +97,18 @@ pub struct SessionView {
     pub error: Option<String>,
     /// Sessions made again since start (silent polls, expiry, takeovers).
     pub sessions_recreated: u64,
+    /// The service's assigned jobs less the scaler's own count of the
+    /// pool's queued and running jobs (a check on the log, never the
+    /// source: positive means jobs the scaler has not heard of).
+    pub unseen_jobs: i64,
+    /// Since when (Unix seconds) `unseen_jobs` has stayed positive.
+    #[serde(skip)]
+    pub unseen_since: Option<i64>,
 }
+
+/// How long the service may count more assigned jobs than the scaler
+/// before it says so (messages and the statistics they carry cross).
+const UNSEEN_GRACE_S: i64 = 120;
 
 /// One pool's runner scale set.
 #[derive(Debug)]
@@ -166,6 +177,33 @@ impl ScaleSet {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         f(&mut view);
+    }
+
+    /// Compares the service's assigned jobs with the scaler's own count
+    /// (`seen`: the pool's queued and running jobs) at `now` (Unix
+    /// seconds); returns the gap, and warns once when the service has
+    /// counted more for longer than two minutes.
+    pub fn check_count(&self, seen: u32, now: i64) -> i64 {
+        let mut view = self
+            .view
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let Some(stats) = view.statistics else {
+            return 0;
+        };
+        let gap = stats.total_assigned_jobs - i64::from(seen);
+        view.unseen_jobs = gap;
+        if gap <= 0 {
+            view.unseen_since = None;
+            return gap;
+        }
+        let since = *view.unseen_since.get_or_insert(now);
+        if now - since >= UNSEEN_GRACE_S {
+            tracing::warn!(pool = %self.pool, scale_set = %self.name, assigned = stats.total_assigned_jobs, seen, "the Actions service counts assigned jobs the scaler has no message for; they get a runner once the service assigns them again");
+            // Once per spell.
+            view.unseen_since = Some(i64::MAX / 2);
+        }
+        gap
     }
 
     /// A copy of what `/v1/pools` shows.
@@ -371,6 +409,46 @@ fn same_labels(have: &[String], want: &[String]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_services_count_checks_the_scalers_and_warns_after_a_grace() {
+        let client = runyard_forge::api::scaleset::ActionsClient::new(
+            runyard_forge::api::github::GitHubClient::new(
+                "http://127.0.0.1:1",
+                runyard_forge::api::github::GitHubAuth::Token("t".to_owned().into()),
+                std::time::Duration::from_secs(1),
+            )
+            .expect("client"),
+            runyard_forge::api::github::GitHubScope::Org("acme".into()),
+            "https://github.com/acme",
+            "http://127.0.0.1:1",
+            &runyard_forge::api::ClientOptions::new(std::time::Duration::from_secs(1)),
+        )
+        .expect("client");
+        let set = ScaleSet::new("big", "big", vec!["big".into()], None, client);
+        assert_eq!(
+            set.check_count(3, 0),
+            0,
+            "no statistics yet: nothing to check"
+        );
+        set.update_view(|v| {
+            v.statistics = Some(Statistics {
+                total_assigned_jobs: 5,
+                ..Statistics::default()
+            });
+        });
+        assert_eq!(set.check_count(3, 100), 2);
+        assert_eq!(set.view().unseen_since, Some(100));
+        // Past the grace it has warned, once per spell.
+        assert_eq!(set.check_count(3, 100 + UNSEEN_GRACE_S), 2);
+        assert!(set.view().unseen_since > Some(100 + UNSEEN_GRACE_S));
+        assert_eq!(set.check_count(5, 400), 0);
+        assert_eq!(
+            set.view().unseen_since,
+            None,
+            "caught up: a new spell starts over"
+        );
+    }
 
     #[test]
     fn labels_compare_without_case_or_order() {

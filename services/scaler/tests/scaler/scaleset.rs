@@ -154,6 +154,23 @@ impl ScaleSetStack {
         by
     }
 
+    /// How many events of each kind (runner events with their reason) the
+    /// log holds: what a failed count assertion shows.
+    async fn story(&self) -> BTreeMap<String, usize> {
+        let mut story = BTreeMap::new();
+        for e in self.stack.events().await {
+            let kind = runyard_events::event_type(&e);
+            let detail = match &e.body {
+                Some(Body::RunnerRequested(r)) => format!("{kind} job={}", r.job.is_some()),
+                Some(Body::RunnerFailed(r)) => format!("{kind} {}", r.reason),
+                Some(Body::RunnerDeleted(r)) => format!("{kind} {}", r.reason),
+                _ => kind.to_owned(),
+            };
+            *story.entry(detail).or_insert(0) += 1;
+        }
+        story
+    }
+
     /// Runners requested per job id.
     async fn requested_per_job(&self) -> BTreeMap<u64, usize> {
         let mut per_job = BTreeMap::new();
@@ -191,17 +208,7 @@ async fn a_burst_of_300_jobs_gets_one_runner_each_never_above_max() {
     let peak = s.drain(&jobs, MAX).await;
     assert!(peak <= MAX && peak > MAX / 2, "peak {peak}");
     until("every runner gone", || s.stack.live_processes().is_empty()).await;
-    let mut story = BTreeMap::new();
-    for e in s.stack.events().await {
-        let kind = runyard_events::event_type(&e);
-        let detail = match &e.body {
-            Some(Body::RunnerRequested(r)) => format!("{kind} job={}", r.job.is_some()),
-            Some(Body::RunnerFailed(r)) => format!("{kind} {}", r.reason),
-            Some(Body::RunnerDeleted(r)) => format!("{kind} {}", r.reason),
-            _ => kind.to_owned(),
-        };
-        *story.entry(detail).or_insert(0) += 1;
-    }
+    let story = s.story().await;
     // Every job got its runner; the service hands a job to whichever idle
     // runner of the set connects first, so a runner made for one job may
     // serve another, and a booting runner left over when the jobs ran out
@@ -241,6 +248,10 @@ async fn a_burst_of_300_jobs_gets_one_runner_each_never_above_max() {
     assert_eq!(view["id"], set);
     assert!(view["last_message_id"].as_i64().unwrap_or(0) > 0, "{view}");
     assert!(view["statistics"].is_object(), "{view}");
+    assert_eq!(
+        view["unseen_jobs"], 0,
+        "the service and the log agree: {view}"
+    );
     scaler.stop().await;
     assert_eq!(
         s.actions
@@ -316,7 +327,11 @@ async fn an_expired_session_token_is_refreshed_without_a_new_session() {
         "the token was refreshed"
     );
     let jit = s.actions.jit_configs_issued();
-    assert!((10..=12).contains(&jit), "{jit} JIT runners for 10 jobs");
+    assert!(
+        (10..=12).contains(&jit),
+        "{jit} JIT runners for 10 jobs: {:?}",
+        s.story().await
+    );
     scaler.stop().await;
 }
 
@@ -336,7 +351,11 @@ async fn thirty_seconds_without_the_actions_service_lose_nothing() {
     let after = s.queue(set, 13, 3);
     s.drain(&after, 10).await;
     let jit = s.actions.jit_configs_issued();
-    assert!((10..=12).contains(&jit), "{jit} JIT runners for 10 jobs");
+    assert!(
+        (10..=12).contains(&jit),
+        "{jit} JIT runners for 10 jobs: {:?}",
+        s.story().await
+    );
     let per_job = s.requested_per_job().await;
     assert!(per_job.values().all(|n| *n == 1), "{per_job:?}");
     scaler.stop().await;
@@ -357,7 +376,11 @@ async fn a_restart_neither_replays_nor_skips_messages() {
     s.drain(&second, 10).await;
     s.stack.settled(&scaler).await;
     let jit = s.actions.jit_configs_issued();
-    assert!((8..=10).contains(&jit), "{jit} JIT runners for 8 jobs");
+    assert!(
+        (8..=10).contains(&jit),
+        "{jit} JIT runners for 8 jobs: {:?}",
+        s.story().await
+    );
     let events = s.job_events().await;
     assert_eq!(events.get("queued"), Some(&8), "{events:?}");
     assert_eq!(s.actions.session_conflicts(), 0);
