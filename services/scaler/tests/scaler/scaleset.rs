@@ -563,3 +563,34 @@ async fn the_session_holder_killed_mid_burst_is_taken_over_without_a_conflict() 
     let jit = s.actions.jit_configs_issued();
     assert!((120..=120 + MAX as u64).contains(&jit), "{jit} JIT configs");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_long_poll_makes_a_new_session_and_says_so() {
+    let s = ScaleSetStack::new(&scale_set_pool(5)).await;
+    // The service holds every poll far longer than `scale_set_silence`
+    // (5 s here) without answering, as a stuck connection would.
+    s.actions.set_poll_hold(Duration::from_secs(30));
+    let scaler = s.start().await;
+    let set = s.scale_set_id().await;
+    until("one session", || s.actions.sessions_created() == 1).await;
+    crate::support::until_async("the silence is noticed", async || {
+        scaler
+            .metric(
+                "runyard_scaler_scale_set_sessions_recreated_total{pool=\"big\",reason=\"silent\"}",
+            )
+            .await
+            .is_some_and(|v| v >= 1.0)
+    })
+    .await;
+    until("a second session", || s.actions.sessions_created() >= 2).await;
+    assert_eq!(
+        s.actions.session_conflicts(),
+        0,
+        "the old session went first"
+    );
+    // The new session still gets the jobs.
+    s.actions.set_poll_hold(Duration::from_millis(300));
+    let jobs = s.queue(set, 30, 2);
+    s.drain(&jobs, 5).await;
+    scaler.stop().await;
+}
