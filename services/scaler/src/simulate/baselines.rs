@@ -10,12 +10,21 @@
 //!   its age) and tops up `min_idle`; a completed job's runner is marked for
 //!   deletion and removed by the next 5 s loop; failed creates are retried
 //!   by the 5 s loop (5 attempts); every minute, ⌈half⌉ of the idle runners
-//!   above `min_idle` + queued jobs are deleted. Runners are ephemeral.
-//! - ARC (runner scale sets): the listener learns every assigned job from
-//!   the Actions service (not from webhooks); every period the ephemeral
-//!   runner set is reconciled to `min_runners` + queued + running jobs
-//!   (capped): runners are added, or surplus runners without a job removed
-//!   (booting ones first); a finished runner is deleted at once.
+//!   above `min_idle` + queued jobs are deleted. Runners are ephemeral. A
+//!   garm pool has one flavor: to run every job it is the largest.
+//! - ARC (runner scale sets, `gha-runner-scale-set`): the listener learns
+//!   every assigned job from the Actions service's messages (not from
+//!   webhooks) and on every message sets the ephemeral runner set's replicas
+//!   to `min(minRunners + totalAssignedJobs, maxRunners)` (assigned jobs
+//!   include the running ones); the set's controller reconciles on that and
+//!   on every change of its runners (`EphemeralRunnerSet` controller):
+//!   finished runners are deleted, runners are created up to the replicas,
+//!   or runners above them without a job are removed (pending then running,
+//!   oldest first; one running a job is refused by the service). Scale-down
+//!   is otherwise runners exiting after their one job. Every runner has the
+//!   set's one shape (its pod template): the largest flavor, so that every
+//!   job fits. Without messages the listener's empty long poll re-reads the
+//!   statistics every `resync` (this also retries failed creates).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -79,6 +88,8 @@ pub(crate) struct Garm {
     failed: Vec<(Option<usize>, u32)>,
     next_loop: Clock,
     next_scale_down: Clock,
+    /// Every runner's memory (the pool's one flavor).
+    memory: u64,
 }
 
 fn next_after(now: Clock, period: Duration) -> Clock {
@@ -88,11 +99,13 @@ fn next_after(now: Clock, period: Duration) -> Clock {
 }
 
 impl Garm {
-    /// A pool manager starting at `start`.
+    /// A pool manager starting at `start`, whose runners have `memory`
+    /// bytes.
     pub(crate) fn new(
         timers: GarmTimers,
         min_idle: usize,
         max_runners: usize,
+        memory: u64,
         start: Clock,
     ) -> Self {
         Self {
@@ -104,11 +117,12 @@ impl Garm {
             jobs: BTreeMap::new(),
             pending_delete: Vec::new(),
             failed: Vec::new(),
+            memory,
         }
     }
 
     fn add_runner(&mut self, forge: &mut Forge, now: Clock, job: Option<usize>, attempt: u32) {
-        let (_, ok) = forge.create(now, job);
+        let (_, ok) = forge.create(now, job, self.memory);
         if !ok {
             self.failed.push((job, attempt));
         }
@@ -197,6 +211,10 @@ impl Scaler for Garm {
         true
     }
 
+    fn scale_set(&self) -> bool {
+        false
+    }
+
     fn observe(&mut self, forge: &mut Forge, now: Clock, obs: Obs) -> bool {
         match obs {
             Obs::Queued(j) | Obs::Rediscovered(j) => {
@@ -261,28 +279,70 @@ impl Scaler for Garm {
     }
 }
 
-/// ARC's runner scale set for one pool.
+/// ARC's runner scale set for one pool: its listener and its ephemeral
+/// runner set's controller.
 #[derive(Debug)]
 pub(crate) struct Arc {
-    period: Duration,
+    resync: Duration,
     min_runners: usize,
     max_runners: usize,
+    /// Every runner's memory (the largest flavor).
+    memory: u64,
     next: Clock,
 }
 
 impl Arc {
-    /// A scale set reconciled every `period`.
+    /// A scale set of `min_runners`..=`max_runners` runners of `memory`
+    /// bytes, whose listener re-reads the statistics every `resync` when no
+    /// message comes.
     pub(crate) fn new(
-        period: Duration,
+        resync: Duration,
         min_runners: usize,
         max_runners: usize,
+        memory: u64,
         start: Clock,
     ) -> Self {
         Self {
-            next: next_after(start, period),
-            period,
+            next: next_after(start, resync),
+            resync,
             min_runners,
             max_runners,
+            memory,
+        }
+    }
+
+    /// The listener's target: `min(minRunners + totalAssignedJobs,
+    /// maxRunners)`.
+    pub(crate) fn desired(&self, forge: &Forge) -> usize {
+        (self.min_runners + forge.queued() + forge.running()).min(self.max_runners)
+    }
+
+    /// The `EphemeralRunnerSet` controller's reconcile: finished runners are
+    /// deleted as they finish ([`Scaler::observe`]), so every runner left
+    /// counts (pending, idle, busy).
+    fn reconcile(&mut self, forge: &mut Forge, now: Clock) {
+        let desired = self.desired(forge);
+        let have = forge.working();
+        if have < desired {
+            let room = self.max_runners.saturating_sub(forge.alive());
+            for _ in 0..(desired - have).min(room) {
+                let _ = forge.create(now, None, self.memory);
+            }
+        } else if have > desired {
+            let mut surplus = have - desired;
+            // Pending ones first, then running ones, each oldest first (ids
+            // are in creation order); one running a job is refused.
+            let mut idle: Vec<usize> = forge.idle_runners().collect();
+            idle.sort_unstable();
+            let candidates: Vec<usize> = forge.booting_runners().chain(idle).collect();
+            for r in candidates {
+                if surplus == 0 {
+                    break;
+                }
+                if forge.runners[r].state != State::Busy && forge.delete(now, r).is_ok() {
+                    surplus -= 1;
+                }
+            }
         }
     }
 }
@@ -296,6 +356,10 @@ impl Scaler for Arc {
         false
     }
 
+    fn scale_set(&self) -> bool {
+        true
+    }
+
     fn observe(&mut self, forge: &mut Forge, now: Clock, obs: Obs) -> bool {
         if let Obs::Completed { runner, .. } = obs {
             let _ = forge.delete(now, runner);
@@ -303,29 +367,15 @@ impl Scaler for Arc {
         true
     }
 
-    fn act(&mut self, forge: &mut Forge, now: Clock, _events: bool) {
-        if now < self.next {
-            return;
+    fn act(&mut self, forge: &mut Forge, now: Clock, events: bool) {
+        // Every message (a job assigned, started, completed) and every
+        // change of a runner (online, finished) reconciles at once.
+        let resync = now >= self.next;
+        if resync {
+            self.next = next_after(now, self.resync);
         }
-        self.next = next_after(now, self.period);
-        let desired = (self.min_runners + forge.queued() + forge.running()).min(self.max_runners);
-        let have = forge.working();
-        if have < desired {
-            for _ in 0..(desired - have).min(self.max_runners.saturating_sub(forge.alive())) {
-                let _ = forge.create(now, None);
-            }
-        } else if have > desired {
-            let mut surplus = have - desired;
-            let booting: Vec<usize> = forge.booting_runners().collect();
-            let idle: Vec<usize> = forge.idle_runners().collect();
-            for r in booting.into_iter().rev().chain(idle) {
-                if surplus == 0 {
-                    break;
-                }
-                if forge.runners[r].state != State::Busy && forge.delete(now, r).is_ok() {
-                    surplus -= 1;
-                }
-            }
+        if events || resync {
+            self.reconcile(forge, now);
         }
     }
 

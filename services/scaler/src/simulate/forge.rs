@@ -3,6 +3,10 @@
 //! finish (ephemeral: one job each), and an event queue in virtual time.
 //! Every policy is run against its own copy, fed the same workload and the
 //! same sequence of boot times.
+//!
+//! The simulated pool is the only one, so every runner may take every job,
+//! as every runner of a webhook pool (the same labels) or of a runner scale
+//! set may. What differs is which idle runner ([`Assign`]).
 
 use std::cmp::Reverse;
 use std::collections::{BTreeSet, BinaryHeap};
@@ -50,6 +54,8 @@ pub(crate) struct Runner {
     pub state: State,
     /// The job it was made for, if any (garm labels it; runyard claims it).
     pub made_for: Option<usize>,
+    /// Its memory (its flavor's), bytes.
+    pub memory: u64,
     /// The job it ran.
     pub job: Option<usize>,
 }
@@ -103,6 +109,22 @@ pub(crate) enum Obs {
     },
 }
 
+/// Which idle runner takes the oldest queued job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Assign {
+    /// The runner idle longest: GitHub with webhooks, as this simulation has
+    /// always assumed (GitHub does not say).
+    LongestIdle,
+    /// Any idle runner of the set: the Actions service giving a job
+    /// assigned to a runner scale set to one of the set's idle runners. It
+    /// does not say which either, so a uniformly random one, drawn from a
+    /// stream of its own (boot times stay those of every other policy).
+    AnyIdle,
+}
+
+/// Mixed into the forge's seed for the [`Assign::AnyIdle`] draws.
+const ASSIGN_STREAM: u64 = 0x6173_7369_676e;
+
 /// A delete the forge refused: the runner is running a job (GitHub's 422).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Busy;
@@ -130,19 +152,23 @@ pub(crate) struct Forge {
     boot: Boot,
     rng: StdRng,
     create_failures: f64,
+    assign: Assign,
+    assign_rng: StdRng,
     obs: Vec<Obs>,
 }
 
 impl Forge {
     /// A forge that will see `work` arrive. `seed` drives boot times and
     /// create failures; lost jobs are found again at the next multiple of
-    /// `reconcile` (never when it is zero).
+    /// `reconcile` (never when it is zero); `assign` picks the idle runner
+    /// that takes a job.
     pub(crate) fn new(
         work: &[WorkJob],
         boot: Boot,
         seed: u64,
         create_failures: f64,
         reconcile: Duration,
+        assign: Assign,
     ) -> Self {
         let mut forge = Self {
             jobs: Vec::with_capacity(work.len()),
@@ -160,6 +186,8 @@ impl Forge {
             boot,
             rng: StdRng::seed_from_u64(seed),
             create_failures,
+            assign,
+            assign_rng: StdRng::seed_from_u64(seed ^ ASSIGN_STREAM),
             obs: Vec::new(),
         };
         for (i, w) in work.iter().enumerate() {
@@ -237,9 +265,14 @@ impl Forge {
         self.peak
     }
 
-    /// Creates a runner at `now`; `false` when the create failed (nothing
-    /// is made, nothing paid).
-    pub(crate) fn create(&mut self, now: Clock, made_for: Option<usize>) -> (usize, bool) {
+    /// Creates a runner of `memory` bytes at `now`; `false` when the create
+    /// failed (nothing is made, nothing paid).
+    pub(crate) fn create(
+        &mut self,
+        now: Clock,
+        made_for: Option<usize>,
+        memory: u64,
+    ) -> (usize, bool) {
         let boot = self.boot.sample(&mut self.rng);
         let fails = self.rng.random::<f64>() < self.create_failures;
         let id = self.runners.len();
@@ -252,6 +285,7 @@ impl Forge {
             deleted_at: fails.then_some(now),
             state: if fails { State::Failed } else { State::Booting },
             made_for,
+            memory,
             job: None,
         });
         if !fails {
@@ -283,6 +317,21 @@ impl Forge {
         r.state = State::Deleted;
         r.deleted_at = Some(now);
         Ok(())
+    }
+
+    /// The idle runner that takes the next job, if any is idle.
+    fn pick_idle(&mut self) -> Option<(Clock, usize)> {
+        match self.assign {
+            Assign::LongestIdle => self.idle.first().copied(),
+            Assign::AnyIdle => {
+                let n = self.idle.len();
+                if n == 0 {
+                    return None;
+                }
+                let k = self.assign_rng.random_range(0..n);
+                self.idle.iter().nth(k).copied()
+            }
+        }
     }
 
     /// Processes everything scheduled up to `now`, then hands queued jobs to
@@ -331,9 +380,10 @@ impl Forge {
                 }
             }
         }
-        while let (Some(&(queued_at, j)), Some(&(since, r))) =
-            (self.queue.first(), self.idle.first())
-        {
+        while let Some(&(queued_at, j)) = self.queue.first() {
+            let Some((since, r)) = self.pick_idle() else {
+                break;
+            };
             self.queue.remove(&(queued_at, j));
             self.idle.remove(&(since, r));
             let job = &mut self.jobs[j];

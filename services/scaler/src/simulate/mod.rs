@@ -1,16 +1,22 @@
 //! `runyard-scaler simulate`: a discrete-event simulation in virtual time
-//! that runs the real scaling policy (`policy::decide` over a `World`) and
-//! two baselines (garm's pool manager, ARC's runner scale sets) against the
+//! that runs the real scaling policy (`policy::decide` over a `World`) in
+//! both modes of a GitHub pool (webhooks, a runner scale set) and two
+//! baselines (garm's pool manager, ARC's runner scale sets) against the
 //! same simulated forge and workload, and reports queue wait, scheduling
-//! delay and runner-minutes for each, with fast (container) and slow (VM)
-//! boots.
+//! delay, runner-minutes and GiB-minutes for each, with fast (container)
+//! and slow (VM) boots.
 //!
-//! The forge (`forge.rs`) queues jobs FIFO and hands the oldest to any idle
+//! The forge (`forge.rs`) queues jobs FIFO and hands the oldest to an idle
 //! runner of the pool the moment one is online (so a runner made for one job
-//! often takes another); runners are ephemeral. Webhooks reach the scaler
-//! the instant they happen, except the lost `queued` ones; provider and
+//! often takes another): the longest idle for webhook pools and garm, a
+//! random one for scale sets (runyard's and ARC's); runners are ephemeral.
+//! Webhooks reach the scaler the instant they happen, except the lost
+//! `queued` ones, and so do scale-set messages (never lost); provider and
 //! forge calls take no time, so a runner is paid from its create decision
 //! to its delete decision, and its boot time is all of create → online.
+//! Each job has a memory limit (the allocator's answer, not simulated);
+//! runyard sizes a runner for its job with the pool's flavors, garm and ARC
+//! run every runner at the largest.
 
 mod baselines;
 mod forge;
@@ -24,15 +30,17 @@ mod tests;
 use std::time::Duration;
 
 use anyhow::ensure;
+use bytesize::ByteSize;
 use clap::{Args, ValueEnum};
 use runyard_events::Forge as ForgeKind;
 
 pub use report::{Percentiles, Report, Section, Stats, Target};
 
 use self::baselines::{Arc, Garm, GarmTimers};
-use self::forge::{Forge, Obs};
-use self::runyard::{POOL, Runyard, Timers};
+use self::forge::{Assign, Forge, Obs};
+use self::runyard::{MESSAGE_JOBS, Mode, POOL, Runyard, Timers};
 use self::workload::{Boot, START, WorkJob, WorkloadConfig, generate};
+use crate::config::Flavor;
 use crate::core::policy::{Knobs, PoolSpec};
 use crate::core::world::Clock;
 
@@ -127,9 +135,21 @@ pub struct SimulateArgs {
     /// runner is online). 0: learned at once.
     #[arg(long, default_value_t = 30.0)]
     pub sync_interval: f64,
-    /// ARC's reconcile period.
-    #[arg(long, default_value_t = 1.0)]
+    /// ARC's resync when no message comes (the listener's empty long
+    /// poll; it also retries failed creates). ARC reconciles on every
+    /// message and runner change besides.
+    #[arg(long, default_value_t = 50.0)]
     pub arc_period: f64,
+    /// The pool's flavors' memory, GiB, smallest first (runyard sizes a
+    /// runner for its job; garm and ARC run every runner at the largest).
+    #[arg(long, value_delimiter = ',', default_values_t = [2.0, 4.0, 8.0, 16.0])]
+    pub flavors: Vec<f64>,
+    /// Median of the jobs' memory limits (log-normal), GiB.
+    #[arg(long, default_value_t = 1.5)]
+    pub memory_median: f64,
+    /// σ of the log of the jobs' memory limits.
+    #[arg(long, default_value_t = 1.0)]
+    pub memory_sigma: f64,
 }
 
 impl Default for SimulateArgs {
@@ -153,7 +173,10 @@ impl Default for SimulateArgs {
             idle_timeout: 300.0,
             idle_backoff: 10.0,
             sync_interval: 30.0,
-            arc_period: 1.0,
+            arc_period: 50.0,
+            flavors: vec![2.0, 4.0, 8.0, 16.0],
+            memory_median: 1.5,
+            memory_sigma: 1.0,
         }
     }
 }
@@ -178,6 +201,9 @@ pub(crate) trait Scaler {
     /// Whether it learns of queued jobs from webhooks (and so misses the
     /// lost ones).
     fn webhooks(&self) -> bool;
+    /// Whether its runners are a runner scale set's (the forge gives a job
+    /// to any idle one of the set, [`Assign::AnyIdle`]).
+    fn scale_set(&self) -> bool;
     /// Something it hears about; `true` when it wakes the policy.
     fn observe(&mut self, forge: &mut Forge, now: Clock, obs: Obs) -> bool;
     /// Runs at every instant something was heard (`events`) and at its own
@@ -185,6 +211,10 @@ pub(crate) trait Scaler {
     fn act(&mut self, forge: &mut Forge, now: Clock, events: bool);
     /// Its next timer, strictly after the last `act`.
     fn next_wakeup(&self) -> Clock;
+    /// What the report should say of its run besides the figures.
+    fn notes(&self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 /// Runs `scaler` against `forge` until every job is done and every runner
@@ -236,30 +266,71 @@ fn pool_spec(args: &SimulateArgs) -> PoolSpec {
     }
 }
 
-/// runyard, garm and ARC, configured from `args`.
+const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+
+/// The pool's flavors, smallest first.
+pub(crate) fn flavors(args: &SimulateArgs) -> Vec<Flavor> {
+    args.flavors
+        .iter()
+        .map(|&gib| Flavor {
+            name: format!("{gib}g"),
+            memory: ByteSize((gib * GIB) as u64),
+            cpus: 1,
+        })
+        .collect()
+}
+
+/// The largest flavor's memory, bytes.
+pub(crate) fn largest(flavors: &[Flavor]) -> u64 {
+    flavors.iter().map(|f| f.memory.as_u64()).max().unwrap_or(0)
+}
+
+/// runyard in `mode`, configured from `args`.
+pub(crate) fn runyard(args: &SimulateArgs, mode: Mode) -> Runyard {
+    Runyard::new(
+        pool_spec(args),
+        mode,
+        flavors(args),
+        Knobs {
+            idle_backoff: secs(args.idle_backoff),
+            create_attempts: CREATE_ATTEMPTS,
+            balance: crate::core::policy::Balance::Spread,
+        },
+        Timers {
+            tick: TICK,
+            sync_interval: secs(args.sync_interval),
+            busy_confirmation: BUSY_CONFIRMATION,
+            create_backoff: CREATE_BACKOFF,
+            create_backoff_max: CREATE_BACKOFF_MAX,
+        },
+        args.seed,
+        START,
+    )
+}
+
+/// runyard (webhook and scale-set mode), garm and ARC, configured from
+/// `args`.
 pub(crate) fn scalers(args: &SimulateArgs) -> Vec<Box<dyn Scaler>> {
     let max = args.max_runners as usize;
     let min_idle = args.min_idle as usize;
+    let biggest = largest(&flavors(args));
     vec![
-        Box::new(Runyard::new(
-            pool_spec(args),
-            Knobs {
-                idle_backoff: secs(args.idle_backoff),
-                create_attempts: CREATE_ATTEMPTS,
-                balance: crate::core::policy::Balance::Spread,
-            },
-            Timers {
-                tick: TICK,
-                sync_interval: secs(args.sync_interval),
-                busy_confirmation: BUSY_CONFIRMATION,
-                create_backoff: CREATE_BACKOFF,
-                create_backoff_max: CREATE_BACKOFF_MAX,
-            },
-            args.seed,
+        Box::new(runyard(args, Mode::Webhook)),
+        Box::new(runyard(args, Mode::ScaleSet)),
+        Box::new(Garm::new(
+            GarmTimers::default(),
+            min_idle,
+            max,
+            biggest,
             START,
         )),
-        Box::new(Garm::new(GarmTimers::default(), min_idle, max, START)),
-        Box::new(Arc::new(secs(args.arc_period), min_idle, max, START)),
+        Box::new(Arc::new(
+            secs(args.arc_period),
+            min_idle,
+            max,
+            biggest,
+            START,
+        )),
     ]
 }
 
@@ -281,18 +352,26 @@ pub(crate) fn simulate_one(
         seed,
         args.create_failures,
         secs(args.reconcile_period),
+        if scaler.scale_set() {
+            Assign::AnyIdle
+        } else {
+            Assign::LongestIdle
+        },
     );
     let end = drive(&mut forge, scaler, last + DRAIN);
     (forge, end)
 }
 
-/// Runs the three policies over one workload with one boot setting.
+/// Runs the four policies over one workload with one boot setting.
 pub(crate) fn run_setting(args: &SimulateArgs, work: &[WorkJob], boot: BootSetting) -> Section {
+    let flavors = flavors(args);
     let rows = scalers(args)
         .iter_mut()
         .map(|scaler| {
             let (forge, end) = simulate_one(args, work, boot, scaler.as_mut());
-            Stats::of(scaler.name(), &forge, end)
+            let mut stats = Stats::of(scaler.name(), &forge, end, &flavors);
+            stats.notes = scaler.notes();
+            stats
         })
         .collect();
     Section {
@@ -327,7 +406,7 @@ fn params(args: &SimulateArgs, work: &[WorkJob]) -> Vec<(String, String)> {
         p(
             "lost webhooks",
             format!(
-                "{:.1}% of `queued` webhooks (runyard, garm); {}",
+                "{:.1}% of `queued` webhooks (runyard's webhook mode, garm; scale-set messages are not lost); {}",
                 args.lost_webhooks * 100.0,
                 if args.reconcile_period > 0.0 {
                     format!("a reconciler finds them every {} s", args.reconcile_period)
@@ -343,11 +422,24 @@ fn params(args: &SimulateArgs, work: &[WorkJob]) -> Vec<(String, String)> {
         p(
             "pool",
             format!(
-                "one pool, min_idle {}, max_runners {}, idle_timeout {} s, bootstrap_timeout {} s; ephemeral runners; the forge gives the oldest queued job to the longest-idle online runner",
+                "one pool, min_idle {}, max_runners {}, idle_timeout {} s, bootstrap_timeout {} s; ephemeral runners; the forge gives the oldest queued job to the longest-idle online runner (webhook pools, garm) or to a uniformly random idle runner of the set (scale sets: runyard scale-set, ARC)",
                 args.min_idle,
                 args.max_runners,
                 args.idle_timeout,
                 BOOTSTRAP_TIMEOUT.as_secs()
+            ),
+        ),
+        p(
+            "memory",
+            format!(
+                "flavors {} GiB; each job's limit (the allocator's answer, taken as right) log-normal, median {} GiB, σ {:.2}, within 0.25–64 GiB (its own stream); runyard: the smallest flavor covering the job's limit (the largest when none does), free runners the first; garm (one flavor per pool) and ARC (one pod template): the largest",
+                args.flavors
+                    .iter()
+                    .map(|f| format!("{f}"))
+                    .collect::<Vec<_>>()
+                    .join(" / "),
+                args.memory_median,
+                args.memory_sigma
             ),
         ),
         p(
@@ -364,16 +456,73 @@ fn params(args: &SimulateArgs, work: &[WorkJob]) -> Vec<(String, String)> {
             ),
         ),
         p(
+            "runyard scale-set",
+            format!(
+                "the same core and policy on a scale-set pool (`scale_set = true`, labels [pool, ...]); job events are the listener's (JobAssigned → queued, JobStarted → in_progress on the runner, JobCompleted → completed, each naming the pool's scale set), delivered by the long poll as soon as they exist in messages of ≤ {MESSAGE_JOBS} job events (no latency, as webhooks; acquiring takes no time; none lost); runners online from the same listing every {} s",
+                args.sync_interval
+            ),
+        ),
+        p(
             "garm",
             "5 s loop; a queued job gets a runner once 30 s old (minimum_job_age_backoff) whether or not a runner is idle; a lock older than 10 min is dropped; in_progress on another job's runner unlocks that job; min_idle top-up on in_progress; every 60 s ⌈½⌉ of the idle runners above min_idle + queued jobs are deleted; finished runners deleted by the next 5 s loop".into(),
         ),
         p(
             "ARC",
             format!(
-                "every {} s: desired = min_runners + queued + running jobs (its listener sees every job); surplus runners without a job removed, booting first; finished runners deleted at once",
+                "desired = min(minRunners + totalAssignedJobs, maxRunners) on every message (its listener sees every assigned job; assigned includes running) and every {} s without one; the runner set reconciles on that and on every runner change: creates up to desired, or removes runners without a job above it (pending, then running, oldest first); finished runners deleted at once (scale-down is runners exiting after their job); every runner the largest flavor",
                 args.arc_period
             ),
         ),
+    ]
+}
+
+/// Whether `a` is within 10 % of `b`, or within `floor` of it (the
+/// printed resolution: 0.1 s, 1 minute) when 10 % of `b` is less.
+pub(crate) fn within_10pct(a: f64, b: f64, floor: f64) -> bool {
+    (a - b).abs() <= (0.1 * b.abs()).max(floor)
+}
+
+/// The scale-set targets of one section: runyard's scale-set mode within
+/// 10 % of its webhook mode, and fewer GiB-minutes than ARC.
+fn scale_set_targets(s: &Section, ry: &Stats, ss: &Stats, arc: &Stats) -> Vec<Target> {
+    let pairs = [
+        ("queue wait p50 (s)", ss.wait.p50, ry.wait.p50, 0.1),
+        ("queue wait p95 (s)", ss.wait.p95, ry.wait.p95, 0.1),
+        ("runner-min", ss.paid, ry.paid, 1.0),
+        ("GiB-min", ss.gib_min, ry.gib_min, 1.0),
+        ("idle runner-min", ss.idle, ry.idle, 1.0),
+    ];
+    let close = pairs
+        .iter()
+        .all(|&(_, a, b, floor)| within_10pct(a, b, floor));
+    let figures: Vec<String> = pairs
+        .iter()
+        .map(|(what, a, b, _)| format!("{what} {a:.1} vs {b:.1}"))
+        .collect();
+    vec![
+        Target {
+            pass: close,
+            text: format!(
+                "{} boots: runyard scale-set mode within 10% of webhook mode ({})",
+                s.boot,
+                figures.join(", ")
+            ),
+        },
+        Target {
+            pass: ss.gib_min < arc.gib_min && ry.gib_min < arc.gib_min,
+            text: format!(
+                "{} boots: runyard GiB-min below ARC's {:.0}: scale-set {:.0} ({:.0}%), webhook {:.0} ({:.0}%); runner-min {:.0} / {:.0} vs ARC's {:.0}",
+                s.boot,
+                arc.gib_min,
+                ss.gib_min,
+                100.0 * ss.gib_min / arc.gib_min.max(f64::MIN_POSITIVE),
+                ry.gib_min,
+                100.0 * ry.gib_min / arc.gib_min.max(f64::MIN_POSITIVE),
+                ss.paid,
+                ry.paid,
+                arc.paid
+            ),
+        },
     ]
 }
 
@@ -381,6 +530,13 @@ fn targets(sections: &[Section]) -> Vec<Target> {
     let mut out = Vec::new();
     let find = |s: &Section, p: &str| s.rows.iter().find(|r| r.policy == p).cloned();
     for s in sections {
+        if let (Some(ry), Some(ss), Some(arc)) = (
+            find(s, "runyard"),
+            find(s, "runyard scale-set"),
+            find(s, "ARC"),
+        ) {
+            out.extend(scale_set_targets(s, &ry, &ss, &arc));
+        }
         let (Some(ry), Some(garm)) = (find(s, "runyard"), find(s, "garm")) else {
             continue;
         };
@@ -429,7 +585,7 @@ fn targets(sections: &[Section]) -> Vec<Target> {
     out
 }
 
-/// Runs the simulation: every boot setting asked for, the three policies
+/// Runs the simulation: every boot setting asked for, the four policies
 /// each, over one generated workload.
 pub fn run(args: &SimulateArgs) -> anyhow::Result<Report> {
     ensure!(args.hours > 0.0, "--hours must be positive");
@@ -455,6 +611,15 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<Report> {
         "--min-idle above --max-runners"
     );
     ensure!(args.arc_period > 0.0, "--arc-period must be positive");
+    ensure!(
+        !args.flavors.is_empty() && args.flavors.iter().all(|f| *f > 0.0),
+        "--flavors: at least one, each a positive size in GiB"
+    );
+    ensure!(
+        args.flavors.windows(2).all(|w| w[0] < w[1]),
+        "--flavors: smallest first"
+    );
+    ensure!(args.memory_median > 0.0, "--memory-median must be positive");
     ensure!(args.job_median > 0.0, "--job-median must be positive");
     let work = workload(args);
     let sections: Vec<Section> = args
@@ -481,5 +646,7 @@ pub(crate) fn workload(args: &SimulateArgs) -> Vec<WorkJob> {
         job_median: secs(args.job_median),
         job_sigma: args.job_sigma,
         lost_webhooks: args.lost_webhooks,
+        memory_median: args.memory_median * GIB,
+        memory_sigma: args.memory_sigma,
     })
 }

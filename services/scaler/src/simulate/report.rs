@@ -4,7 +4,9 @@ use std::fmt;
 use std::time::Duration;
 
 use super::forge::{Forge, State};
+use crate::config::Flavor;
 use crate::core::world::Clock;
+use crate::sizing::pick_flavor;
 
 /// p50, p95, p99 and max of a sample, in seconds.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -74,6 +76,14 @@ pub struct Stats {
     pub create_lag: Percentiles,
     /// Σ runner lifetimes (create → delete), minutes.
     pub paid: f64,
+    /// Σ runner lifetime × its memory, GiB-minutes.
+    pub gib_min: f64,
+    /// Runner-minutes paid by memory size: (bytes, minutes), one per
+    /// flavor, smallest first.
+    pub by_size: Vec<(u64, f64)>,
+    /// Jobs that ran on a runner with less memory than the flavor they are
+    /// sized for (a runner made for a smaller job took them).
+    pub undersized: usize,
     /// Σ time running a job, minutes.
     pub busy: f64,
     /// Σ time online without a job, minutes.
@@ -90,18 +100,28 @@ pub struct Stats {
     pub failed_creates: usize,
     /// Most runners alive at once.
     pub peak: usize,
+    /// The policy's own notes on its run.
+    pub notes: Vec<String>,
 }
 
 fn mins(d: Duration) -> f64 {
     d.as_secs_f64() / 60.0
 }
 
+const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+
+fn gib(bytes: u64) -> f64 {
+    bytes as f64 / GIB
+}
+
 impl Stats {
-    /// Measures a finished run; anything still alive is counted until `end`.
-    pub(crate) fn of(policy: &'static str, forge: &Forge, end: Clock) -> Self {
+    /// Measures a finished run with the pool's `flavors`; anything still
+    /// alive is counted until `end`.
+    pub(crate) fn of(policy: &'static str, forge: &Forge, end: Clock, flavors: &[Flavor]) -> Self {
         let mut wait = Vec::new();
         let mut delay = Vec::new();
         let mut stolen = 0;
+        let mut undersized = 0;
         let mut completed = 0;
         let mut started_twice = 0;
         for (i, job) in forge.jobs.iter().enumerate() {
@@ -115,6 +135,12 @@ impl Stats {
                 let w = started.saturating_sub(job.work.queued_at);
                 wait.push(w.as_secs_f64());
                 delay.push(w.saturating_sub(forge.runners[r].boot).as_secs_f64());
+                let own = flavors[pick_flavor(flavors, Some(job.work.memory))]
+                    .memory
+                    .as_u64();
+                if forge.runners[r].memory < own {
+                    undersized += 1;
+                }
                 if forge.runners[r].made_for.is_some_and(|m| m != i) {
                     stolen += 1;
                 }
@@ -168,6 +194,9 @@ impl Stats {
                 .then_some(stolen),
             create_lag: Percentiles::of(create_lag),
             paid: 0.0,
+            gib_min: 0.0,
+            by_size: flavors.iter().map(|f| (f.memory.as_u64(), 0.0)).collect(),
+            undersized,
             busy: 0.0,
             idle: 0.0,
             booting: 0.0,
@@ -176,6 +205,7 @@ impl Stats {
             never_ran: 0,
             failed_creates: 0,
             peak: forge.peak(),
+            notes: Vec::new(),
         };
         for r in &forge.runners {
             if r.state == State::Failed {
@@ -184,7 +214,13 @@ impl Stats {
             }
             s.runners += 1;
             let gone = r.deleted_at.unwrap_or(end);
-            s.paid += mins(gone.saturating_sub(r.created_at));
+            let lifetime = mins(gone.saturating_sub(r.created_at));
+            s.paid += lifetime;
+            s.gib_min += lifetime * gib(r.memory);
+            match s.by_size.iter_mut().find(|(m, _)| *m == r.memory) {
+                Some((_, m)) => *m += lifetime,
+                None => s.by_size.push((r.memory, lifetime)),
+            }
             let online = r.online_at.unwrap_or(gone);
             s.booting += mins(online.saturating_sub(r.created_at));
             if let Some(on) = r.online_at {
@@ -263,16 +299,16 @@ impl fmt::Display for Report {
             writeln!(f)?;
             writeln!(
                 f,
-                "| policy | jobs run | queue wait p50 / p95 / p99 (s) | scheduling delay p50 / p95 / p99 (s) | jobs delayed > 1 s | wait beyond the n-th boot p50 / p95 / p99 (s) | create lag p50 / p95 / p99 (s) | runner-min paid | busy | idle | booting | after the job | runners | never ran a job | peak |"
+                "| policy | jobs run | queue wait p50 / p95 / p99 (s) | scheduling delay p50 / p95 / p99 (s) | jobs delayed > 1 s | wait beyond the n-th boot p50 / p95 / p99 (s) | create lag p50 / p95 / p99 (s) | runner-min paid | GiB-min paid | busy | idle | booting | after the job | runners | never ran a job | peak |"
             )?;
             writeln!(
                 f,
-                "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+                "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
             )?;
             for r in &s.rows {
                 writeln!(
                     f,
-                    "| {} | {}/{} | {} | {} | {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {} | {} | {} |",
+                    "| {} | {}/{} | {} | {} | {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {} | {} | {} |",
                     r.policy,
                     r.completed,
                     r.jobs,
@@ -282,6 +318,7 @@ impl fmt::Display for Report {
                     pct(&r.beyond_boot),
                     pct(&r.create_lag),
                     r.paid,
+                    r.gib_min,
                     r.busy,
                     r.idle,
                     r.booting,
@@ -291,9 +328,44 @@ impl fmt::Display for Report {
                     r.peak,
                 )?;
             }
+            if let Some(first) = s.rows.first() {
+                writeln!(f)?;
+                writeln!(f, "Runner-minutes paid by memory size:")?;
+                writeln!(f)?;
+                let sizes: Vec<String> = first
+                    .by_size
+                    .iter()
+                    .map(|(m, _)| format!("{} GiB", gib(*m)))
+                    .collect();
+                writeln!(
+                    f,
+                    "| policy | {} | GiB-min | mean GiB per runner-min | jobs on a runner smaller than their size |",
+                    sizes.join(" | ")
+                )?;
+                writeln!(f, "|---|{}---:|---:|---:|", "---:|".repeat(sizes.len()))?;
+                for r in &s.rows {
+                    let cells: Vec<String> = first
+                        .by_size
+                        .iter()
+                        .map(|(m, _)| {
+                            let v = r.by_size.iter().find(|(n, _)| n == m).map_or(0.0, |x| x.1);
+                            format!("{v:.0}")
+                        })
+                        .collect();
+                    writeln!(
+                        f,
+                        "| {} | {} | {:.0} | {:.2} | {} |",
+                        r.policy,
+                        cells.join(" | "),
+                        r.gib_min,
+                        r.gib_min / r.paid.max(f64::MIN_POSITIVE),
+                        r.undersized
+                    )?;
+                }
+            }
             writeln!(f)?;
             for r in &s.rows {
-                let mut notes = Vec::new();
+                let mut notes = r.notes.clone();
                 if let Some(n) = r.on_another_jobs_runner {
                     notes.push(format!(
                         "{n} jobs ({:.1}%) ran on a runner made for another job",
@@ -332,7 +404,10 @@ impl fmt::Display for Report {
              create lag: create time of the n-th runner that ran a job − queue time of the n-th \
              job, floored at 0 (how far runner creation trails the queue, whichever job each runner ends up \
              running). runner-min paid: Σ (delete − create) over all runners = booting + idle + busy + \
-             after the job (a finished runner not yet deleted). idle: online without a job."
+             after the job (a finished runner not yet deleted). GiB-min paid: Σ (delete − create) × \
+             the runner's memory. idle: online without a job. jobs on a runner smaller than their \
+             size: the runner that ran the job has less memory than the flavor the job is sized for \
+             (a runner made for a smaller job took it; OOM kills are not simulated)."
         )
     }
 }

@@ -3,6 +3,17 @@
 //! runs — on every event and every tick, and its effects are carried out
 //! against the simulated forge the way the engine's operations carry them
 //! out (here they finish in no time).
+//!
+//! In [`Mode::ScaleSet`] the pool is a runner scale set's: the same core and
+//! policy, the pool's spec with `scale_set` set, and the job events are the
+//! listener's — `JobAssigned` → `queued`, `JobStarted` → `in_progress` on
+//! the runner, `JobCompleted` → `completed` (`scaleset::convert`), each
+//! naming the pool as the job's scale set — delivered by the long poll as
+//! messages of at most 50 job events, each as soon as it exists (no
+//! latency, as webhooks have none here; acquiring a `JobAvailable` job
+//! takes no time either). No message is lost. Runners are sized as in
+//! webhook mode: the smallest flavor covering the job's limit; free ones
+//! the first flavor.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -18,16 +29,30 @@ use runyard_events::{
 
 use super::Scaler;
 use super::forge::{Forge, Obs, State};
+use crate::config::Flavor;
 use crate::core::listing::{Finding, Listing};
 use crate::core::policy::{Knobs, PoolSpec};
 use crate::core::step::{Backoff, Core, Effect, Local, Settings, job_key};
 use crate::core::world::{Clock, JobId, Phase};
 use crate::forges::ForgeRunner;
+use crate::sizing::pick_flavor;
 
 /// The pool every simulated job goes to.
 pub(crate) const POOL: &str = "linux-x64";
 const HOST: &str = "github.com";
 const LABELS: [&str; 3] = ["self-hosted", "linux", "x64"];
+
+/// Most job events in one message of the Actions service.
+pub(crate) const MESSAGE_JOBS: usize = 50;
+
+/// How the pool hears of its jobs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// `workflow_job` webhooks (some may be lost).
+    Webhook,
+    /// A runner scale set's message session.
+    ScaleSet,
+}
 
 /// The engine's timers that matter here.
 #[derive(Debug, Clone, Copy)]
@@ -49,6 +74,12 @@ pub(crate) struct Timers {
 #[derive(Debug)]
 pub(crate) struct Runyard {
     core: Core,
+    mode: Mode,
+    flavors: Vec<Flavor>,
+    /// Scale-set job events not yet delivered: (job, status).
+    outbox: Vec<(usize, JobStatus)>,
+    /// Job events in each message delivered.
+    messages: Vec<usize>,
     tick: Duration,
     sync_interval: Duration,
     next_tick: Clock,
@@ -91,14 +122,23 @@ fn rref(name: &str) -> RunnerRef {
 }
 
 impl Runyard {
-    /// A scaler owning one pool; `seed` drives the retry jitter.
+    /// A scaler owning one pool whose runners come in `flavors` (smallest
+    /// first), hearing of jobs as `mode` says; `seed` drives the retry
+    /// jitter.
     pub(crate) fn new(
-        pool: PoolSpec,
+        mut pool: PoolSpec,
+        mode: Mode,
+        flavors: Vec<Flavor>,
         knobs: Knobs,
         timers: Timers,
         seed: u64,
         start: Clock,
     ) -> Self {
+        pool.scale_set = mode == Mode::ScaleSet;
+        if pool.scale_set {
+            // The scale set is made with labels = [its name, ...labels].
+            pool.labels.insert(0, POOL.into());
+        }
         let jitter = Arc::new(AtomicU64::new(1.0f64.to_bits()));
         let drawn = jitter.clone();
         let mut core = Core::new(Settings {
@@ -117,6 +157,10 @@ impl Runyard {
         core.own(POOL, true);
         Self {
             core,
+            mode,
+            flavors,
+            outbox: Vec::new(),
+            messages: Vec::new(),
             tick: timers.tick,
             sync_interval: timers.sync_interval,
             next_tick: start,
@@ -159,6 +203,12 @@ impl Runyard {
         let _assigned = self.core.done(name, &events, local, now);
     }
 
+    /// The job events in each message delivered so far (scale-set mode).
+    #[cfg(test)]
+    pub(crate) fn messages(&self) -> &[usize] {
+        &self.messages
+    }
+
     fn observe_job(&mut self, forge: &Forge, now: Clock, j: usize, status: JobStatus) {
         let job = &forge.jobs[j];
         let runner_name = job
@@ -167,6 +217,7 @@ impl Runyard {
             .and_then(|r| self.names.get(&r).cloned())
             .unwrap_or_default();
         let id = job_id(j);
+        let scale_set = self.mode == Mode::ScaleSet;
         let body = Body::JobObserved(JobObserved {
             job: Some(job_key(&id)),
             project: "acme/app".into(),
@@ -174,7 +225,12 @@ impl Runyard {
             run_attempt: 1,
             name: format!("job {}", id.job_id),
             workflow_name: "ci".into(),
-            labels: LABELS.iter().map(|l| (*l).to_owned()).collect(),
+            // `runs-on: <scale set name>` in scale-set mode.
+            labels: if scale_set {
+                vec![POOL.to_owned()]
+            } else {
+                LABELS.iter().map(|l| (*l).to_owned()).collect()
+            },
             status: status as i32,
             conclusion: if status == JobStatus::Completed {
                 Conclusion::Success as i32
@@ -186,9 +242,43 @@ impl Runyard {
             created_at: Some(ts(job.work.queued_at)),
             started_at: job.started_at.map(ts),
             completed_at: job.completed_at.map(ts),
+            scale_set_pool: if scale_set {
+                POOL.into()
+            } else {
+                String::new()
+            },
+            scale_set_job_id: if scale_set {
+                id.job_id.to_string()
+            } else {
+                String::new()
+            },
             ..JobObserved::default()
         });
         self.apply(now, body);
+    }
+
+    /// A job event: folded in at once (a webhook), or put in the scale
+    /// set's next message.
+    fn hear(&mut self, forge: &Forge, now: Clock, j: usize, status: JobStatus) {
+        match self.mode {
+            Mode::Webhook => self.observe_job(forge, now, j, status),
+            Mode::ScaleSet => self.outbox.push((j, status)),
+        }
+    }
+
+    /// The long poll: every job event that exists is delivered, in order,
+    /// in messages of at most [`MESSAGE_JOBS`]; the listener writes each
+    /// message's events to the log before the next poll. `true` when
+    /// anything was delivered.
+    fn deliver(&mut self, forge: &Forge, now: Clock) -> bool {
+        let outbox = std::mem::take(&mut self.outbox);
+        for message in outbox.chunks(MESSAGE_JOBS) {
+            for &(j, status) in message {
+                self.observe_job(forge, now, j, status);
+            }
+            self.messages.push(message.len());
+        }
+        !outbox.is_empty()
     }
 
     /// The forge listing, read by the core as the engine's listings are:
@@ -263,7 +353,13 @@ impl Runyard {
             .and_then(|r| r.job.as_ref())
             .and_then(|j| usize::try_from(j.job_id).ok())
             .map(|n| n - 1);
-        let (id, ok) = forge.create(now, made_for);
+        // The engine sizes a runner for its job (`sizing::pick_flavor` of
+        // the allocator's limit) and a free one with the first flavor.
+        let flavor = made_for.map_or(0, |j| {
+            pick_flavor(&self.flavors, Some(forge.jobs[j].work.memory))
+        });
+        let memory = self.flavors[flavor].memory.as_u64();
+        let (id, ok) = forge.create(now, made_for, memory);
         self.names.insert(id, name.to_owned());
         self.instances.insert(name.to_owned(), id);
         let body = if ok {
@@ -400,20 +496,25 @@ fn next_after(now: Clock, period: Duration) -> Clock {
 
 impl Scaler for Runyard {
     fn name(&self) -> &'static str {
-        "runyard"
+        match self.mode {
+            Mode::Webhook => "runyard",
+            Mode::ScaleSet => "runyard scale-set",
+        }
     }
 
     fn webhooks(&self) -> bool {
-        true
+        self.mode == Mode::Webhook
+    }
+
+    fn scale_set(&self) -> bool {
+        self.mode == Mode::ScaleSet
     }
 
     fn observe(&mut self, forge: &mut Forge, now: Clock, obs: Obs) -> bool {
         match obs {
-            Obs::Queued(j) | Obs::Rediscovered(j) => {
-                self.observe_job(forge, now, j, JobStatus::Queued);
-            }
-            Obs::Started { job, .. } => self.observe_job(forge, now, job, JobStatus::InProgress),
-            Obs::Completed { job, .. } => self.observe_job(forge, now, job, JobStatus::Completed),
+            Obs::Queued(j) | Obs::Rediscovered(j) => self.hear(forge, now, j, JobStatus::Queued),
+            Obs::Started { job, .. } => self.hear(forge, now, job, JobStatus::InProgress),
+            Obs::Completed { job, .. } => self.hear(forge, now, job, JobStatus::Completed),
             // No event says a runner came online: the engine sees it in
             // the next forge listing (at once when that is switched off).
             Obs::Online(_) => {
@@ -426,7 +527,8 @@ impl Scaler for Runyard {
     }
 
     fn act(&mut self, forge: &mut Forge, now: Clock, events: bool) {
-        let mut wake = events;
+        let delivered = self.deliver(forge, now);
+        let mut wake = events || delivered;
         if self.sync_now || (!self.sync_interval.is_zero() && now >= self.next_sync) {
             self.sync(forge, now);
             self.sync_now = false;
@@ -449,6 +551,19 @@ impl Scaler for Runyard {
             self.core.forget_settled();
             self.next_prune = next_after(now, Duration::from_secs(60));
         }
+    }
+
+    fn notes(&self) -> Vec<String> {
+        if self.messages.is_empty() {
+            return Vec::new();
+        }
+        vec![format!(
+            "{} job events in {} messages (at most {} a message; {} full)",
+            self.messages.iter().sum::<usize>(),
+            self.messages.len(),
+            self.messages.iter().max().unwrap_or(&0),
+            self.messages.iter().filter(|n| **n == MESSAGE_JOBS).count()
+        )]
     }
 
     fn next_wakeup(&self) -> Clock {

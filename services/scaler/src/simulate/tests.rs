@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use super::forge::State;
+use super::runyard::{MESSAGE_JOBS, Mode};
 use super::*;
 
 /// A small workload (debug builds run it in well under a second per policy).
@@ -130,7 +131,7 @@ fn runyard_makes_one_runner_per_job_and_leaves_none_idle() {
     let work = workload(&args);
     let mut ry = by_name(&args, "runyard");
     let (forge, end) = simulate_one(&args, &work, BootSetting::Slow, ry.as_mut());
-    let stats = Stats::of("runyard", &forge, end);
+    let stats = Stats::of("runyard", &forge, end, &flavors(&args));
     assert_eq!(stats.runners, args.jobs);
     assert_eq!(stats.never_ran, 0);
     assert_eq!(stats.create_lag.max, 0.0, "a runner created after its job");
@@ -215,4 +216,126 @@ fn with_slow_boots_runyard_adds_no_wait_beyond_booting_and_garm_adds_its_backoff
     // The per-runner measure credits each job with the boot of whichever
     // runner the forge gave it, so boot-time spread shows up in it.
     assert!(ry.delay.p95 >= ry.beyond_boot.p95);
+}
+
+#[test]
+fn scale_set_mode_serves_every_job_of_a_small_trace() {
+    // Lost webhooks are the webhook mode's: the scale set's messages bring
+    // every job all the same, with no reconciler.
+    let args = SimulateArgs {
+        lost_webhooks: 0.1,
+        ..small(23)
+    };
+    let work = workload(&args);
+    for boot in [BootSetting::Fast, BootSetting::Slow] {
+        let mut ss = runyard(&args, Mode::ScaleSet);
+        let (forge, end) = simulate_one(&args, &work, boot, &mut ss);
+        for (i, j) in forge.jobs.iter().enumerate() {
+            assert_eq!(j.starts, 1, "{boot:?}: job {i} started {} times", j.starts);
+            assert!(
+                j.completed_at.is_some(),
+                "{boot:?}: job {i} never completed"
+            );
+        }
+        assert!(forge.quiescent(), "{boot:?}: runners left behind");
+        let stats = Stats::of(ss.name(), &forge, end, &flavors(&args));
+        assert_eq!(stats.runners, args.jobs, "{boot:?}: one runner per job");
+        assert_eq!(stats.never_ran, 0, "{boot:?}");
+        assert_eq!(stats.create_lag.max, 0.0, "{boot:?}: a runner created late");
+        // Assigned, started, completed: three job events a job, in messages
+        // of at most 50 (bursts fill some).
+        let messages = ss.messages();
+        assert_eq!(messages.iter().sum::<usize>(), 3 * args.jobs, "{boot:?}");
+        assert!(messages.iter().all(|n| (1..=MESSAGE_JOBS).contains(n)));
+        assert!(
+            messages.contains(&MESSAGE_JOBS),
+            "{boot:?}: no full message"
+        );
+    }
+}
+
+#[test]
+fn arc_never_exceeds_max_runners_and_runs_everything_on_the_largest_flavor() {
+    let args = SimulateArgs {
+        max_runners: 25,
+        min_idle: 3,
+        create_failures: 0.05,
+        ..small(29)
+    };
+    let work = workload(&args);
+    let biggest = largest(&flavors(&args));
+    for boot in [BootSetting::Fast, BootSetting::Slow] {
+        let mut arc = by_name(&args, "ARC");
+        let (forge, _) = simulate_one(&args, &work, boot, arc.as_mut());
+        assert!(
+            forge.peak() <= 25,
+            "{boot:?}: {} runners at once",
+            forge.peak()
+        );
+        assert_eq!(
+            forge.peak(),
+            25,
+            "{boot:?}: the bursts never reached the cap"
+        );
+        assert!(
+            forge.runners.iter().all(|r| r.memory == biggest),
+            "{boot:?}: a runner not of the largest flavor"
+        );
+        assert!(
+            forge
+                .jobs
+                .iter()
+                .all(|j| j.starts == 1 && j.completed_at.is_some())
+        );
+    }
+}
+
+#[test]
+fn scale_set_and_webhook_mode_differing_only_by_assignment_are_within_10pct() {
+    // No lost webhooks (the one input only webhooks see); min_idle keeps
+    // several runners idle at once, so which idle runner the forge gives a
+    // job (the longest idle, or any of the set's) matters.
+    let args = SimulateArgs {
+        min_idle: 4,
+        ..small(31)
+    };
+    let report = run(&args).unwrap_or_else(|e| panic!("{e}"));
+    for boot in ["fast", "slow"] {
+        let row = |p: &str| report.row(boot, p).unwrap_or_else(|| panic!("no {p} row"));
+        let (wh, ss) = (row("runyard"), row("runyard scale-set"));
+        assert_eq!(ss.completed, args.jobs);
+        for (what, a, b, floor) in [
+            ("queue wait p50", ss.wait.p50, wh.wait.p50, 0.1),
+            ("queue wait p95", ss.wait.p95, wh.wait.p95, 0.1),
+            ("runner-min", ss.paid, wh.paid, 1.0),
+            ("GiB-min", ss.gib_min, wh.gib_min, 1.0),
+            ("idle runner-min", ss.idle, wh.idle, 1.0),
+        ] {
+            assert!(
+                within_10pct(a, b, floor),
+                "{boot}: {what} {a} (scale set) vs {b} (webhook)"
+            );
+        }
+    }
+    // The assignment did differ.
+    let work = workload(&args);
+    let (wh, _) = simulate_one(
+        &args,
+        &work,
+        BootSetting::Slow,
+        &mut runyard(&args, Mode::Webhook),
+    );
+    let (ss, _) = simulate_one(
+        &args,
+        &work,
+        BootSetting::Slow,
+        &mut runyard(&args, Mode::ScaleSet),
+    );
+    assert!(
+        wh.jobs
+            .iter()
+            .zip(&ss.jobs)
+            .any(|(a, b)| a.runner != b.runner || a.started_at != b.started_at),
+        "the two modes ran every job alike"
+    );
 }

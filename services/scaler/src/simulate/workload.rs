@@ -1,5 +1,6 @@
-//! The workload: when jobs are queued, how long they run, which `queued`
-//! webhooks are lost, and how long a runner takes to boot.
+//! The workload: when jobs are queued, how long they run, how much memory
+//! the allocator gives them, which `queued` webhooks are lost, and how long
+//! a runner takes to boot.
 
 use std::time::Duration;
 
@@ -32,6 +33,10 @@ pub(crate) struct WorkloadConfig {
     pub job_sigma: f64,
     /// Share of `queued` webhooks the scaler never receives.
     pub lost_webhooks: f64,
+    /// Median memory limit the allocator recommends for a job, bytes.
+    pub memory_median: f64,
+    /// σ of the log of that limit.
+    pub memory_sigma: f64,
 }
 
 /// One job of the workload.
@@ -43,11 +48,22 @@ pub(crate) struct WorkJob {
     pub duration: Duration,
     /// Its `queued` webhook is lost.
     pub lost: bool,
+    /// The memory limit the allocator recommends for it, bytes (the
+    /// allocator is not simulated: this is taken as its answer, and right).
+    pub memory: u64,
 }
 
 /// Jobs longer than this are cut (GitHub's limit for a job on a
 /// self-hosted runner is days; most CI systems cap far lower).
 const MAX_JOB: Duration = Duration::from_secs(6 * 3600);
+
+/// Memory limits are kept within these (bytes).
+const MIN_MEMORY: f64 = 256.0 * 1024.0 * 1024.0;
+const MAX_MEMORY: f64 = 64.0 * 1024.0 * 1024.0 * 1024.0;
+
+/// Mixed into the seed of the memory limits' own stream, so adding them
+/// changed no queue time, duration or lost webhook of a seed.
+const MEMORY_STREAM: u64 = 0x6d65_6d6f_7279;
 
 /// A standard normal deviate (Box–Muller; `rand_distr` is not needed for
 /// one distribution).
@@ -65,7 +81,8 @@ pub(crate) fn lognormal(rng: &mut impl Rng, median: f64, sigma: f64) -> f64 {
 /// Generates the workload, ordered by queue time: single jobs as a Poisson
 /// process over the span (uniform times given their count), plus matrix
 /// bursts of `burst_min..=burst_max` jobs queued at the same instant at
-/// uniformly random times.
+/// uniformly random times. Memory limits are log-normal, one per job in
+/// queue order, from a stream of their own.
 pub(crate) fn generate(config: &WorkloadConfig) -> Vec<WorkJob> {
     let mut rng = StdRng::seed_from_u64(config.seed);
     let span = config.span.as_secs_f64();
@@ -85,15 +102,19 @@ pub(crate) fn generate(config: &WorkloadConfig) -> Vec<WorkJob> {
     }
     times.sort_by(f64::total_cmp);
     let median = config.job_median.as_secs_f64();
+    let mut memory_rng = StdRng::seed_from_u64(config.seed ^ MEMORY_STREAM);
     times
         .into_iter()
         .map(|t| {
             let duration = lognormal(&mut rng, median, config.job_sigma).max(1.0);
+            let memory = lognormal(&mut memory_rng, config.memory_median, config.memory_sigma)
+                .clamp(MIN_MEMORY, MAX_MEMORY);
             WorkJob {
                 // Whole milliseconds: equal times stay equal, sums stay exact.
                 queued_at: START + Duration::from_millis((t * 1000.0) as u64),
                 duration: Duration::from_millis((duration * 1000.0) as u64).min(MAX_JOB),
                 lost: config.lost_webhooks > 0.0 && rng.random::<f64>() < config.lost_webhooks,
+                memory: memory as u64,
             }
         })
         .collect()
