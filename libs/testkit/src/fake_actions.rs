@@ -56,7 +56,7 @@ mod state;
 mod tokens;
 
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use axum::Router;
 use base64::Engine as _;
@@ -562,6 +562,14 @@ impl FakeActions {
     /// Queue messages deleted (a repeated delete is not counted again).
     pub fn acks(&self) -> u64 {
         self.st().acks
+    }
+
+    /// When a message `GET` first answered with the job's `JobAssigned`
+    /// (taken as the answer is made, before it is sent; a redelivery or a
+    /// later assignment of the same job does not move it). `None` until
+    /// then.
+    pub fn assigned_delivered_at(&self, job_id: &str) -> Option<SystemTime> {
+        self.st().assigned_delivered.get(job_id).copied()
     }
 
     /// Every request received, in the order they were answered (a held

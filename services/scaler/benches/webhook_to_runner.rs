@@ -22,6 +22,11 @@
 //!
 //! Phases, each on a fresh namespace, fake GitHub, ingest and scaler:
 //! - `paced`: N webhooks at a fixed rate (open loop), after a warm-up;
+//! - `scale-set`: the same for a `mode = "scale-set"` pool, without ingest
+//!   or webhooks: N jobs queued at the same rate in [`FakeActions`] (behind
+//!   the same timing proxy), each timed from the moment the fake hands out
+//!   the message carrying its `JobAssigned`
+//!   ([`FakeActions::assigned_delivered_at`]);
 //! - `burst`: N webhooks as fast as ingest takes them (C connections);
 //! - `backlog`: N jobs already queued in the log when the scaler starts;
 //! - `direct`: the create path's own parts (the scaler's claim, the same DB
@@ -72,6 +77,7 @@ use runyard_scaler::forges::Forges;
 use runyard_scaler::kv::{Claim, Coordination};
 use runyard_scaler::provider::{CreateRequest, Provider};
 use runyard_scaler::sizing::{Allocator, runner_requested};
+use runyard_testkit::fake_actions::{FakeActions, FakeScaleSetJob};
 use runyard_testkit::fake_github::FakeGitHub;
 use runyard_testkit::{NatsServer, TestDb, free_port, github_signature, unique_namespace};
 use secrecy::SecretString;
@@ -205,6 +211,8 @@ struct Args {
 enum Phase {
     /// `--jobs` webhooks at `--rate` (open loop).
     Paced,
+    /// `--jobs` jobs at `--rate` for a scale-set pool (no webhooks).
+    ScaleSet,
     /// `--jobs` webhooks as fast as ingest takes them.
     Burst,
     /// `--jobs` jobs in the log before the scaler starts.
@@ -237,8 +245,11 @@ fn occurred_ns(e: &Event) -> i64 {
 /// Everything noted while a phase runs, by job id or runner name.
 #[derive(Debug, Default, Clone)]
 struct Seen {
-    /// Job → when its webhook's 202 arrived.
+    /// Job → when its wait began: its webhook's 202, or (scale-set) the
+    /// fake handing out its `JobAssigned`.
     acked: HashMap<u64, i64>,
+    /// Scale-set job id → the scaler's job id (from `JobObserved`).
+    scale_set_jobs: HashMap<String, u64>,
     /// Job → when its `JobObserved` reached the bench's consumer.
     delivered: HashMap<u64, i64>,
     /// Job → when the allocator stub was asked about it.
@@ -273,6 +284,10 @@ impl Handler for Recorder {
                 Some(Body::JobObserved(j)) if j.status() == JobStatus::Queued => {
                     if let Some(k) = &j.job {
                         seen.delivered.entry(k.job_id).or_insert(at);
+                        if !j.scale_set_job_id.is_empty() {
+                            seen.scale_set_jobs
+                                .insert(j.scale_set_job_id.clone(), k.job_id);
+                        }
                     }
                 }
                 Some(Body::RunnerRequested(r)) => {
@@ -303,6 +318,10 @@ impl Handler for Recorder {
 #[derive(Clone)]
 struct ProxyState {
     upstream: String,
+    /// The proxy's own URL, put in answers in place of `upstream`'s, so
+    /// URLs the fake hands out (the Actions service's, its message queue's)
+    /// lead back through the proxy.
+    rewrite: Option<String>,
     client: reqwest::Client,
     seen: Shared,
 }
@@ -325,9 +344,14 @@ impl Drop for Server {
     }
 }
 
-async fn start_proxy(upstream: String, seen: Shared) -> anyhow::Result<Server> {
+/// A timing proxy in front of `upstream`; with `rewrite`, every answer
+/// names the proxy where it named `upstream`.
+async fn start_proxy(upstream: String, seen: Shared, rewrite: bool) -> anyhow::Result<Server> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
     let state = ProxyState {
         upstream,
+        rewrite: rewrite.then(|| format!("http://{addr}")),
         client: reqwest::Client::builder()
             .tcp_nodelay(true)
             .pool_max_idle_per_host(2048)
@@ -335,25 +359,22 @@ async fn start_proxy(upstream: String, seen: Shared) -> anyhow::Result<Server> {
         seen,
     };
     let router = axum::Router::new().fallback(forward).with_state(state);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
     let task = tokio::spawn(async move {
         let _ = axum::serve(listener, router).await;
     });
     Ok(Server { addr, task })
 }
 
-/// Forwards one request to the fake; notes JIT requests by runner name.
+/// Forwards one request to the fake; notes JIT requests (GitHub's REST
+/// one and a scale set's) by runner name.
 async fn forward(State(p): State<ProxyState>, req: axum::extract::Request) -> Response {
     let arrived = now_ns();
     let (parts, body) = req.into_parts();
     let Ok(body) = axum::body::to_bytes(body, 1 << 20).await else {
         return StatusCode::BAD_REQUEST.into_response();
     };
-    let jit = parts
-        .uri
-        .path()
-        .ends_with("/generate-jitconfig")
+    let path = parts.uri.path();
+    let jit = (path.ends_with("/generate-jitconfig") || path.ends_with("/generatejitconfig"))
         .then(|| serde_json::from_slice::<Value>(&body).ok())
         .flatten()
         .and_then(|v| v.get("name")?.as_str().map(str::to_owned));
@@ -373,9 +394,17 @@ async fn forward(State(p): State<ProxyState>, req: axum::extract::Request) -> Re
     };
     let status = answer.status();
     let headers = answer.headers().clone();
-    let Ok(bytes) = answer.bytes().await else {
+    let Ok(mut bytes) = answer.bytes().await else {
         return StatusCode::BAD_GATEWAY.into_response();
     };
+    if let Some(own) = &p.rewrite
+        && let Ok(text) = std::str::from_utf8(&bytes)
+    {
+        let from = format!("{}/", p.upstream);
+        if text.contains(&from) {
+            bytes = text.replace(&from, &format!("{own}/")).into();
+        }
+    }
     let mut response = Response::builder().status(status);
     for (name, value) in &headers {
         if !hop_by_hop(name.as_str()) {
@@ -557,11 +586,29 @@ struct Listening {
     port: u16,
 }
 
+/// What the scaler's GitHub URL leads to, through the timing proxy.
+enum Upstream {
+    /// Webhook pools: the fake GitHub.
+    GitHub(FakeGitHub),
+    /// A scale-set pool: the fake Actions service (its registration steps
+    /// at the root, the service under it).
+    Actions(FakeActions),
+}
+
+impl Upstream {
+    fn url(&self) -> String {
+        match self {
+            Self::GitHub(g) => g.url(),
+            Self::Actions(a) => a.github_url(),
+        }
+    }
+}
+
 struct Stack {
     ns: Namespace,
     bus: Bus,
     seen: Shared,
-    github: FakeGitHub,
+    upstream: Upstream,
     proxy: Server,
     allocator: Server,
     dir: PathBuf,
@@ -591,15 +638,26 @@ fn scaler_consumer(ns: &Namespace) -> ConsumerConfig {
 }
 
 impl Stack {
-    async fn new(ctx: &Ctx, label: &str, max_runners: usize) -> anyhow::Result<Self> {
+    /// A stack for a webhook pool, or with `scale_set` a scale-set pool
+    /// (the fake Actions service in place of the fake GitHub).
+    async fn new(
+        ctx: &Ctx,
+        label: &str,
+        max_runners: usize,
+        scale_set: bool,
+    ) -> anyhow::Result<Self> {
         let ns = unique_namespace();
         let bus = Bus::from_client(ctx.client.clone(), ns.clone());
         bus.ensure_streams(&StreamSettings::default())
             .await
             .context("creating the streams")?;
         let seen = Shared::default();
-        let github = FakeGitHub::start().await;
-        let proxy = start_proxy(github.url(), seen.clone()).await?;
+        let upstream = if scale_set {
+            Upstream::Actions(FakeActions::start().await)
+        } else {
+            Upstream::GitHub(FakeGitHub::start().await)
+        };
+        let proxy = start_proxy(upstream.url(), seen.clone(), scale_set).await?;
         let allocator = start_allocator(seen.clone()).await?;
         let dir = ctx.root.path().join(format!("{label}-{}", ns.as_str()));
         let state_dir = dir.join("state");
@@ -615,7 +673,7 @@ command = [{exe:?}, "{RUNNER_MODE}", {stamps:?}, "{{name}}"]
 name = "{POOL}"
 forge = "github"
 scope = {{ org = "acme" }}
-runner_group_id = 1
+{mode}
 labels = {labels:?}
 provider = "local"
 image = "bench"
@@ -630,6 +688,11 @@ state_dir = {state:?}
 "#,
             exe = ctx.exe.display().to_string(),
             stamps = stamps.display().to_string(),
+            mode = if scale_set {
+                "mode = \"scale-set\""
+            } else {
+                "runner_group_id = 1"
+            },
             labels = LABELS,
             state = state_dir.display().to_string(),
         );
@@ -646,7 +709,7 @@ state_dir = {state:?}
             ns,
             bus,
             seen,
-            github,
+            upstream,
             proxy,
             allocator,
             dir,
@@ -726,6 +789,49 @@ state_dir = {state:?}
             })
         })
         .await
+    }
+
+    /// The scale set's id once the scaler made it and holds its session.
+    async fn scale_set_ready(&self) -> anyhow::Result<i64> {
+        let Upstream::Actions(actions) = &self.upstream else {
+            anyhow::bail!("not a scale-set stack");
+        };
+        let session = || {
+            actions
+                .scale_sets()
+                .into_iter()
+                .find(|s| s.name == POOL && s.sessions == 1)
+                .map(|s| s.id)
+        };
+        wait_until(
+            "the scale set's session",
+            Duration::from_secs(60),
+            || async { session().is_some() },
+        )
+        .await?;
+        session().context("no scale set")
+    }
+
+    /// Queues `jobs` in the scale set open loop: job `i` goes at start +
+    /// i / rate. Returns the scale-set job ids and the numbers the jobs are
+    /// named by.
+    async fn queue_paced(&self, set: i64, jobs: &[u64], rate: f64) -> Vec<(String, u64)> {
+        let Upstream::Actions(actions) = &self.upstream else {
+            return Vec::new();
+        };
+        let start = tokio::time::Instant::now();
+        let mut out = Vec::with_capacity(jobs.len());
+        for (i, number) in jobs.iter().enumerate() {
+            tokio::time::sleep_until(start + Duration::from_secs_f64(i as f64 / rate)).await;
+            let job = FakeScaleSetJob::new(
+                "octo-org/example-workflow",
+                &format!("{JOB_PREFIX}{number}"),
+                i64::try_from(*number).unwrap_or(i64::MAX),
+                &[POOL],
+            );
+            out.push((actions.queue_job(set, job), *number));
+        }
+        out
     }
 
     fn webhook_url(&self) -> String {
@@ -981,7 +1087,7 @@ fn ns(values: impl IntoIterator<Item = i64>) -> Dist {
 }
 
 fn timelines(
-    set: &[Prepared],
+    jobs: &[u64],
     seen: &Seen,
     claims: &HashMap<u64, i64>,
     stamps: &HashMap<String, i64>,
@@ -991,9 +1097,8 @@ fn timelines(
         .iter()
         .map(|(name, (job, at))| (*job, (name, *at)))
         .collect();
-    set.iter()
-        .map(|p| {
-            let job = p.job_id;
+    jobs.iter()
+        .map(|&job| {
             let name = by_job.get(&job).map_or_else(
                 || instance_name(POOL, &claim_key(Forge::Github, "github.com", job, 1)),
                 |(n, _)| (*n).clone(),
@@ -1016,15 +1121,45 @@ fn timelines(
 // ---------------------------------------------------------------------------
 // Phases
 
-/// A phase driven by webhooks.
+/// A phase driven by arriving jobs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Mode {
     /// The paced phase.
     Paced,
+    /// The paced phase of a scale-set pool.
+    ScaleSet,
     /// The burst.
     Burst,
     /// The backlog.
     Backlog,
+}
+
+impl Mode {
+    /// Jobs arrive at `--rate`.
+    fn paced(self) -> bool {
+        matches!(self, Self::Paced | Self::ScaleSet)
+    }
+
+    /// Point `i` of a job's timeline ([`POINTS`]).
+    fn point(self, i: usize) -> &'static str {
+        match (self, i) {
+            (Self::ScaleSet, ACKED) => "JobAssigned handed out",
+            (Self::ScaleSet, JIT_IN) => "JIT request at the Actions service",
+            _ => POINTS[i],
+        }
+    }
+
+    /// What step `i` of a job's timeline includes ([`STAGES`]).
+    fn stage(self, i: usize) -> &'static str {
+        match (self, i) {
+            (Self::ScaleSet, 0) => {
+                "the message through the proxy; the listener: acquire of jobs it offers, REST twin look-up, events published and acked → a consumer with the scaler's settings"
+            }
+            (Self::ScaleSet, 4) => "`RunnerRequested` published and acked, Actions client sends",
+            (Self::ScaleSet, 5) => "fake Actions service answers (through the timing proxy)",
+            _ => STAGES[i],
+        }
+    }
 }
 
 /// What one phase measured.
@@ -1082,7 +1217,9 @@ impl Outcome {
     }
 }
 
-async fn phase_webhooks(ctx: &Ctx, round: usize, mode: Mode) -> anyhow::Result<Outcome> {
+/// A phase driven by arriving jobs: webhooks posted to ingest, or jobs
+/// queued in the fake Actions service for a scale-set pool.
+async fn phase_jobs(ctx: &Ctx, round: usize, mode: Mode) -> anyhow::Result<Outcome> {
     let args = &ctx.args;
     let n = args.jobs;
     let warm = if mode == Mode::Backlog {
@@ -1092,21 +1229,40 @@ async fn phase_webhooks(ctx: &Ctx, round: usize, mode: Mode) -> anyhow::Result<O
     };
     let label = match mode {
         Mode::Paced => format!("paced {}/s", args.rate),
+        Mode::ScaleSet => format!("scale-set {}/s", args.rate),
         Mode::Burst => format!("burst, {} connections", args.concurrency),
         Mode::Backlog => "backlog at start".to_owned(),
     };
     progress(format!("round {round}: {label}: {n} jobs"));
-    let mut stack = Stack::new(ctx, &label.replace([' ', ',', '/'], "-"), n + warm + 10).await?;
-    stack.start_ingest(ctx).await?;
+    let scale_set = mode == Mode::ScaleSet;
+    let mut stack = Stack::new(
+        ctx,
+        &label.replace([' ', ',', '/'], "-"),
+        n + warm + 10,
+        scale_set,
+    )
+    .await?;
+    if !scale_set {
+        stack.start_ingest(ctx).await?;
+    }
+    let mut set_id = 0;
     if mode != Mode::Backlog {
         stack.spawn_scaler(ctx)?;
         stack.scaler_ready(ctx).await?;
+        if scale_set {
+            set_id = stack.scale_set_ready().await?;
+        }
     }
     let phase = ctx.next_phase();
     let warmups = prepare(&ctx.template, phase, 0, warm)?;
     let set = prepare(&ctx.template, phase, 1_000_000, n)?;
+    let ids = |set: &[Prepared]| set.iter().map(|p| p.job_id).collect::<Vec<_>>();
     if warm > 0 {
-        stack.post_paced(ctx, &warmups, args.rate).await;
+        if scale_set {
+            stack.queue_paced(set_id, &ids(&warmups), args.rate).await;
+        } else {
+            stack.post_paced(ctx, &warmups, args.rate).await;
+        }
         anyhow::ensure!(
             stack.wait_runners(warm, Duration::from_secs(60)).await,
             "the warm-up's runners did not start; see {}",
@@ -1118,9 +1274,10 @@ async fn phase_webhooks(ctx: &Ctx, round: usize, mode: Mode) -> anyhow::Result<O
     let quiet = procfs::wait_for_quiet(0.25, Duration::from_secs(60)).await;
     progress(format!("  machine load before: {quiet:.2} cores"));
     let mut window_start = None;
+    let mut queued = Vec::new();
     let webhook_errors;
     let (meter, started, perf) = match mode {
-        Mode::Paced | Mode::Burst => {
+        Mode::Paced | Mode::Burst | Mode::ScaleSet => {
             let scaler_pid = stack.scaler.as_ref().map_or(0, |s| s.service.pid);
             let meter = CpuMeter::start(&[
                 ("scaler", scaler_pid),
@@ -1131,10 +1288,13 @@ async fn phase_webhooks(ctx: &Ctx, round: usize, mode: Mode) -> anyhow::Result<O
             let perf = perf_for(args, mode, scaler_pid)?;
             let started = Instant::now();
             window_start = Some(now_ns());
-            webhook_errors = if mode == Mode::Paced {
-                stack.post_paced(ctx, &set, args.rate).await
-            } else {
-                stack.post_all(ctx, &set, args.concurrency).await
+            webhook_errors = match mode {
+                Mode::Paced => stack.post_paced(ctx, &set, args.rate).await,
+                Mode::Burst => stack.post_all(ctx, &set, args.concurrency).await,
+                _ => {
+                    queued = stack.queue_paced(set_id, &ids(&set), args.rate).await;
+                    0
+                }
             };
             (meter, started, perf)
         }
@@ -1181,8 +1341,13 @@ async fn phase_webhooks(ctx: &Ctx, round: usize, mode: Mode) -> anyhow::Result<O
     let create_call_ms = stack.create_call_mean(ctx).await;
     let claims = stack.claims().await.unwrap_or_default();
     let stamps = stack.stamps();
-    let seen = lock(&stack.seen).clone();
-    let lines = timelines(&set, &seen, &claims, &stamps);
+    let mut seen = lock(&stack.seen).clone();
+    let jobs = if let Upstream::Actions(actions) = &stack.upstream {
+        scale_set_jobs(&mut seen, actions, &queued)
+    } else {
+        ids(&set)
+    };
+    let lines = timelines(&jobs, &seen, &claims, &stamps);
     let end = lines.iter().filter_map(|l| l.0[CREATED]).max();
     let start = match mode {
         Mode::Backlog => lines.iter().filter_map(|l| l.0[2]).min(),
@@ -1204,15 +1369,46 @@ async fn phase_webhooks(ctx: &Ctx, round: usize, mode: Mode) -> anyhow::Result<O
         lines,
     };
     progress(format!(
-        "  {} running, {} created, {} failed events; 202 → runner running p50 {} ms, p99 {} ms",
+        "  {} running, {} created, {} failed events; {} → create call starts p50 {} ms, p99 {} ms; → runner running p50 {} ms, p99 {} ms",
         outcome.running(),
         outcome.created(),
         outcome.failed.len(),
+        mode.point(ACKED),
+        ms(spans(&outcome.lines, ACKED, JIT_OUT).p50()),
+        ms(spans(&outcome.lines, ACKED, JIT_OUT).p99()),
         ms(spans(&outcome.lines, ACKED, RUNNING).p50()),
         ms(spans(&outcome.lines, ACKED, RUNNING).p99()),
     ));
     stack.finish(args.keep).await;
     Ok(outcome)
+}
+
+/// The scaler's ids of the scale-set jobs `queued` (scale-set job id, the
+/// number in its name), in order; notes in `seen` when the fake handed out
+/// each one's `JobAssigned`, and files the allocator stub's notes (by the
+/// number in the job's name) under them.
+fn scale_set_jobs(seen: &mut Seen, actions: &FakeActions, queued: &[(String, u64)]) -> Vec<u64> {
+    let mut jobs = Vec::with_capacity(queued.len());
+    let mut asked = HashMap::new();
+    for (id, number) in queued {
+        let job = seen
+            .scale_set_jobs
+            .get(id)
+            .copied()
+            .unwrap_or_else(|| runyard_scaler::scaleset::convert::job_id_of(id));
+        if let Some(at) = actions
+            .assigned_delivered_at(id)
+            .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+        {
+            seen.acked.insert(job, at.as_nanos() as i64);
+        }
+        if let Some(at) = seen.allocator.get(number) {
+            asked.insert(job, *at);
+        }
+        jobs.push(job);
+    }
+    seen.allocator = asked;
+    jobs
 }
 
 /// The create path's parts, as the scaler's engine calls them.
@@ -1435,14 +1631,14 @@ async fn phase_direct(ctx: &Ctx, round: usize) -> anyhow::Result<DirectOutcome> 
         "round {round}: direct create path: {} one at a time, then {} at once",
         args.sequential, args.jobs
     ));
-    let stack = Stack::new(ctx, "direct", args.jobs + args.sequential + 10).await?;
+    let stack = Stack::new(ctx, "direct", args.jobs + args.sequential + 10, false).await?;
     let direct = Arc::new(Direct::new(ctx, &stack).await?);
     let phase = ctx.next_phase();
     let base = 40_000_000_000 + phase * 10_000_000;
     let stamp_of = |stamps: &HashMap<String, i64>, name: &str| stamps.get(name).copied();
 
     // The proxy's own cost: JIT calls straight to the fake and through it.
-    let github = stack.github.url();
+    let github = stack.upstream.url();
     let straight = GitHubClient::new(
         &github,
         GitHubAuth::Token(SecretString::from("bench-token")),
@@ -1622,11 +1818,12 @@ async fn run(args: Args) -> anyhow::Result<()> {
             }
             for (phase, mode) in [
                 (Phase::Paced, Mode::Paced),
+                (Phase::ScaleSet, Mode::ScaleSet),
                 (Phase::Burst, Mode::Burst),
                 (Phase::Backlog, Mode::Backlog),
             ] {
                 if has(phase) {
-                    outcomes.push(Box::pin(phase_webhooks(&ctx, round, mode)).await?);
+                    outcomes.push(Box::pin(phase_jobs(&ctx, round, mode)).await?);
                 }
             }
         }
@@ -1698,23 +1895,29 @@ impl std::fmt::Display for Report<'_> {
         // Latency.
         writeln!(
             f,
-            "**Latency, per job** (ms; 202 = when the load generator read ingest's answer)\n"
+            "**Latency, per job** (ms; 202 = when the load generator read ingest's answer; JobAssigned handed out = when the fake Actions service made the message answer carrying the job's `JobAssigned`)\n"
         )?;
         let mut t = Table::new([
             "round",
             "phase",
-            "from 202 to",
+            "from → to",
             "n",
             "p50",
+            "p90",
             "p95",
             "p99",
             "max",
         ]);
         // Jobs of the backlog waited for the scaler to start: no latency.
         for o in self.outcomes.iter().filter(|o| o.mode != Mode::Backlog) {
+            let consumer = if o.mode == Mode::ScaleSet {
+                "`queued` event at a consumer"
+            } else {
+                "event at a consumer (baseline)"
+            };
             for (to, what) in [
-                (1, "event at a consumer (baseline)"),
-                (JIT_IN, "JIT request at GitHub"),
+                (1, consumer),
+                (JIT_IN, o.mode.point(JIT_IN)),
                 (JIT_OUT, "**create call starts** (JIT answered)"),
                 (RUNNING, "**runner process running**"),
                 (CREATED, "`RunnerCreated`"),
@@ -1723,9 +1926,10 @@ impl std::fmt::Display for Report<'_> {
                 t.row([
                     o.round.to_string(),
                     o.label.clone(),
-                    what.to_owned(),
+                    format!("{} → {what}", o.mode.point(ACKED)),
                     d.len().to_string(),
                     ms(d.p50()),
+                    ms(d.p90()),
                     ms(d.p95()),
                     ms(d.p99()),
                     ms(d.max()),
@@ -1747,7 +1951,29 @@ impl std::fmt::Display for Report<'_> {
                         .map(|o| format!("r{} {}", o.round, o.label)),
                 ),
         );
-        for (i, what) in STAGES.iter().enumerate() {
+        // A step's name and contents, as each kind of phase of the run has it.
+        let mut kinds: Vec<Mode> = Vec::new();
+        for o in self.outcomes {
+            let kind = if o.mode == Mode::ScaleSet {
+                Mode::ScaleSet
+            } else {
+                Mode::Paced
+            };
+            if !kinds.contains(&kind) {
+                kinds.push(kind);
+            }
+        }
+        let both = |of: &dyn Fn(Mode) -> String| {
+            let mut out: Vec<String> = Vec::new();
+            for k in &kinds {
+                let v = of(*k);
+                if !out.contains(&v) {
+                    out.push(v);
+                }
+            }
+            out.join(" / ")
+        };
+        for i in 0..STAGES.len() {
             let cells = self.outcomes.iter().map(|o| {
                 // The backlog was queued before the scaler started.
                 if o.mode == Mode::Backlog && i < 2 {
@@ -1758,8 +1984,8 @@ impl std::fmt::Display for Report<'_> {
             });
             t.row(
                 [
-                    format!("{} → {}", POINTS[i], POINTS[i + 1]),
-                    (*what).to_owned(),
+                    both(&|m| format!("{} → {}", m.point(i), m.point(i + 1))),
+                    both(&|m| m.stage(i).to_owned()),
                 ]
                 .into_iter()
                 .chain(cells),
@@ -1786,7 +2012,7 @@ impl std::fmt::Display for Report<'_> {
             let direct = self
                 .directs
                 .iter()
-                .find(|d| d.round == o.round && o.mode != Mode::Paced)
+                .find(|d| d.round == o.round && !o.mode.paced())
                 .map(DirectOutcome::rate);
             let rate = o.rate();
             t.row([
@@ -1813,7 +2039,7 @@ impl std::fmt::Display for Report<'_> {
         write!(f, "{t}")?;
         writeln!(
             f,
-            "\nWindows: paced and burst from the first webhook sent to the last `RunnerCreated`; backlog from the first claim stored to the last `RunnerCreated` (the scaler's start-up and lease wait excluded). `RunnerDeleted` events: {}. Runner processes left after the run: {}.",
+            "\nWindows: paced and burst from the first webhook sent, scale-set from the first job queued in the fake, to the last `RunnerCreated`; backlog from the first claim stored to the last `RunnerCreated` (the scaler's start-up and lease wait excluded). `RunnerDeleted` events: {}. Runner processes left after the run: {}.",
             self.outcomes.iter().map(|o| o.deleted).sum::<u64>(),
             self.leftover
         )?;
@@ -1869,22 +2095,23 @@ impl std::fmt::Display for Report<'_> {
             )?;
         }
         // Targets.
-        writeln!(f, "\n**Targets** (paced phase)\n")?;
+        writeln!(f, "\n**Targets** (paced phases)\n")?;
         let mut t = Table::new(["target", "round", "measured", "verdict"]);
-        for o in self
-            .outcomes
-            .iter()
-            .filter(|o| o.label.starts_with("paced"))
-        {
-            for (to, what) in [
-                (JIT_OUT, "create call starts"),
-                (RUNNING, "runner process running"),
-            ] {
+        for o in self.outcomes.iter().filter(|o| o.mode.paced()) {
+            let targets: &[(usize, &str, f64, f64)] = if o.mode == Mode::ScaleSet {
+                &[(JIT_OUT, "create call starts", 50.0, 300.0)]
+            } else {
+                &[
+                    (JIT_OUT, "create call starts", 100.0, 500.0),
+                    (RUNNING, "runner process running", 100.0, 500.0),
+                ]
+            };
+            for &(to, what, p50, p99) in targets {
                 let d = spans(&o.lines, ACKED, to);
                 let complete = d.len() == o.jobs;
-                for (q, value, limit) in [("p50", d.p50(), 100.0), ("p99", d.p99(), 500.0)] {
+                for (q, value, limit) in [("p50", d.p50(), p50), ("p99", d.p99(), p99)] {
                     t.row([
-                        format!("202 → {what} {q} ≤ {limit} ms"),
+                        format!("{} → {what} {q} ≤ {limit} ms", o.mode.point(ACKED)),
                         o.round.to_string(),
                         format!("{} ms ({} of {} jobs)", ms(value), d.len(), o.jobs),
                         verdict(complete && value <= limit * 1e6).to_owned(),
@@ -1893,6 +2120,50 @@ impl std::fmt::Display for Report<'_> {
             }
         }
         write!(f, "{t}")?;
+        // Scale-set against webhook mode, same round.
+        let mut t = Table::new([
+            "round",
+            "to",
+            "scale-set p50 / p90 / p99 ms",
+            "webhook p50 / p90 / p99 ms",
+            "ratio p50 / p90 / p99",
+        ]);
+        for o in self.outcomes.iter().filter(|o| o.mode == Mode::ScaleSet) {
+            let Some(base) = self
+                .outcomes
+                .iter()
+                .find(|b| b.round == o.round && b.mode == Mode::Paced)
+            else {
+                continue;
+            };
+            for (to, what) in [
+                (JIT_OUT, "create call starts"),
+                (RUNNING, "runner process running"),
+            ] {
+                let (d, b) = (spans(&o.lines, ACKED, to), spans(&base.lines, ACKED, to));
+                let q = |d: &Dist| format!("{} / {} / {}", ms(d.p50()), ms(d.p90()), ms(d.p99()));
+                let r = |x: f64, y: f64| format!("{:.2}×", x / y);
+                t.row([
+                    o.round.to_string(),
+                    what.to_owned(),
+                    q(&d),
+                    q(&b),
+                    format!(
+                        "{} / {} / {}",
+                        r(d.p50(), b.p50()),
+                        r(d.p90(), b.p90()),
+                        r(d.p99(), b.p99())
+                    ),
+                ]);
+            }
+        }
+        if !t.is_empty() {
+            writeln!(
+                f,
+                "\n**Scale-set against webhook mode** (JobAssigned handed out → …, against 202 → … of the paced webhook phase of the same round)\n"
+            )?;
+            write!(f, "{t}")?;
+        }
         Ok(())
     }
 }

@@ -167,6 +167,8 @@ pub(super) struct AcState {
     pub(super) sessions_created: u64,
     pub(super) session_conflicts: u64,
     pub(super) acks: u64,
+    /// Job id → when a message first handed out its `JobAssigned`.
+    pub(super) assigned_delivered: HashMap<String, SystemTime>,
     pub(super) admin_tokens_issued: u64,
     pub(super) registration_tokens_issued: u64,
 
@@ -245,6 +247,7 @@ impl AcState {
             sessions_created: 0,
             session_conflicts: 0,
             acks: 0,
+            assigned_delivered: HashMap::new(),
             admin_tokens_issued: 0,
             registration_tokens_issued: 0,
             requests: Vec::new(),
@@ -775,7 +778,14 @@ impl AcState {
             None => return None,
         };
         let ss = self.scale_sets.get(&ss_id)?;
-        let body = serde_json::to_string(&ss.outstanding.get(&id)?).unwrap_or_default();
+        let jobs = ss.outstanding.get(&id)?;
+        let now = SystemTime::now();
+        for m in jobs.iter().filter(|m| m["messageType"] == "JobAssigned") {
+            if let Some(job) = m["jobId"].as_str() {
+                self.assigned_delivered.entry(job.to_owned()).or_insert(now);
+            }
+        }
+        let body = serde_json::to_string(jobs).unwrap_or_default();
         Some(json!({
             "messageId": id,
             "messageType": "RunnerScaleSetJobMessages",
