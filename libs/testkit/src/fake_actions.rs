@@ -341,6 +341,19 @@ impl FakeActions {
         self.st().empty_next_queue_url = true;
     }
 
+    /// The next `n` acknowledgements (E13) of outstanding messages answer
+    /// `204` but are lost: the messages stay un-acknowledged.
+    pub fn lose_next_acks(&self, n: u32) {
+        self.st().lost_acks += n;
+    }
+
+    /// Whether a poll gets the oldest un-acknowledged message even when its
+    /// `lastMessageId` is past it (default off): the service redelivering
+    /// what it never saw acknowledged.
+    pub fn set_redeliver_unacked(&self, on: bool) {
+        self.st().redeliver_unacked = on;
+    }
+
     /// Whether a job needs an acquire (E14) after `JobAvailable` (default
     /// on, as GHES); off, jobs arrive as `JobAssigned` directly.
     pub fn set_acquire_required(&self, on: bool) {

@@ -137,6 +137,11 @@ pub(super) struct AcState {
     pub(super) bom: bool,
     pub(super) fail_registration: VecDeque<u16>,
     pub(super) faults: VecDeque<u16>,
+    /// Acknowledgements answered 204 but not kept (lost on the way).
+    pub(super) lost_acks: u32,
+    /// A poll gets the oldest un-acknowledged message whatever
+    /// `lastMessageId` says.
+    pub(super) redeliver_unacked: bool,
     pub(super) empty_next_message: bool,
     pub(super) empty_next_queue_url: bool,
     pub(super) acquire_required: bool,
@@ -221,6 +226,8 @@ impl AcState {
             bom: false,
             fail_registration: VecDeque::new(),
             faults: VecDeque::new(),
+            lost_acks: 0,
+            redeliver_unacked: false,
             empty_next_message: false,
             empty_next_queue_url: false,
             acquire_required: true,
@@ -749,12 +756,13 @@ impl AcState {
     /// messages; `None` when there is nothing.
     pub(super) fn next_message(&mut self, ss_id: i64, last: i64) -> Option<Value> {
         self.advance(ss_id);
+        let from = if self.redeliver_unacked {
+            i64::MIN
+        } else {
+            last.saturating_add(1)
+        };
         let ss = self.scale_sets.get_mut(&ss_id)?;
-        let found = ss
-            .outstanding
-            .range(last.saturating_add(1)..)
-            .next()
-            .map(|(id, _)| *id);
+        let found = ss.outstanding.range(from..).next().map(|(id, _)| *id);
         let id = match found {
             Some(id) => id,
             None if !ss.pending.is_empty() => {
@@ -796,6 +804,15 @@ impl AcState {
 
     /// E13: whether an outstanding message went.
     pub(super) fn ack(&mut self, ss_id: i64, message_id: i64) -> bool {
+        if self.lost_acks > 0
+            && self
+                .scale_sets
+                .get(&ss_id)
+                .is_some_and(|ss| ss.outstanding.contains_key(&message_id))
+        {
+            self.lost_acks -= 1;
+            return true;
+        }
         let gone = self
             .scale_sets
             .get_mut(&ss_id)

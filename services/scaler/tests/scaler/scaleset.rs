@@ -594,3 +594,40 @@ async fn a_silent_long_poll_makes_a_new_session_and_says_so() {
     s.drain(&jobs, 5).await;
     scaler.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redelivered_message_changes_nothing() {
+    let s = ScaleSetStack::new(&scale_set_pool(10)).await;
+    // Acknowledgements get lost and the service hands out what it never
+    // saw acknowledged again, whatever `lastMessageId` says.
+    s.actions.set_redeliver_unacked(true);
+    s.actions.lose_next_acks(4);
+    let scaler = s.start().await;
+    let set = s.scale_set_id().await;
+    let jobs = s.queue(set, 40, 6);
+    s.drain(&jobs, 10).await;
+    s.stack.settled(&scaler).await;
+    let deletes = s.actions.count("DELETE", "/tenant/123/_apis/queue/");
+    assert!(
+        deletes >= s.actions.acks() as usize + 4,
+        "the lost acknowledgements' messages came back and went again: {deletes} deletes, {} acks",
+        s.actions.acks()
+    );
+    let events = s.job_events().await;
+    assert_eq!(
+        events.get("queued"),
+        Some(&6),
+        "one event per job: {events:?}"
+    );
+    assert_eq!(events.get("completed"), Some(&6), "{events:?}");
+    let per_job = s.requested_per_job().await;
+    assert_eq!(per_job.len(), 6);
+    assert!(per_job.values().all(|n| *n == 1), "{per_job:?}");
+    let jit = s.actions.jit_configs_issued();
+    assert!(
+        (6..=8).contains(&jit),
+        "{jit} JIT runners for 6 jobs: {:?}",
+        s.story().await
+    );
+    scaler.stop().await;
+}
