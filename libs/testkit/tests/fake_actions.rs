@@ -724,6 +724,34 @@ async fn unacked_messages_are_redelivered_until_deleted() {
 }
 
 #[tokio::test]
+async fn lost_acknowledgements_leave_the_message_and_redelivery_can_ignore_the_last_id() {
+    let f = fake().await;
+    let c = Conn::new(&f).await;
+    let id = id_of(&c.scale_set("ry").await);
+    let s = c.session(id).await;
+    f.queue_job(id, job(1));
+    let m = c.next(&s, 0).await;
+    let mid = m["messageId"].as_i64().expect("messageId");
+    // Past it, the message is not offered by default.
+    assert_eq!(c.message(&s, mid).await.status(), 202);
+    f.set_redeliver_unacked(true);
+    let again = c.next(&s, mid).await;
+    assert_eq!(again["messageId"], mid, "un-acknowledged: handed out again");
+    // A lost acknowledgement answers 204 and keeps the message.
+    f.lose_next_acks(1);
+    assert_eq!(c.ack(&s, mid).await.status(), 204);
+    assert_eq!(f.acks(), 0);
+    assert_eq!(c.next(&s, mid).await["messageId"], mid);
+    assert_eq!(c.ack(&s, mid).await.status(), 204);
+    assert_eq!(f.acks(), 1);
+    assert_eq!(
+        c.message(&s, mid).await.status(),
+        202,
+        "gone once acknowledged"
+    );
+}
+
+#[tokio::test]
 async fn messages_carry_at_most_50_jobs_and_statistics_in_a_double_encoded_body() {
     let f = fake().await;
     let c = Conn::new(&f).await;
