@@ -40,6 +40,8 @@ pub struct Resolver {
     github: Option<GitHubClient>,
     timeout: Duration,
     known: Mutex<HashMap<String, Twin>>,
+    /// Repositories whose runs could not be read, warned about once.
+    warned: Mutex<HashSet<String>>,
 }
 
 /// States of a REST job that has not reached a runner yet.
@@ -55,6 +57,27 @@ impl Resolver {
             github,
             timeout,
             known: Mutex::new(HashMap::new()),
+            warned: Mutex::new(HashSet::new()),
+        }
+    }
+
+    /// Says once per repository that its jobs keep the service's ids (a
+    /// missing permission would otherwise log at every message).
+    fn cannot_read(&self, repo: &str, run: u64, why: &str) {
+        let first = self
+            .warned
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(repo.to_owned());
+        if first {
+            tracing::warn!(
+                repo,
+                run,
+                why,
+                "cannot read the repository's workflow runs (the credential needs \"Actions: read\"): its scale-set jobs keep the service's ids, so their webhooks, usage reports and re-runs are not linked to them"
+            );
+        } else {
+            tracing::debug!(repo, run, why, "cannot read the run's jobs");
         }
     }
 
@@ -95,22 +118,20 @@ impl Resolver {
             return out;
         };
         for ((owner, repo, run), jobs) in wanted {
-            let listed = match tokio::time::timeout(
-                self.timeout,
-                github.list_run_jobs(&owner, &repo, run),
-            )
-            .await
-            {
-                Ok(Ok(listed)) => listed,
-                Ok(Err(error)) => {
-                    tracing::warn!(%error, repo = %format!("{owner}/{repo}"), run, "cannot read the run's jobs: its scale-set jobs keep the service's ids");
-                    continue;
-                }
-                Err(_) => {
-                    tracing::warn!(repo = %format!("{owner}/{repo}"), run, "reading the run's jobs timed out: its scale-set jobs keep the service's ids");
-                    continue;
-                }
-            };
+            let listed =
+                match tokio::time::timeout(self.timeout, github.list_run_jobs(&owner, &repo, run))
+                    .await
+                {
+                    Ok(Ok(listed)) => listed,
+                    Ok(Err(error)) => {
+                        self.cannot_read(&format!("{owner}/{repo}"), run, &error.to_string());
+                        continue;
+                    }
+                    Err(_) => {
+                        self.cannot_read(&format!("{owner}/{repo}"), run, "timed out");
+                        continue;
+                    }
+                };
             let mut known = self.known();
             let mut taken: HashSet<u64> = known.values().map(|t| t.job_id).collect();
             for job in jobs {
