@@ -121,6 +121,14 @@ impl Listener {
             .is_some_and(|until| *until > Instant::now())
     }
 
+    /// Resolves once this replica no longer holds the pool's lease (read
+    /// every 250 ms): a long poll does not outlive the lease by more.
+    async fn lease_lost(&self) {
+        while self.owns() {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
     fn recreated(&self, reason: &'static str) {
         self.metrics
             .scale_set_sessions_recreated
@@ -297,6 +305,11 @@ impl Listener {
         } else {
             session.session_id.as_str()
         };
+        if !self.owns() {
+            // A successor may hold the pool already: its progress stays the
+            // last word (it deletes this session by id if need be).
+            return ended;
+        }
         let _ = tokio::time::timeout(
             GOODBYE,
             self.log(&[convert::progress(
@@ -387,6 +400,7 @@ impl Listener {
             }
             let got = tokio::select! {
                 () = stop.cancelled() => return Ended::Left,
+                () = self.lease_lost() => return Ended::Left,
                 got = tokio::time::timeout(
                     self.settings.silence,
                     client.get_message(session, *last, self.settings.max_capacity),
@@ -481,7 +495,12 @@ impl Listener {
         let ctx = self.ctx(id);
         self.log(&convert::events(&ctx, message, &twins)).await?;
         self.twins.done(message);
-        // Only once the jobs are in: the progress says they are.
+        // Only once the jobs are in: the progress says they are. A replica
+        // that lost the lease meanwhile leaves the progress (and so the
+        // session id in the log) to its successor.
+        if !self.owns() {
+            return Err(Ended::Left);
+        }
         self.log(&[convert::progress(
             &ctx,
             &session.session_id,
