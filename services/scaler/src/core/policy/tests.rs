@@ -467,6 +467,38 @@ fn a_stolen_runner_leaves_its_job_to_the_free_one() {
 }
 
 #[test]
+fn a_runner_listed_busy_before_its_job_is_known_keeps_its_job() {
+    // The forge's runner list said r1 is busy before any event said which
+    // job it took: its own job 1 waits for it rather than getting a
+    // replacement; once the start names job 2, r2 (made for job 2) is
+    // free for job 1 — still nothing new.
+    let pools = [pool("linux", &["linux"], 5, 0)];
+    let mut w = World::default();
+    job(&mut w, 1, &["linux"], T0);
+    job(&mut w, 2, &["linux"], T0);
+    runner(&mut w, "r1", "linux", Some(1), Phase::Assigned, T0);
+    runner(&mut w, "r2", "linux", Some(2), Phase::Created, T0);
+    let replaced = |d: &[Decision]| {
+        d.iter()
+            .filter(|d| matches!(d, Decision::Replace { .. } | Decision::Create { .. }))
+            .count()
+    };
+    assert_eq!(replaced(&run(&pools, &w, T0 + 20 * S)), 0);
+    if let Some(j) = w.jobs.get_mut(&jid(2)) {
+        j.status = JobStatus::InProgress;
+    }
+    if let Some(r) = w.runners.get_mut("r1") {
+        r.running = Some(jid(2));
+    }
+    assert_eq!(replaced(&run(&pools, &w, T0 + 21 * S)), 0);
+    // With r2 gone too, job 1 does need a runner.
+    if let Some(r) = w.runners.get_mut("r2") {
+        r.phase = Phase::Deleted;
+    }
+    assert_eq!(replaced(&run(&pools, &w, T0 + 22 * S)), 1);
+}
+
+#[test]
 fn a_runner_not_online_within_the_bootstrap_timeout_is_reaped() {
     let pools = [pool("linux", &["linux"], 5, 0)];
     let mut w = World::default();
