@@ -15,7 +15,7 @@ use runyard_testkit::fake_actions::{FakeActions, FakeScaleSetJob};
 use crate::support::{Replicas, Stack, spawn_replica, until};
 
 /// A scale-set pool `big` on org `acme` with at most `max` runners.
-fn scale_set_pool(max: u32) -> String {
+pub fn scale_set_pool(max: u32) -> String {
     format!(
         r#"
 [[pools]]

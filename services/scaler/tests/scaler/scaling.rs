@@ -471,18 +471,12 @@ async fn three_replicas_one_killed_mid_burst_never_exceed_max_nor_double_a_job()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dashboard_covers_every_scaler_metric() {
     // A webhook pool and a scale-set pool: every family has series.
-    let scale_set = r#"
-[[pools]]
-name = "big"
-forge = "github"
-mode = "scale-set"
-scope = { org = "acme" }
-labels = ["linux"]
-provider = "local"
-flavors = [{ name = "small", memory = "4GiB", cpus = 2 }]
-max_runners = 1
-"#;
-    let stack = Stack::new(&format!("{}{scale_set}", pool_toml(2, 1, ""))).await;
+    let stack = Stack::new(&format!(
+        "{}{}",
+        pool_toml(2, 1, ""),
+        crate::scaleset::scale_set_pool(1)
+    ))
+    .await;
     let actions = runyard_testkit::fake_actions::FakeActions::start().await;
     stack.github.connect_actions(&actions);
     let scaler = stack.start().await;
