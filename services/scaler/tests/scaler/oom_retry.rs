@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use runyard_events::Body;
 use runyard_testkit::eventually;
+use runyard_testkit::fake_actions::FakeScaleSetJob;
 use serde_json::json;
 
 use crate::retry::{Stack, WAIT, kind};
@@ -932,5 +933,191 @@ async fn kills_in_two_child_pipelines_retry_their_parent_once() {
     }
     stack.settled().await;
     assert_eq!(pipeline_posts(&stack).len(), 1);
+    stack.stop().await;
+}
+
+/// [`GITHUB_POOL`] as a scale set (`linux`): no webhook at all, every job
+/// known from the scale set's messages.
+fn scale_set_pool() -> String {
+    GITHUB_POOL.replace(
+        "forge = \"github\"\n",
+        "forge = \"github\"\nmode = \"scale-set\"\n",
+    ) + "scale_set_silence = \"5s\"\nscale_set_backoff = \"100ms\"\n"
+}
+
+/// Connects every runner that registered and has not yet: each takes the
+/// oldest job assigned to its scale set.
+fn boot_runners(stack: &Stack) {
+    for a in stack.actions.runners() {
+        if !a.online {
+            stack.actions.runner_online(&a.name);
+        }
+    }
+}
+
+/// The scale-set job `job_id` (the service's id) in `state`.
+async fn job_in_state(stack: &Stack, job_id: &str, state: &str) {
+    let got = eventually(WAIT, || async {
+        boot_runners(stack);
+        stack
+            .actions
+            .jobs()
+            .iter()
+            .any(|j| j.job_id == job_id && j.state == state)
+            .then_some(())
+    })
+    .await;
+    assert!(
+        got.is_some(),
+        "job {job_id} never {state}: {:?}\n--- scaler log ---\n{}",
+        stack.actions.jobs(),
+        stack.log("scaler")
+    );
+}
+
+/// The runner requested for REST job `rest_id`: `(attempt, flavor)`.
+async fn runner_for(stack: &Stack, rest_id: u64) -> (u32, String) {
+    eventually(WAIT, || async {
+        stack
+            .runner_requests()
+            .await
+            .into_iter()
+            .find(|r| r.0 == rest_id)
+            .map(|r| (r.1, r.2))
+    })
+    .await
+    .unwrap_or_else(|| panic!("a runner for job {rest_id}\n{}", stack.log("scaler")))
+}
+
+#[tokio::test]
+async fn a_scale_set_job_killed_by_oom_is_rerun_once_on_a_larger_runner() {
+    let stack = Stack::start(&scale_set_pool()).await;
+    let (gh, actions) = (&stack.github, &stack.actions);
+    let set = eventually(WAIT, || async {
+        actions
+            .scale_sets()
+            .into_iter()
+            .find(|s| s.name == "linux")
+            .map(|s| s.id)
+    })
+    .await
+    .unwrap_or_else(|| panic!("the scale set\n{}", stack.log("scaler")));
+    let build = "build (x64)";
+    // A REST job of `run` and its scale-set message: what GitHub holds for
+    // one job of a workflow whose `runs-on` names the scale set.
+    let job = |run: u64, name: &str| {
+        let mut j = runyard_testkit::fake_github::FakeJob::queued(run, name, &["linux"]);
+        j.workflow_name = "CI".into();
+        gh.add_job("acme", "app", j)
+    };
+    let message = |run: u64, name: &str| {
+        actions.queue_job(
+            set,
+            FakeScaleSetJob::new("acme/app", name, run as i64, &["linux"]),
+        )
+    };
+
+    // Three builds served by the scale set and reported: the history.
+    for (i, peak) in [900_000_000u64, 1_000_000_000, 950_000_000]
+        .into_iter()
+        .enumerate()
+    {
+        let run = 600 + i as u64;
+        let rest = job(run, build);
+        let ss = message(run, build);
+        runner_for(&stack, rest).await;
+        job_in_state(&stack, &ss, "running").await;
+        gh.set_job_status(rest, "completed", Some("success"));
+        actions.complete_job(&ss, "succeeded");
+        stack
+            .usage(&gh_report(rest, 1, "build", peak, 4 * GIB, 0))
+            .await;
+    }
+    let workload: BTreeMap<String, String> =
+        [("repo", "acme/app"), ("workflow", "CI"), ("job", build)]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect();
+    eventually(WAIT, || async {
+        let r = stack.recommend(&workload, "main").await;
+        (r.basis.as_ref().is_some_and(|b| b.samples >= 3)).then_some(())
+    })
+    .await
+    .unwrap_or_else(|| {
+        panic!(
+            "the allocator learned the scale set's jobs\n{}",
+            stack.log("allocator")
+        )
+    });
+
+    // Run 777: the build (killed) and lint (fails on its own) on the scale
+    // set, and docs still running elsewhere.
+    let (j, k, l) = (job(777, build), job(777, "lint"), job(777, "docs"));
+    gh.set_job_status(l, "in_progress", None);
+    let (sj, sk) = (message(777, build), message(777, "lint"));
+    assert_eq!(
+        runner_for(&stack, j).await,
+        (1, "small".into()),
+        "sized from a ~1 GB history"
+    );
+    runner_for(&stack, k).await;
+    job_in_state(&stack, &sj, "running").await;
+    job_in_state(&stack, &sk, "running").await;
+    gh.set_job_status(j, "completed", Some("failure"));
+    gh.set_job_status(k, "completed", Some("failure"));
+    actions.complete_job(&sj, "failed");
+    actions.complete_job(&sk, "failed");
+    stack
+        .usage(&gh_report(j, 1, "build", 4 * GIB, 4 * GIB, 137))
+        .await;
+    stack
+        .usage(&gh_report(k, 1, "lint", 100_000_000, 4 * GIB, 1))
+        .await;
+
+    // The run is still in progress: nothing is re-run yet.
+    stack.settled().await;
+    assert!(gh.reruns().is_empty(), "{:?}", gh.reruns());
+    gh.set_job_status(l, "completed", Some("success"));
+    eventually(WAIT, || async { (!gh.reruns().is_empty()).then_some(()) })
+        .await
+        .unwrap_or_else(|| panic!("a re-run\n{}", stack.log("scaler")));
+    stack.settled().await;
+    assert_eq!(
+        gh.reruns(),
+        [runyard_testkit::fake_github::FakeRerun::Job {
+            repo: "acme/app".into(),
+            job_id: j
+        }],
+        "only the OOM-killed job, once"
+    );
+
+    // GitHub queues the re-run as attempt 2 of run 777 and routes it to the
+    // scale set again: its runner is the larger flavor.
+    let run = gh.run(777).expect("run");
+    assert_eq!(run.run_attempt, 2);
+    let rerun = *run
+        .jobs
+        .iter()
+        .find(|id| {
+            gh.job(**id)
+                .is_some_and(|x| x.name == build && x.run_attempt == 2)
+        })
+        .expect("the re-run job");
+    let again = message(777, build);
+    assert_eq!(runner_for(&stack, rerun).await, (2, "large".into()));
+    job_in_state(&stack, &again, "running").await;
+
+    let requests = stack.runner_requests().await;
+    for id in [j, k, rerun] {
+        let n = requests.iter().filter(|r| r.0 == id).count();
+        assert_eq!(n, 1, "one runner for job {id}: {requests:?}");
+    }
+    let kinds: Vec<String> = stack.retry_events().await.iter().map(kind).collect();
+    assert_eq!(
+        kinds.iter().filter(|k| *k == "issued").count(),
+        1,
+        "{kinds:?}"
+    );
+    assert!(kinds.iter().any(|k| k == "refused:not_oom"), "{kinds:?}");
     stack.stop().await;
 }

@@ -12,6 +12,7 @@ use std::time::Duration;
 use runyard_allocator::proto::RecommendRequest;
 use runyard_allocator::proto::allocator_client::AllocatorClient;
 use runyard_events::{Body, Event, Namespace};
+use runyard_testkit::fake_actions::FakeActions;
 use runyard_testkit::fake_github::FakeGitHub;
 use runyard_testkit::fake_gitlab::FakeGitLab;
 use runyard_testkit::{TestDb, TestNats, eventually, free_port, unique_namespace};
@@ -64,6 +65,8 @@ pub struct Stack {
     pub gitlab: FakeGitLab,
     /// Fake GitHub.
     pub github: FakeGitHub,
+    /// The fake Actions service behind it (its scale sets' sessions).
+    pub actions: FakeActions,
     ingest: String,
     allocator: String,
     scaler: String,
@@ -116,6 +119,9 @@ impl Stack {
         let db = TestDb::new();
         let gitlab = FakeGitLab::start().await;
         let github = FakeGitHub::start().await;
+        let actions = FakeActions::start().await;
+        actions.set_poll_hold(Duration::from_millis(300));
+        github.connect_actions(&actions);
         let dir = tempfile::tempdir().expect("tempdir");
         let http = reqwest::Client::new();
         let common = |own: &[(&'static str, String)]| -> Vec<(&'static str, String)> {
@@ -196,6 +202,7 @@ impl Stack {
             db,
             gitlab,
             github,
+            actions,
             ingest: format!("http://127.0.0.1:{ingest_port}"),
             allocator: format!("http://127.0.0.1:{grpc}"),
             scaler: format!("http://127.0.0.1:{scaler_port}"),
