@@ -235,6 +235,27 @@ async fn ensure_scale_sets(forges: &Forges, timeout: Duration) -> anyhow::Result
     Ok(())
 }
 
+/// Brings the forge call counters up to the clients' totals: GitHub's REST
+/// clients and every scale set's Actions service client summed under
+/// `github`, GitLab's under `gitlab`.
+fn record_forge_calls(io: &io::Io) {
+    let rest = io.forges.github.iter().chain(&io.forges.github_pat);
+    let actions = io.forges.scale_sets.values().map(|set| set.client.calls());
+    let mut github: Option<runyard_forge::api::CallCounts> = None;
+    for counts in rest.map(|gh| gh.calls()).chain(actions) {
+        let totals = github.get_or_insert_with(Default::default);
+        for (endpoint, n) in counts.calls {
+            *totals.calls.entry(endpoint).or_default() += n;
+        }
+    }
+    if let Some(totals) = &github {
+        io.metrics.record_forge_calls("github", totals);
+    }
+    if let Some(gl) = &io.forges.gitlab {
+        io.metrics.record_forge_calls("gitlab", &gl.calls());
+    }
+}
+
 /// Tokens, the secret store and the URLs instances are given, when the
 /// instance token key is set; external providers need them.
 async fn metadata_parts(
@@ -487,12 +508,7 @@ impl App {
             owned: Arc::default(),
         });
         // Every endpoint's series exists from the start, at zero.
-        if let Some(gh) = &io.forges.github {
-            io.metrics.record_forge_calls("github", &gh.calls());
-        }
-        if let Some(gl) = &io.forges.gitlab {
-            io.metrics.record_forge_calls("gitlab", &gl.calls());
-        }
+        record_forge_calls(&io);
         // Forge clients of its own: its calls are budgeted and counted apart.
         let reconciler = match &file.reconciler {
             Some(section) => Some(reconciler::Reconciler::new(
@@ -561,13 +577,8 @@ impl App {
                             .claims_held
                             .set(i64::try_from(n).unwrap_or(i64::MAX));
                     }
-                    if let Some(gh) = &io.forges.github {
-                        io.metrics.record_forge_calls("github", &gh.calls());
-                    }
+                    record_forge_calls(&io);
                     record_budgets(&io);
-                    if let Some(gl) = &io.forges.gitlab {
-                        io.metrics.record_forge_calls("gitlab", &gl.calls());
-                    }
                     if let Some(gh) = &io.forges.github
                         && let Some(left) = gh.rate_limit_remaining()
                     {

@@ -588,6 +588,14 @@ async fn a_silent_long_poll_makes_a_new_session_and_says_so() {
         0,
         "the old session went first"
     );
+    // The Actions service's calls are counted with GitHub's.
+    crate::support::until_async("the sessions are counted", async || {
+        scaler
+            .metric("runyard_scaler_forge_api_calls_total{forge=\"github\",endpoint=\"create_session\"}")
+            .await
+            .is_some_and(|v| v >= 2.0)
+    })
+    .await;
     // The new session still gets the jobs.
     s.actions.set_poll_hold(Duration::from_millis(300));
     let jobs = s.queue(set, 30, 2);
