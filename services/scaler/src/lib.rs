@@ -217,20 +217,28 @@ fn scope_path(scope: &config::Scope) -> String {
 /// Makes sure of every scale set at start: a label change the service
 /// cannot apply, or a runner group that does not exist, refuses to start;
 /// a service that cannot be reached now is retried by the listener.
+/// The scale sets are checked together: a service that does not answer
+/// delays the start by `3 × timeout` once, not once per pool.
 async fn ensure_scale_sets(forges: &Forges, timeout: Duration) -> anyhow::Result<()> {
-    for set in forges.scale_sets.values() {
+    let checks = forges.scale_sets.values().map(|set| async move {
         match tokio::time::timeout(timeout * 3, set.ensure()).await {
             Ok(Ok(id)) => {
                 tracing::info!(pool = %set.pool, scale_set = %set.name, id, "runner scale set ready");
+                Ok(())
             }
-            Ok(Err(e)) if e.is_permanent() => return Err(e.into()),
+            Ok(Err(e)) if e.is_permanent() => Err(e),
             Ok(Err(e)) => {
                 tracing::warn!(error = %e, pool = %set.pool, "the runner scale set cannot be checked now; the listener tries again");
+                Ok(())
             }
             Err(_) => {
                 tracing::warn!(pool = %set.pool, "the Actions service did not answer in time; the listener tries again");
+                Ok(())
             }
         }
+    });
+    for outcome in futures::future::join_all(checks).await {
+        outcome?;
     }
     Ok(())
 }
