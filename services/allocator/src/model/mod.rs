@@ -52,6 +52,12 @@
 //! - **predictive** sd `√(σ² + Var μ)` (with `Var μ = σ²/n` for n effective
 //!   samples) and t degrees of freedom from the residual count plus the prior.
 //!
+//! - **the tail the site realized** (`tail_calibration`, [`tail`]): per
+//!   history class, spread and ladder depth, a fit of where recent first
+//!   attempts' peaks fell on this predictive scale (their upper tail, OOM
+//!   kills censored); quantiles and P(OOM) are read from it, so a class the
+//!   priors make too wide or too sure is priced by what happened.
+//!
 //! The memory limit is the predictive quantile that minimises expected
 //! slack plus λ × P(OOM): a newsvendor choice in which calm workloads get
 //! high quantiles (covering their tail is cheap) and wild ones lower
@@ -100,6 +106,7 @@ mod keys;
 mod oom;
 mod spec;
 mod stats;
+mod tail;
 mod target;
 #[cfg(test)]
 mod tests;
@@ -112,6 +119,7 @@ pub(crate) use keys::{full_key, sub_key};
 use oom::{Killed, Overshoots, Streak};
 pub use spec::{parse_spec, validate, variables};
 use stats::{Fit, FitKnobs, Sample};
+use tail::Tail;
 use target::Calibration;
 
 /// A workload: attribute name → value (`package`, `version`, `variants`,
@@ -215,6 +223,9 @@ pub struct Params {
     /// cores than it has make jobs (configure, link and serial phases), so
     /// jobs = cores × this keeps the cores-used feedback loop from shrinking.
     pub build_jobs_per_core: f64,
+    /// State P(OOM) and choose limits by the tail each history class has
+    /// realized ([`tail`]), not by the predictive distribution alone.
+    pub tail_calibration: bool,
     /// Most workloads (full keys) the model keeps state for
     /// (`RUNYARD_ALLOCATOR_MAX_WORKLOADS`); past it, the least recently
     /// observed eighth is forgotten, with the level windows only they used.
@@ -297,6 +308,7 @@ impl Default for Params {
             retry_quantile: 0.999,
             retry_coverage: 0.95,
             build_jobs_per_core: 1.5,
+            tail_calibration: true,
             max_workloads: 200_000,
         }
     }
@@ -458,6 +470,26 @@ pub const HISTORY_CLASSES: [&str; 5] = [
     "samples_6_plus",
 ];
 
+/// Upper bounds of the predictive spreads (log-space sd) whose tails are
+/// learned apart within a history class: calm and wild workloads miss
+/// their tails differently.
+const SPREAD_GROUPS: [f64; 4] = [0.07, 0.12, 0.2, 0.35];
+
+/// Tails learned per history class: by spread, and by how far down the
+/// ladder the estimate stands (its own level; one or two levels down, a
+/// new version or compiler; further, the package as a whole).
+const TAIL_GROUPS: usize = 3 * (SPREAD_GROUPS.len() + 1);
+
+fn tail_group(e: &Estimate) -> usize {
+    let spread = SPREAD_GROUPS.iter().filter(|&&b| e.sd_pred >= b).count();
+    let depth = match e.fallback {
+        0 => 0,
+        1..=2 => 1,
+        _ => 2,
+    };
+    spread + depth * (SPREAD_GROUPS.len() + 1)
+}
+
 /// The history class of an estimate: the site's prior (`newcomer`), else by
 /// the `exact` workload's own samples.
 fn class_of(newcomer: bool, exact: usize) -> usize {
@@ -557,6 +589,9 @@ pub struct Model {
     /// First attempts checked against their predicted P(OOM), by
     /// [`HISTORY_CLASSES`].
     checks: [CalibrationCheck; HISTORY_CLASSES.len()],
+    /// Per [`HISTORY_CLASSES`]: how often checked first attempts ran
+    /// beyond each point of the predictive tail (`tail_calibration`).
+    tails: [[Tail; TAIL_GROUPS]; HISTORY_CLASSES.len()],
     /// First attempts seen (one in two is checked).
     first_attempts: u64,
     /// The spread pooled over all workloads: a running mean of squared
@@ -650,6 +685,7 @@ impl Newcomers {
             cores: None,
             shrunk: false,
             newcomer: true,
+            fallback: 0,
         })
     }
 }
@@ -713,13 +749,14 @@ struct Estimate {
     shrunk: bool,
     /// Whether it is the site's prior for a workload never seen.
     newcomer: bool,
+    /// The ladder level it stands on (0: the workload's own samples).
+    fallback: usize,
 }
 
 impl Estimate {
-    /// P(next peak > `limit` bytes) under the predictive t distribution.
-    fn oom_probability(&self, limit: u64) -> f64 {
-        let t = ((limit.max(1) as f64).ln() - self.mu) / self.sd_pred.max(1e-9);
-        stats::t_survival(t, self.dof)
+    /// `bytes` on the scale of the predictive t distribution.
+    fn standardized(&self, bytes: f64) -> f64 {
+        (bytes.max(1.0).ln() - self.mu) / self.sd_pred.max(1e-9)
     }
 }
 
@@ -861,6 +898,7 @@ impl Model {
                 )
             }),
             checks: [CalibrationCheck::default(); HISTORY_CLASSES.len()],
+            tails: Default::default(),
             first_attempts: 0,
             pooled_var: params.prior_sigma.powi(2),
             pooled_n: 0.0,
@@ -914,6 +952,34 @@ impl Model {
     /// up to `window` per key).
     pub fn stats(&self) -> (usize, usize) {
         (self.workloads.len(), self.held)
+    }
+
+    /// The group of an estimate's tail: its history class and spread.
+    fn tail_of(&self, class: usize, e: &Estimate) -> Option<&Tail> {
+        self.params
+            .tail_calibration
+            .then(|| &self.tails[class][tail_group(e)])
+    }
+
+    /// P(next peak > `bytes`) for estimate `e` of history class `class`:
+    /// the tail its group realized, or the estimate's own with
+    /// `tail_calibration` off.
+    fn oom_probability(&self, class: usize, e: &Estimate, bytes: f64) -> f64 {
+        let z = e.standardized(bytes);
+        match self.tail_of(class, e) {
+            Some(tail) => tail.survival(z, e.dof),
+            None => stats::t_survival(z, e.dof),
+        }
+    }
+
+    /// The `q` quantile of the next `ln(peak)` for estimate `e` of class
+    /// `class` (as [`Model::oom_probability`] prices it).
+    fn ln_quantile(&self, class: usize, e: &Estimate, q: f64) -> f64 {
+        let z = match self.tail_of(class, e) {
+            Some(tail) => tail.z_for(1.0 - q, e.dof),
+            None => stats::t_quantile(q, e.dof),
+        };
+        e.mu + z * e.sd_pred
     }
 
     /// First attempts checked against their predicted P(OOM), by
@@ -1044,7 +1110,13 @@ impl Model {
             None
         };
         let (estimate, class) = if needs_estimate {
-            let found = self.found_from_ids(&state.windows, None, ladder);
+            // A workload that never trained (a pull request's) has no
+            // windows of its own: found by its key, as it was priced.
+            let found = if state.windows.is_empty() {
+                self.find(&runyard_store::workload::parse_key(full), full, None)
+            } else {
+                self.found_from_ids(&state.windows, None, ladder)
+            };
             let estimate = self.estimate(&found);
             (
                 estimate,
@@ -1053,13 +1125,32 @@ impl Model {
         } else {
             (None, None)
         };
+        // A sample older than a full window is dropped there: it trains
+        // nothing, the pooled spread and the tails included.
+        let dropped = state
+            .windows
+            .first()
+            .and_then(|&id| self.windows.get(id as usize))
+            .is_some_and(|w| {
+                w.len() >= self.params.window
+                    && w.samples.first().is_some_and(|s| compact_time(at) < s.at)
+            });
         if let (true, Some(e), Some(class), Some(limit)) =
             (wants_check, estimate, class, obs.memory_limit_bytes)
         {
+            let predicted = self.oom_probability(class, &e, limit as f64);
             let check = &mut self.checks[class];
             check.attempts += 1;
             check.kills += u64::from(obs.oom_killed);
-            check.predicted += e.oom_probability(limit);
+            check.predicted += predicted;
+            let z_peak = (!obs.oom_killed).then(|| e.standardized(obs.peak_memory_bytes as f64));
+            if !dropped {
+                self.tails[class][tail_group(&e)].record(
+                    z_peak,
+                    e.standardized(limit as f64),
+                    e.dof,
+                );
+            }
         }
         if first_attempt && let Some(calibration) = &mut self.calibration {
             let sd = estimate
@@ -1122,16 +1213,6 @@ impl Model {
             .map_or(f32::NAN, |window| {
                 let fit = window.fit(&self.knobs);
                 ((ln_need - fit.mu) / (1.0 + 1.0 / fit.n_eff).sqrt()) as f32
-            });
-        // A sample older than a full window is dropped there: it trains
-        // nothing, the pooled spread included.
-        let dropped = state
-            .windows
-            .first()
-            .and_then(|&id| self.windows.get(id as usize))
-            .is_some_and(|w| {
-                w.len() >= self.params.window
-                    && w.samples.first().is_some_and(|s| compact_time(at) < s.at)
             });
         if resid.is_finite() && !obs.oom_killed && !dropped {
             // Pool the spread of all workloads; a spike counts as at most
@@ -1213,10 +1294,13 @@ impl Model {
             oom_probability: None,
         };
         let estimate = self.estimate(&found);
+        let class = estimate.map(|e| class_of(e.newcomer, found.exact));
         let cost = self.oom_cost();
-        let (mut limit, request, retry_floor, cores) = match estimate {
-            Some(est) => {
-                let quantile = |q: f64| est.mu + stats::t_quantile(q, est.dof) * est.sd_pred;
+        let (mut limit, request, retry_floor, cores) = match (estimate, class) {
+            (Some(est), Some(class)) => {
+                // The predictive point the site's record says is exceeded
+                // with probability 1 − q.
+                let quantile = |q: f64| self.ln_quantile(class, &est, q);
                 let q = if cost > 0.0 {
                     let z = stats::newsvendor_z(est.sd_pred, cost);
                     stats::normal_probability(z).clamp(p.min_quantile, p.max_quantile)
@@ -1265,7 +1349,7 @@ impl Model {
                     est.cores,
                 )
             }
-            None => {
+            _ => {
                 basis.statistic = "defaults".to_owned();
                 (
                     clamp_limit(round_up(p.default_memory_limit_bytes as f64, MB)),
@@ -1316,7 +1400,9 @@ impl Model {
         }
 
         let memory_request = request.clamp(MB, limit);
-        basis.oom_probability = estimate.map(|e| e.oom_probability(limit));
+        basis.oom_probability = estimate
+            .zip(class)
+            .map(|(e, class)| self.oom_probability(class, &e, limit as f64));
 
         let max_cpu = p.max_cpu_millicores;
         let cpu_request = match cores {
@@ -1595,6 +1681,7 @@ impl Model {
                 cores: fit.cores,
                 shrunk: false,
                 newcomer: false,
+                fallback: level,
             });
         };
         let base = window.fit(&self.knobs);
@@ -1640,6 +1727,7 @@ impl Model {
             cores,
             shrunk,
             newcomer: false,
+            fallback: level,
         })
     }
 }

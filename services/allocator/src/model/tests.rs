@@ -1631,3 +1631,71 @@ fn a_new_version_s_first_retry_covers_how_far_new_versions_overshoot() {
     assert!(r.basis.oom_bump, "{r:?}");
     assert!(r.memory_limit_bytes < 2 * GB, "{r:?}");
 }
+
+// ---- tails learned per history class ----
+
+/// A site where workloads with a second build repeat their first exactly,
+/// while the pooled spread is wide (noisy workloads with long histories):
+/// the spread prior a second build is priced with is far too wide.
+fn calm_second_builds(params: Params) -> (Model, f64) {
+    let mut model = Model::new(params);
+    let mut at = T0;
+    for i in 0..40 {
+        let noisy = workload(&[
+            ("repo", "acme/noisy"),
+            ("workflow", "CI"),
+            ("job", &format!("n{i}")),
+        ]);
+        for j in 0..12u64 {
+            at += 60.0;
+            let peak = GB + (j % 4) * 300_000_000;
+            model.observe(&noisy, ok(at, peak));
+        }
+    }
+    for i in 0..1500 {
+        let w = workload(&[
+            ("repo", "acme/calm"),
+            ("workflow", "CI"),
+            ("job", &format!("c{i}")),
+        ]);
+        if i % 2 == 1 {
+            // One more first attempt elsewhere: one first attempt in two
+            // is checked, so second builds are checked too.
+            at += 60.0;
+            let other = workload(&[("repo", "acme/noisy"), ("workflow", "CI"), ("job", "n0")]);
+            model.observe(&other, ok(at, GB));
+        }
+        at += 60.0;
+        model.observe(&w, ok(at, 2 * GB));
+        // The second build asks, then runs at the limit it was given.
+        let r = model.recommend(&w);
+        at += 60.0;
+        let mut second = ok(at, 2 * GB);
+        second.memory_limit_bytes = Some(r.memory_limit_bytes);
+        model.observe(&w, second);
+    }
+    (model, at)
+}
+
+#[test]
+fn a_class_whose_spread_prior_is_too_wide_learns_it_from_its_record() {
+    let fresh = workload(&[("repo", "acme/calm"), ("workflow", "CI"), ("job", "new")]);
+    let (mut learned, at) = calm_second_builds(Params::default());
+    let (mut raw, _) = calm_second_builds(Params {
+        tail_calibration: false,
+        ..Params::default()
+    });
+    for m in [&mut learned, &mut raw] {
+        m.observe(&fresh, ok(at + 60.0, 2 * GB));
+    }
+    let (a, b) = (learned.recommend(&fresh), raw.recommend(&fresh));
+    assert_eq!((a.basis.workload_samples, b.basis.workload_samples), (1, 1));
+    // No second build ever went beyond its first: the learned tail asks
+    // for less headroom at the same stated risk...
+    assert!(
+        (a.memory_limit_bytes as f64) < 0.95 * b.memory_limit_bytes as f64,
+        "{a:?} vs {b:?}"
+    );
+    // ... and it was right: none of the second builds was killed.
+    assert_eq!(learned.calibration_checks()[2].kills, 0);
+}
