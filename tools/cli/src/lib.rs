@@ -12,7 +12,8 @@
 //! - `runyard provider check` runs a scaler provider through its calls.
 //!
 //! Every service address is a flag with a loopback default and a
-//! `RUNYARD_*` fallback. Tables for people, `--json` for scripts. Exit
+//! `RUNYARD_*` fallback; a stack `scripts/dev.sh up` started is found
+//! from the file it writes ([`stack_env`]). Tables for people, `--json` for scripts. Exit
 //! codes: [`EXIT_OK`], [`EXIT_FAILED`], [`EXIT_USAGE`] (docs/cli.md).
 
 use std::io::Write as _;
@@ -28,6 +29,7 @@ pub mod events;
 pub mod query;
 pub mod rebuild;
 pub mod replay;
+pub mod stack_env;
 
 /// Everything asked for was done or every check passed.
 pub const EXIT_OK: u8 = 0;

@@ -3,9 +3,7 @@
 
 use std::process::ExitCode;
 
-use clap::Parser as _;
-
 #[tokio::main]
 async fn main() -> ExitCode {
-    Box::pin(runyard_cli::run(runyard_cli::Cli::parse())).await
+    Box::pin(runyard_cli::run(runyard_cli::stack_env::parse())).await
 }

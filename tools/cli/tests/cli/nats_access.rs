@@ -421,6 +421,7 @@ async fn each_service_works_with_its_own_nats_user() {
         let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_runyard"));
         command
             .env_clear()
+            .env(runyard_cli::stack_env::FILE_VAR, "")
             .env("PATH", std::env::var("PATH").unwrap_or_default())
             .env("RUNYARD_NATS_URL", nats.url())
             .env("RUNYARD_NATS_USER", "cli")
@@ -466,6 +467,7 @@ async fn each_service_works_with_its_own_nats_user() {
     // Without credentials the doctor says so, and how to log in.
     let o = tokio::process::Command::new(env!("CARGO_BIN_EXE_runyard"))
         .env_clear()
+        .env(runyard_cli::stack_env::FILE_VAR, "")
         .env("RUNYARD_NATS_URL", nats.url())
         .env("RUNYARD_NAMESPACE", NAMESPACE)
         .args(["doctor", "--json", "--timeout", "2"])

@@ -93,6 +93,7 @@ impl Setup {
 fn runyard(args: &[&str], env: &[(&str, &Path)]) -> Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_runyard"));
     cmd.args(args)
+        .env(runyard_cli::stack_env::FILE_VAR, "")
         .env_remove("RUNYARD_SCALER_CONFIG")
         .env_remove("RUNYARD_NAMESPACE");
     for (k, v) in env {

@@ -72,6 +72,7 @@ pub(crate) async fn runyard(t: &Target, args: &[&str]) -> Output {
     let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_runyard"));
     command
         .env_clear()
+        .env(runyard_cli::stack_env::FILE_VAR, "")
         .env("PATH", std::env::var("PATH").unwrap_or_default())
         .env("RUNYARD_NATS_URL", &t.nats)
         .env("RUNYARD_NAMESPACE", &t.ns)
@@ -756,6 +757,7 @@ async fn replay_sends_signed_deliveries_and_events_tail_shows_them() {
     // So does a missing secret.
     let o = tokio::process::Command::new(env!("CARGO_BIN_EXE_runyard"))
         .env_clear()
+        .env(runyard_cli::stack_env::FILE_VAR, "")
         .args(["replay", &dir_s, "--ingest-url", &stack.target.ingest])
         .output()
         .await
@@ -877,6 +879,7 @@ async fn replay_sends_signed_deliveries_and_events_tail_shows_them() {
     // Following: a new delivery shows up while it runs.
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_runyard"))
         .env_clear()
+        .env(runyard_cli::stack_env::FILE_VAR, "")
         .args([
             "events",
             "tail",
