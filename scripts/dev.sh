@@ -97,6 +97,7 @@ down() {
     fi
     rm -f "$STATE/$svc.pid"
   done
+  rm -f "$STATE/stack.env"
   # Runner processes the scaler started (each in its own process group).
   for pidfile in $(find "$STATE/runners" -name '*.pid' 2>/dev/null); do
     kill -- "-$(cat "$pidfile")" 2>/dev/null || true
@@ -120,6 +121,24 @@ sign() { # body-file → sha256=<hex>
     "$RUNYARD_GITHUB_WEBHOOK_SECRET" "$1"
 }
 
+# The stack's addresses for the CLI (tools/cli/src/stack_env.rs), the
+# NATS login of its user (cli) in the URL. Mode 600: it holds secrets.
+write_stack_env() {
+  (umask 077 && cat > "$STATE/stack.env" <<ENV
+# written by scripts/dev.sh up: the addresses of the dev stack
+RUNYARD_NATS_URL=nats://cli:${RUNYARD_NATS_CLI_PASSWORD}@127.0.0.1:${NATS_PORT}
+RUNYARD_NAMESPACE=${RUNYARD_NAMESPACE}
+RUNYARD_DATABASE_URL=${RUNYARD_DATABASE_URL}
+RUNYARD_INGEST_URL=http://${INGEST_ADDR}
+RUNYARD_TRACKER_URL=http://${TRACKER_ADDR}
+RUNYARD_ALLOCATOR_URL=http://${ALLOC_GRPC}
+RUNYARD_ALLOCATOR_HTTP_URL=http://${ALLOC_HTTP}
+RUNYARD_ALLOCATOR_CLIENT_TOKEN=${RUNYARD_ALLOCATOR_CLIENT_TOKEN}
+RUNYARD_SCALER_URL=http://${SCALER_ADDR}
+ENV
+  )
+}
+
 demo() {
   local base="http://${INGEST_ADDR}" fx=libs/forge/tests/fixtures
   log "GitHub workflow_job (queued), signed, delivered twice: the second is a duplicate"
@@ -138,33 +157,41 @@ demo() {
     -H 'X-Gitlab-Event: Pipeline Hook' -H "X-Gitlab-Token: $RUNYARD_GITLAB_WEBHOOK_TOKEN" \
     -H 'X-Gitlab-Instance: https://gitlab.example.com' -H "Idempotency-Key: demo-$(date +%s)" \
     --data-binary @$fx/gitlab_pipeline_failed.json -w '  → HTTP %{http_code}\n'
-  log "usage reports from five finished builds of the same package (what runyard-report posts)"
+  log "four more finished builds of the same package, each with its Pipeline Hook"
+  for i in 1 2 3 4; do
+    python3 -c 'import json,sys; h=json.load(open(sys.argv[1])); i=int(sys.argv[2]); b=dict(h["builds"][1]); b.update(id=4711+10*i, status="success", failure_reason=None); h["object_attributes"].update(id=1234+i, status="success", detailed_status="passed"); h["builds"]=[b]; print(json.dumps(h))' \
+      $fx/gitlab_pipeline_failed.json "$i" |
+      curl -sS -X POST "$base/webhooks/gitlab" -H 'Content-Type: application/json' \
+        -H 'X-Gitlab-Event: Pipeline Hook' -H "X-Gitlab-Token: $RUNYARD_GITLAB_WEBHOOK_TOKEN" \
+        -H 'X-Gitlab-Instance: https://gitlab.example.com' -H "Idempotency-Key: demo-$i-$(date +%s)" \
+        --data-binary @- -w '  → HTTP %{http_code}\n'
+  done
+  log "usage reports from the five builds (what runyard-report posts)"
   for i in 0 1 2 3 4; do
-    python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); i=int(sys.argv[2]); r["job_id"]+=i; r["peak_memory_bytes"]=int(r["peak_memory_bytes"]*(1+0.04*i)); print(json.dumps(r))' \
+    python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); i=int(sys.argv[2]); r["job_id"]+=10*i; r["peak_memory_bytes"]=int(r["peak_memory_bytes"]*(1+0.04*i)); print(json.dumps(r))' \
       $fx/usage_report.json "$i" |
       curl -sS -X POST "$base/v1/usage" -H 'Content-Type: application/json' \
         -H "Authorization: Bearer $RUNYARD_USAGE_TOKEN" --data-binary @- -w '  → HTTP %{http_code}\n'
   done
   log "the event log now holds (runyard events tail):"
   as_nats_user cli RUNYARD_NATS_CLI_PASSWORD "$BIN/runyard" events tail
-  log "job-tracker projected it into Postgres ($(shown "$RUNYARD_DATABASE_URL")):"
+  log "job-tracker projected it into Postgres ($(shown "$RUNYARD_DATABASE_URL")): runyard jobs"
   for _ in $(seq 1 50); do
     [[ "$(psql "$RUNYARD_DATABASE_URL" -Atqc 'SELECT count(*) FROM usage_samples' 2>/dev/null)" -ge 5 ]] && break
     sleep 0.2
   done
-  psql "$RUNYARD_DATABASE_URL" -qc "SELECT forge, instance, job_id, status, conclusion, failure_reason, name FROM jobs ORDER BY job_id"
-  psql "$RUNYARD_DATABASE_URL" -qc "SELECT job_id, workload_key, peak_memory_bytes, oom_killed, job_status FROM job_usage"
-  log "the scaler made a runner for the queued job (GET http://${SCALER_ADDR}/v1/pools):"
+  "$BIN/runyard" jobs
+  log "the scaler made a runner for the queued job: runyard pools, runyard runners"
   for _ in $(seq 1 50); do
     curl -fsS "http://${SCALER_ADDR}/v1/pools" | grep -q '"actual":1' && break
     sleep 0.2
   done
-  curl -sS "http://${SCALER_ADDR}/v1/pools" -w '\n'
+  "$BIN/runyard" pools
   for _ in $(seq 1 50); do
     [[ "$(psql "$RUNYARD_DATABASE_URL" -Atqc 'SELECT count(*) FROM runners' 2>/dev/null)" -ge 1 ]] && break
     sleep 0.2
   done
-  psql "$RUNYARD_DATABASE_URL" -qc "SELECT pool, name, state, job_id, flavor FROM runners ORDER BY name"
+  "$BIN/runyard" runners
   log "the allocator's answer for that workload (gantry-compatible HTTP; gRPC on ${ALLOC_GRPC}):"
   local spec='py-torch@2.3.1 +cuda~rocm %gcc@12.3.0'
   echo "GET /v1/allocation?spec=${spec}"
@@ -243,16 +270,20 @@ TOML
     wait_http "http://${SCALER_ADDR}/readyz"
     log "runyard-scaler on http://${SCALER_ADDR} (pools: $STATE/scaler.toml; log: $STATE/scaler.log)"
   fi
+  write_stack_env
   demo
-  log "secrets (the CLI's allocator token and NATS password among them): $STATE/secrets.env"
-  log "the CLI logs in to NATS as cli: RUNYARD_NATS_USER=cli RUNYARD_NATS_PASSWORD=\$RUNYARD_NATS_CLI_PASSWORD"
+  log "secrets: $STATE/secrets.env"
+  log "the stack's addresses, which target/debug/runyard reads from here down (flags and variables still win): $STATE/stack.env"
+  [[ "$STATE/stack.env" == "$(pwd)/.runyard/dev/stack.env" ]] ||
+    log "this state directory is not the default: export RUNYARD_STACK_ENV=$STATE/stack.env"
+  log "try: target/debug/runyard doctor"
   log "stack is up; stop it with: bash scripts/dev.sh down"
 }
 
 case "${1:-up}" in
   up) up ;;
   down) down ;;
-  demo) load_secrets && ensure_postgres RUNYARD_DATABASE_URL dev && demo ;;
+  demo) load_secrets && ensure_postgres RUNYARD_DATABASE_URL dev && write_stack_env && demo ;;
   status) for s in nats ingest job-tracker allocator fake-github scaler; do running "$s" && echo "$s running" || echo "$s stopped"; done ;;
   *) echo "usage: $0 [up|down|demo|status]" >&2; exit 2 ;;
 esac
