@@ -6,7 +6,8 @@
 //! - `runyard events tail` prints (and follows) the event log, decoded;
 //! - `runyard jobs`, `runyard runners` read the Postgres projection,
 //!   `runyard pools` the scaler's `GET /v1/pools`, `runyard recommend`
-//!   asks the allocator over gRPC;
+//!   asks the allocator over gRPC, `runyard savings` sums up what runyard
+//!   did over a window;
 //! - `runyard replay DIR` signs and sends fixture deliveries to ingest,
 //!   `runyard rebuild` rebuilds the projection from the event log;
 //! - `runyard provider check` runs a scaler provider through its calls.
@@ -29,6 +30,7 @@ pub mod events;
 pub mod query;
 pub mod rebuild;
 pub mod replay;
+pub mod savings;
 pub mod stack_env;
 
 /// Everything asked for was done or every check passed.
@@ -320,6 +322,9 @@ pub enum Command {
     Pools,
     /// Asks the allocator for a workload's CPU and memory.
     Recommend(query::RecommendArgs),
+    /// What runyard did over a window: memory reserved, used and before,
+    /// first-attempt OOM rate, retries, runner minutes, queue waits.
+    Savings(savings::SavingsArgs),
     /// Signs and sends the fixture deliveries of a directory to ingest.
     Replay(replay::ReplayArgs),
     /// Rebuilds the projection from the event log into a fresh database
@@ -429,6 +434,7 @@ pub async fn run(cli: Cli) -> ExitCode {
         Command::Jobs(args) => ("runyard jobs", query::jobs(&global, &args).await),
         Command::Runners(args) => ("runyard runners", query::runners(&global, &args).await),
         Command::Pools => ("runyard pools", query::pools(&global).await),
+        Command::Savings(args) => ("runyard savings", savings::savings(&global, &args).await),
         Command::Recommend(args) => ("runyard recommend", query::recommend(&global, &args).await),
         Command::Replay(args) => ("runyard replay", replay::run(&global, &args).await),
         Command::Rebuild(args) => (

@@ -112,7 +112,7 @@ fn parse_retry_of(s: &str) -> Result<JobAttempt, Failure> {
     })
 }
 
-async fn connect_db(global: &Global) -> Result<sqlx::PgPool, Failure> {
+pub(crate) async fn connect_db(global: &Global) -> Result<sqlx::PgPool, Failure> {
     sqlx::postgres::PgPoolOptions::new()
         .max_connections(1)
         .acquire_timeout(global.timeout())
@@ -126,7 +126,7 @@ async fn connect_db(global: &Global) -> Result<sqlx::PgPool, Failure> {
         })
 }
 
-fn query_failed(what: &str, e: &sqlx::Error) -> Failure {
+pub(crate) fn query_failed(what: &str, e: &sqlx::Error) -> Failure {
     Failure::Failed(format!(
         "reading {what}: {e} (is the schema migrated? `runyard doctor` checks)"
     ))

@@ -5,6 +5,7 @@
 
 mod nats_access;
 mod provider_check;
+mod savings;
 mod scale_set;
 mod stack;
 mod stack_env;
