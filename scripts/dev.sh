@@ -197,6 +197,8 @@ demo() {
   echo "GET /v1/allocation?spec=${spec}"
   curl -sS -G "http://${ALLOC_HTTP}/v1/allocation" --data-urlencode "spec=${spec}" \
     -H "Authorization: Bearer $RUNYARD_ALLOCATOR_CLIENT_TOKEN" -w '\n'
+  log "what it came to (runyard savings --before-memory 16GiB: each build had a 16 GiB runner before):"
+  "$BIN/runyard" savings --before-memory 16GiB
 }
 
 up() {
