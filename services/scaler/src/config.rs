@@ -19,7 +19,7 @@ pub struct Config {
     /// The projection (a job already started gets no runner):
     /// `RUNYARD_DATABASE_URL`.
     pub database: runyard_config::Database,
-    /// `RUNYARD_SCALER_HTTP_LISTEN` (`/healthz`, `/readyz`, `/metrics`, `/v1/pools`).
+    /// `RUNYARD_SCALER_HTTP_LISTEN` (`/healthz`, `/readyz`, `/metrics`, `/v1/pools`, `/v1/queue`).
     pub scaler_http_listen: SocketAddr,
     /// `RUNYARD_SCALER_CONFIG`: the pools-and-providers TOML file.
     pub scaler_config: Option<PathBuf>,

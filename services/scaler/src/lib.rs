@@ -511,6 +511,7 @@ impl App {
             pools: Arc::new(pools),
             specs,
             status: RwLock::new(Vec::new()),
+            queue: RwLock::default(),
             progress: progress::Progress::default(),
             metadata,
             owned: Arc::default(),
@@ -654,6 +655,7 @@ impl App {
             .route("/readyz", get(readyz))
             .route("/metrics", get(metrics_text))
             .route("/v1/pools", get(pools))
+            .route("/v1/queue", get(queue))
             .with_state(http_state);
         let http = tokio::spawn(serve(self.listener, router, stop.clone()));
         let metadata_tasks = tokio_util::task::TaskTracker::new();
@@ -891,6 +893,13 @@ async fn metrics_text(AxumState(s): AxumState<HttpState>) -> Response {
         s.registry.encode(),
     )
         .into_response()
+}
+
+/// `GET /v1/queue`: every queued or waiting job this replica's world
+/// holds, oldest first, with why it has no runner yet.
+async fn queue(AxumState(s): AxumState<HttpState>) -> Response {
+    let (at, jobs) = s.shared.queue.read().map(|q| q.clone()).unwrap_or_default();
+    axum::Json(json!({ "as_of": at.as_secs_f64(), "jobs": jobs })).into_response()
 }
 
 async fn pools(AxumState(s): AxumState<HttpState>) -> Response {

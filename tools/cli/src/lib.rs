@@ -320,6 +320,9 @@ pub enum Command {
     /// The scaler's pools (desired, actual, idle, ...), and the sessions of
     /// the scale-set pools.
     Pools,
+    /// Every job waiting for a runner, oldest first, and why it has none
+    /// yet (the scaler's `GET /v1/queue`).
+    Queue,
     /// Asks the allocator for a workload's CPU and memory.
     Recommend(query::RecommendArgs),
     /// What runyard did over a window: memory reserved, used and before,
@@ -434,6 +437,7 @@ pub async fn run(cli: Cli) -> ExitCode {
         Command::Jobs(args) => ("runyard jobs", query::jobs(&global, &args).await),
         Command::Runners(args) => ("runyard runners", query::runners(&global, &args).await),
         Command::Pools => ("runyard pools", query::pools(&global).await),
+        Command::Queue => ("runyard queue", query::queue(&global).await),
         Command::Savings(args) => ("runyard savings", savings::savings(&global, &args).await),
         Command::Recommend(args) => ("runyard recommend", query::recommend(&global, &args).await),
         Command::Replay(args) => ("runyard replay", replay::run(&global, &args).await),

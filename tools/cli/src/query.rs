@@ -332,8 +332,39 @@ pub async fn runners(global: &Global, args: &RunnersArgs) -> Result<u8, Failure>
 
 /// Runs `runyard pools`.
 pub async fn pools(global: &Global) -> Result<u8, Failure> {
+    scaler_command(global, "/v1/pools", "the pools JSON", |body| {
+        pools_text(body, time::OffsetDateTime::now_utc())
+    })
+    .await
+}
+
+/// `runyard queue`: the scaler's `GET /v1/queue`, every job without a
+/// runner and why.
+pub async fn queue(global: &Global) -> Result<u8, Failure> {
+    scaler_command(global, "/v1/queue", "the queue JSON", queue_text).await
+}
+
+/// Prints the scaler's answer at `path` as JSON with `--json`, else as
+/// `text` makes it.
+async fn scaler_command(
+    global: &Global,
+    path: &str,
+    what: &str,
+    text: impl Fn(&Value) -> String,
+) -> Result<u8, Failure> {
+    let body = scaler_get(global, path, what).await?;
+    if global.json {
+        out_json(&body);
+    } else {
+        out(&text(&body));
+    }
+    Ok(EXIT_OK)
+}
+
+/// The scaler's answer at `path`, as JSON (`what` names it in errors).
+async fn scaler_get(global: &Global, path: &str, what: &str) -> Result<Value, Failure> {
     let http = global.http()?;
-    let url = format!("{}/v1/pools", global.scaler_url.trim_end_matches('/'));
+    let url = format!("{}{path}", global.scaler_url.trim_end_matches('/'));
     let shown = redact(&url);
     let answer = http.get(&url).send().await.map_err(|e| {
         Failure::Failed(format!(
@@ -349,16 +380,42 @@ pub async fn pools(global: &Global) -> Result<u8, Failure> {
             body.trim()
         )));
     }
-    let body: Value = answer
+    answer
         .json()
         .await
-        .map_err(|e| Failure::Failed(format!("{shown}: not the pools JSON: {e}")))?;
-    if global.json {
-        out_json(&body);
-        return Ok(EXIT_OK);
+        .map_err(|e| Failure::Failed(format!("{shown}: not {what}: {e}")))
+}
+
+/// `runyard queue` for people: oldest first, the reason in words.
+fn queue_text(body: &Value) -> String {
+    let empty = Vec::new();
+    let jobs = body["jobs"].as_array().unwrap_or(&empty);
+    if jobs.is_empty() {
+        return "no job is waiting for a runner".to_owned();
     }
-    out(&pools_text(&body, time::OffsetDateTime::now_utc()));
-    Ok(EXIT_OK)
+    let s = |v: &Value| v.as_str().unwrap_or("-").to_owned();
+    let rows = jobs
+        .iter()
+        .map(|j| {
+            let age = j["age_seconds"].as_f64().unwrap_or_default();
+            vec![
+                format!("{:.0}s", age),
+                s(&j["forge"]),
+                j["job_id"].to_string(),
+                s(&j["project"]),
+                s(&j["name"]),
+                s(&j["pool"]),
+                s(&j["reason"]),
+                s(&j["detail"]),
+            ]
+        })
+        .collect();
+    table(
+        &[
+            "age", "forge", "job", "project", "name", "pool", "reason", "why",
+        ],
+        rows,
+    )
 }
 
 /// The title of the second table of `runyard pools`, which says how its

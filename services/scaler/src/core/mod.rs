@@ -10,5 +10,6 @@
 
 pub mod listing;
 pub mod policy;
+pub mod queue;
 pub mod step;
 pub mod world;

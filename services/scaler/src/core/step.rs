@@ -569,6 +569,14 @@ impl Core {
         round
     }
 
+    /// Every queued or waiting job and why it has no runner yet
+    /// ([`super::queue`]).
+    pub fn queued_jobs(&self, now: Clock) -> Vec<super::queue::QueuedJob> {
+        let specs = &self.settings.pools;
+        let queues = policy::queues(&self.world, specs, self.settings.knobs.balance);
+        super::queue::queued_jobs(specs, &self.world, &queues, &self.settings.knobs, now)
+    }
+
     fn spec(&self, pool: &str) -> Option<&PoolSpec> {
         self.settings.pools.iter().find(|p| p.name == pool)
     }

@@ -30,6 +30,9 @@ use crate::provider::tools::ToolsCache;
 use crate::provider::{Instance, Provider, ProviderError};
 
 mod ops;
+/// How old `/v1/queue`'s view may get before a round makes it again.
+const QUEUE_EVERY: Duration = Duration::from_secs(1);
+
 use ops::{
     RemoveFailed, confirm_idle, create_for_job, create_free, forget_secrets, pool_removed,
     provision, publish, record, remove, remove_orphan, stopped_instance,
@@ -80,6 +83,8 @@ pub struct Shared {
     pub specs: Vec<PoolSpec>,
     /// What `/v1/pools` shows.
     pub status: RwLock<Vec<PoolStatus>>,
+    /// What `/v1/queue` shows: the waiting jobs and why, as of a time.
+    pub queue: RwLock<(Clock, Vec<crate::core::queue::QueuedJob>)>,
     /// How far the engine has got (`/v1/pools`' `engine`).
     pub progress: Progress,
     /// The instance metadata API's tokens and secrets (set when
@@ -493,6 +498,20 @@ impl Engine {
         }
         if let Ok(mut s) = self.shared.status.write() {
             *s = round.status;
+        }
+        // The waiting jobs' reasons, at most once a second: a page's view,
+        // not worth a pass over the world on every event.
+        let stale = self
+            .shared
+            .queue
+            .read()
+            .map_or(true, |q| now().saturating_sub(q.0) >= QUEUE_EVERY);
+        if stale {
+            let at = now();
+            let jobs = self.core.queued_jobs(at);
+            if let Ok(mut q) = self.shared.queue.write() {
+                *q = (at, jobs);
+            }
         }
         self.shared.progress.round(self.core.in_flight_count());
     }

@@ -14,6 +14,7 @@ mod lifecycle;
 mod metadata;
 mod oom_retry;
 mod provider;
+mod queue;
 mod reconcile;
 mod retry;
 mod scaleset;

@@ -1051,6 +1051,24 @@ async fn jobs_runners_pools_and_recommend_answer_from_the_stack() {
     );
     assert!(lines[1].starts_with("cli-test "), "{text}");
 
+    // The queue, from the scaler: the queued job and why it has no runner
+    // (no pool of this stack has its `gpu` label).
+    let queue = eventually(WAIT, || async {
+        let v = json(&runyard(&stack.target, &["queue", "--json"]).await);
+        (v["jobs"].as_array().map_or(0, Vec::len) == 1).then_some(v)
+    })
+    .await
+    .expect("the queued job in the scaler's queue");
+    assert_eq!(queue["jobs"][0]["job_id"], 21_870_573_124_u64, "{queue:#}");
+    assert_eq!(queue["jobs"][0]["reason"], "no_matching_pool", "{queue:#}");
+    assert!(queue["jobs"][0]["pool"].is_null(), "{queue:#}");
+    let o = runyard(&stack.target, &["queue"]).await;
+    let text = stdout(&o);
+    assert!(
+        text.starts_with("AGE") && text.contains("REASON") && text.contains("21870573124"),
+        "{text}"
+    );
+
     // A recommendation from the usage report's history.
     let workload = [
         "--workload",

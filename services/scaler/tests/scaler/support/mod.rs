@@ -110,12 +110,20 @@ impl Scaler {
             .map(|v| v.trim().parse().expect("a number"))
     }
 
+    /// `GET /v1/queue`.
+    pub async fn queue(&self) -> serde_json::Value {
+        self.get_json("/v1/queue").await
+    }
+
     /// `GET /v1/pools`.
     pub async fn pools(&self) -> serde_json::Value {
-        let url = format!("http://{}/v1/pools", self.addr);
-        reqwest::get(url)
+        self.get_json("/v1/pools").await
+    }
+
+    async fn get_json(&self, path: &str) -> serde_json::Value {
+        reqwest::get(format!("http://{}{path}", self.addr))
             .await
-            .expect("GET /v1/pools")
+            .unwrap_or_else(|e| panic!("GET {path}: {e}"))
             .json()
             .await
             .expect("json")
