@@ -94,6 +94,23 @@ pub struct Waiting {
 struct Queue {
     turn: tokio::sync::Mutex<()>,
     waiting: AtomicUsize,
+    /// The forge whose budget it waits for (`github` / `gitlab`).
+    forge: std::sync::OnceLock<&'static str>,
+    /// When the forge said the budget returns, Unix seconds (0: unknown).
+    until: std::sync::atomic::AtomicU64,
+}
+
+/// Creates waiting for one forge's spent budget.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Spent {
+    /// `github` / `gitlab`.
+    pub forge: &'static str,
+    /// The endpoint kind they wait on.
+    pub endpoint: &'static str,
+    /// How many wait.
+    pub waiting: usize,
+    /// When the budget returns, Unix seconds, if the forge said.
+    pub until: Option<u64>,
 }
 
 /// Counts a caller in a queue for as long as it lives.
@@ -135,6 +152,28 @@ impl Waiting {
     /// No create is waiting.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// The queues creates wait in now, by endpoint kind.
+    pub fn spent(&self) -> Vec<Spent> {
+        let queues = self
+            .queues
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut spent: Vec<Spent> = queues
+            .iter()
+            .filter_map(|(kind, q)| {
+                let waiting = q.waiting.load(Ordering::SeqCst);
+                (waiting > 0).then(|| Spent {
+                    forge: q.forge.get().copied().unwrap_or("github"),
+                    endpoint: kind,
+                    waiting,
+                    until: Some(q.until.load(Ordering::SeqCst)).filter(|u| *u > 0),
+                })
+            })
+            .collect();
+        spent.sort_by_key(|s| s.endpoint);
+        spent
     }
 }
 
@@ -251,7 +290,7 @@ impl Forges {
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, ApiError>>,
     {
-        self.in_line(kind, call, || async move {
+        self.in_line("github", kind, call, || async move {
             if let Err(error) = github.refresh_rate_limits(scope).await {
                 tracing::debug!(%error, "reading the rate limits failed");
             }
@@ -268,7 +307,8 @@ impl Forges {
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, ApiError>>,
     {
-        self.in_line(kind, call, || std::future::ready(())).await
+        self.in_line("gitlab", kind, call, || std::future::ready(()))
+            .await
     }
 
     /// Sends `call`; when it is rate limited, or others already wait on
@@ -277,6 +317,7 @@ impl Forges {
     /// announced wait, to learn early whether the budget returned.
     async fn in_line<T, F, Fut, P, PFut>(
         &self,
+        forge: &'static str,
         kind: &'static str,
         mut call: F,
         probe: P,
@@ -288,6 +329,7 @@ impl Forges {
         PFut: Future<Output = ()>,
     {
         let queue = self.waiting.queue(kind);
+        let _ = queue.forge.set(forge);
         if queue.waiting.load(Ordering::SeqCst) == 0 {
             match call().await {
                 Err(ApiError::RateLimited { .. }) => {}
@@ -308,6 +350,12 @@ impl Forges {
                     // clock reads as "retry after 0".
                     let floor = every.min(Duration::from_secs(1));
                     let nap = retry_after.clamp(floor, every);
+                    let unix = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .unwrap_or_default();
+                    queue
+                        .until
+                        .store((unix + retry_after).as_secs(), Ordering::SeqCst);
                     tracing::info!(
                         endpoint = kind,
                         retry_after_s = retry_after.as_secs(),

@@ -898,8 +898,41 @@ async fn metrics_text(AxumState(s): AxumState<HttpState>) -> Response {
 /// `GET /v1/queue`: every queued or waiting job this replica's world
 /// holds, oldest first, with why it has no runner yet.
 async fn queue(AxumState(s): AxumState<HttpState>) -> Response {
-    let (at, jobs) = s.shared.queue.read().map(|q| q.clone()).unwrap_or_default();
+    let (at, mut jobs) = s.shared.queue.read().map(|q| q.clone()).unwrap_or_default();
+    rate_limited(&mut jobs, &s.shared.io.forges.waiting.spent(), at.as_secs());
     axum::Json(json!({ "as_of": at.as_secs_f64(), "jobs": jobs })).into_response()
+}
+
+/// A create under way while its forge's budget is spent waits for it:
+/// those jobs say so, with when the budget returns.
+fn rate_limited(jobs: &mut [core::queue::QueuedJob], spent: &[forges::Spent], now: u64) {
+    for job in jobs.iter_mut().filter(|j| j.reason == "creating") {
+        let Some(w) = spent.iter().find(|w| w.forge == job.forge) else {
+            continue;
+        };
+        let back = w.until.map_or_else(
+            || "until its budget returns".to_owned(),
+            |u| {
+                let when = i64::try_from(u)
+                    .ok()
+                    .and_then(|u| time::OffsetDateTime::from_unix_timestamp(u).ok())
+                    .and_then(|t| {
+                        t.format(&time::format_description::well_known::Rfc3339)
+                            .ok()
+                    })
+                    .unwrap_or_default();
+                format!("until {when} (in {}s)", u.saturating_sub(now))
+            },
+        );
+        job.reason = "rate_limited";
+        job.detail = format!(
+            "the create of runner {} waits out {}'s rate limit on {} {back}; {} creates in line",
+            job.runner.as_deref().unwrap_or("-"),
+            w.forge,
+            w.endpoint,
+            w.waiting
+        );
+    }
 }
 
 async fn pools(AxumState(s): AxumState<HttpState>) -> Response {

@@ -34,7 +34,8 @@ pub struct QueuedJob {
     /// The pool it waits in, when one matches.
     pub pool: Option<String>,
     /// Why it has no runner yet: `forge_waiting`, `labels_unknown`,
-    /// `no_matching_pool`, `given_up`, `creating`, `create_failing`,
+    /// `no_matching_pool`, `given_up`, `creating` (`rate_limited` once the
+    /// HTTP view knows its forge's budget is spent), `create_failing`,
     /// `booting`, `runner_online`, `pool_full` or `runner_due`.
     pub reason: &'static str,
     /// The same in words, with the numbers behind it.
@@ -167,8 +168,7 @@ fn why(
                 return (
                     "creating",
                     format!(
-                        "creating runner {} in pool {} for {}s (a create waits its turn while a \
-                         forge's rate limit is spent)",
+                        "creating runner {} in pool {} for {}s",
                         r.name,
                         r.pool,
                         since(r.attempt_started_at)

@@ -118,6 +118,19 @@ async fn a_spent_registration_budget_is_waited_out_and_jobs_are_served_in_queue_
         metric(&scaler, "runyard_scaler_creates_waiting_for_rate_limit").await,
         Some(jobs.len() as f64)
     );
+    // The queue says why: each create waits out the budget, until when.
+    let view = scaler.queue().await;
+    let waiting: Vec<&serde_json::Value> = view["jobs"].as_array().unwrap().iter().collect();
+    assert_eq!(waiting.len(), jobs.len(), "{view:#}");
+    for job in waiting {
+        assert_eq!(job["reason"], "rate_limited", "{view:#}");
+        let detail = job["detail"].as_str().unwrap();
+        assert!(
+            detail.contains("github's rate limit") && detail.contains("until 20"),
+            "{detail}"
+        );
+        assert!(detail.contains("4 creates in line"), "{detail}");
+    }
     let events = stack.events().await;
     assert_eq!(failures(&events), [], "waiting is no failed attempt");
     assert!(created(&events).is_empty());
