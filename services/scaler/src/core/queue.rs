@@ -3,12 +3,14 @@
 //! runner made for it and its attempts) and the pools' numbers. What
 //! `GET /v1/queue` and `runyard queue` show.
 
+use std::collections::HashMap;
+
 use serde::Serialize;
 
 use runyard_events::JobStatus;
 
 use super::policy::{self, Knobs, PoolSpec, Queues};
-use super::world::{Clock, Job, Phase, World};
+use super::world::{Clock, Job, JobId, Phase, Runner, World};
 
 /// One job without a runner, and why.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -59,14 +61,48 @@ pub fn queued_jobs(
         .filter(|j| matches!(j.status, JobStatus::Queued | JobStatus::Waiting))
         .collect();
     jobs.sort_by(|a, b| a.queued_at.cmp(&b.queued_at).then(a.id.cmp(&b.id)));
+    // One pass over the queues, the runners and the pools' numbers, not
+    // one per job: a busy site has thousands queued.
+    let mut queued_in: HashMap<&JobId, &PoolSpec> = HashMap::new();
+    for pool in pools {
+        for job in queues.of(&pool.name) {
+            queued_in.entry(&job.id).or_insert(pool);
+        }
+    }
+    let mut made: HashMap<&JobId, &Runner> = HashMap::new();
+    let mut numbers: HashMap<&str, (u32, u32)> = HashMap::new();
+    for r in world.runners.values() {
+        if let Some(job) = &r.job {
+            let newer = made
+                .get(job)
+                .is_none_or(|m| m.requested_at < r.requested_at);
+            if newer {
+                made.insert(job, r);
+            }
+        }
+        let n = numbers.entry(r.pool.as_str()).or_default();
+        match r.phase {
+            Phase::Requested | Phase::Created | Phase::Online => n.0 += 1,
+            Phase::Assigned => *n = (n.0 + 1, n.1 + 1),
+            Phase::Failed | Phase::Deleted => {}
+        }
+    }
     jobs.into_iter()
         .map(|job| {
-            let in_queue = pools
-                .iter()
-                .find(|p| queues.of(&p.name).iter().any(|q| q.id == job.id));
             let candidates = policy::candidate_pools(pools, job, knobs.balance);
-            let pool = in_queue.or_else(|| candidates.first().copied());
-            let (reason, detail, runner) = why(job, pool, candidates.is_empty(), world, knobs, now);
+            let pool = queued_in
+                .get(&job.id)
+                .copied()
+                .or_else(|| candidates.first().copied());
+            let runner = made
+                .get(&job.id)
+                .copied()
+                .filter(|r| r.run_attempt == job.run_attempt);
+            let alive = pool.map_or((0, 0), |p| {
+                numbers.get(p.name.as_str()).copied().unwrap_or_default()
+            });
+            let (reason, detail, runner) =
+                why(job, pool, candidates.is_empty(), runner, alive, knobs, now);
             QueuedJob {
                 forge: runyard_events::forge_token(job.id.forge),
                 instance: job.id.instance.clone(),
@@ -90,20 +126,31 @@ pub fn queued_jobs(
         .collect()
 }
 
+/// The reason for one job: `made` is the runner made for it (this
+/// attempt), `(alive, busy)` its pool's runners.
 fn why(
     job: &Job,
     pool: Option<&PoolSpec>,
     no_pool: bool,
-    world: &World,
+    made: Option<&Runner>,
+    (alive, busy): (u32, u32),
     knobs: &Knobs,
     now: Clock,
 ) -> (&'static str, String, Option<String>) {
     if job.status == JobStatus::Waiting {
+        let held = match job.id.forge {
+            runyard_events::Forge::Gitlab => {
+                "GitLab holds it back (created: an earlier stage or its needs; \
+                 waiting_for_resource: its resource group; scheduled; preparing)"
+            }
+            _ => {
+                "GitHub holds it back (waiting: a deployment's protection rules or approval, \
+                 or its concurrency group)"
+            }
+        };
         return (
             "forge_waiting",
-            "the forge holds it back (a deployment approval, a concurrency or resource group, \
-             or an earlier stage); it gets a runner once it is queued"
-                .to_owned(),
+            format!("{held}; it gets a runner once it is queued"),
             None,
         );
     }
@@ -116,11 +163,6 @@ fn why(
             None,
         );
     };
-    let made = world
-        .runners
-        .values()
-        .filter(|r| r.job.as_ref() == Some(&job.id) && r.run_attempt == job.run_attempt)
-        .max_by_key(|r| r.requested_at);
     if job.given_up {
         let last = made.map_or("", |r| r.reason.as_str());
         return (
@@ -218,17 +260,6 @@ fn why(
     let Some(pool) = pool else {
         return ("no_matching_pool", "no pool matches".to_owned(), None);
     };
-    let (mut alive, mut busy) = (0u32, 0u32);
-    for r in world.runners.values().filter(|r| r.pool == pool.name) {
-        match r.phase {
-            Phase::Requested | Phase::Created | Phase::Online => alive += 1,
-            Phase::Assigned => {
-                alive += 1;
-                busy += 1;
-            }
-            Phase::Failed | Phase::Deleted => {}
-        }
-    }
     if alive >= pool.max_runners {
         return (
             "pool_full",

@@ -63,6 +63,7 @@ async fn the_queue_says_why_each_job_has_no_runner() {
     assert_eq!(q[&504].0, "no_matching_pool", "{view:#}");
     assert!(q[&504].1.contains("gpu"), "{view:#}");
     assert_eq!(q[&505].0, "forge_waiting", "{view:#}");
+    assert!(q[&505].1.contains("approval"), "{view:#}");
     // Oldest first, each with its pool and age.
     let order: Vec<u64> = view["jobs"]
         .as_array()
