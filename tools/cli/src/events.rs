@@ -34,6 +34,105 @@ pub struct TailArgs {
     /// log line, or of another message here): one delivery's whole story.
     #[arg(long, value_name = "TRACE_ID", value_parser = parse_trace_id)]
     pub trace: Option<u128>,
+    /// Only the story of this job (`ID`, or `FORGE:INSTANCE:ID` when ids of
+    /// two forges could meet): its webhooks and polls, its pipeline, the
+    /// runners requested or assigned for it and everything that happened
+    /// to them, its usage reports, and the retries that name it.
+    #[arg(long, value_name = "JOB", value_parser = parse_job)]
+    pub job: Option<JobFilter>,
+}
+
+/// Which job `--job` follows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobFilter {
+    /// `github` / `gitlab`, when given.
+    pub forge: Option<String>,
+    /// The forge's host, when given.
+    pub instance: Option<String>,
+    /// The forge's job id.
+    pub job_id: u64,
+}
+
+/// `4711` or `gitlab:gitlab.example.com:4711`.
+pub fn parse_job(s: &str) -> Result<JobFilter, String> {
+    let bad = || {
+        format!("{s:?} is not a job: ID or FORGE:INSTANCE:ID (e.g. gitlab:gitlab.example.com:4711)")
+    };
+    let parts: Vec<&str> = s.split(':').collect();
+    match parts.as_slice() {
+        [id] => Ok(JobFilter {
+            forge: None,
+            instance: None,
+            job_id: id.parse().map_err(|_| bad())?,
+        }),
+        [forge, instance, id] if matches!(*forge, "github" | "gitlab") && !instance.is_empty() => {
+            Ok(JobFilter {
+                forge: Some((*forge).to_owned()),
+                instance: Some((*instance).to_owned()),
+                job_id: id.parse().map_err(|_| bad())?,
+            })
+        }
+        _ => Err(bad()),
+    }
+}
+
+impl JobFilter {
+    fn names(&self, k: Option<&JobKey>) -> bool {
+        k.is_some_and(|k| {
+            k.job_id == self.job_id
+                && self
+                    .forge
+                    .as_deref()
+                    .is_none_or(|f| f == runyard_events::forge_token(k.forge()))
+                && self.instance.as_deref().is_none_or(|i| i == k.instance)
+        })
+    }
+}
+
+/// Follows one job's story through the log: the runners made for it or
+/// handed it are remembered as they appear, so their later events (which
+/// name only the runner) belong to it too.
+#[derive(Debug)]
+struct Story {
+    job: JobFilter,
+    runners: std::collections::HashSet<String>,
+}
+
+impl Story {
+    fn admits(&mut self, event: &Event) -> bool {
+        let job = &self.job;
+        match &event.body {
+            Some(Body::JobObserved(j)) => job.names(j.job.as_ref()),
+            Some(Body::UsageReported(u)) => job.names(u.job.as_ref()),
+            Some(Body::JobUnserved(u)) => job.names(u.job.as_ref()),
+            Some(Body::PipelineObserved(p)) => {
+                p.job_ids.contains(&job.job_id)
+                    && job
+                        .forge
+                        .as_deref()
+                        .is_none_or(|f| f == runyard_events::forge_token(p.forge()))
+            }
+            Some(Body::RetryRequested(r)) => r.jobs.iter().any(|j| job.names(j.job.as_ref())),
+            Some(Body::RetryIssued(r)) => r.jobs.iter().any(|j| job.names(j.job.as_ref())),
+            Some(Body::RetryRefused(r)) => r.jobs.iter().any(|j| job.names(j.job.as_ref())),
+            Some(b @ (Body::RunnerRequested(_) | Body::RunnerAssigned(_))) => {
+                let named = match b {
+                    Body::RunnerRequested(q) => job.names(q.job.as_ref()),
+                    Body::RunnerAssigned(a) => job.names(a.job.as_ref()),
+                    _ => false,
+                };
+                let name = runyard_events::runner_ref(b).map(|r| r.name.clone());
+                if named && let Some(name) = &name {
+                    self.runners.insert(name.clone());
+                }
+                named || name.is_some_and(|n| self.runners.contains(&n))
+            }
+            Some(b) => {
+                runyard_events::runner_ref(b).is_some_and(|r| self.runners.contains(&r.name))
+            }
+            None => false,
+        }
+    }
 }
 
 /// A trace id as logs and `--json` print it: 32 hex digits, not all zero.
@@ -87,6 +186,12 @@ pub fn subject_filter(ns: &Namespace, raw: bool, s: &str) -> String {
 
 /// Runs `runyard events tail`.
 pub async fn tail(global: &Global, args: &TailArgs) -> Result<u8, Failure> {
+    if args.raw && args.job.is_some() {
+        return Err(Failure::Usage(
+            "--job follows a job through the event log; --raw shows deliveries, which name no job"
+                .to_owned(),
+        ));
+    }
     let ns = global.ns()?;
     let filters: Vec<String> = args
         .subject
@@ -140,6 +245,10 @@ pub async fn tail(global: &Global, args: &TailArgs) -> Result<u8, Failure> {
     if consumer.cached_info().num_pending == 0 && !args.follow {
         return Ok(EXIT_OK);
     }
+    let mut story = args.job.clone().map(|job| Story {
+        job,
+        runners: std::collections::HashSet::new(),
+    });
     let mut messages = consumer
         .messages()
         .await
@@ -163,7 +272,13 @@ pub async fn tail(global: &Global, args: &TailArgs) -> Result<u8, Failure> {
             .info()
             .map(|i| (i.stream_sequence, i.pending))
             .unwrap_or_default();
-        if args.trace.is_none() || trace_of(&msg) == args.trace {
+        let in_story = match (&mut story, args.raw) {
+            (Some(story), false) => {
+                Event::decode(msg.payload.clone()).is_ok_and(|e| story.admits(&e))
+            }
+            _ => true,
+        };
+        if in_story && (args.trace.is_none() || trace_of(&msg) == args.trace) {
             let line = if args.raw {
                 raw_line(&msg, seq, global.json)
             } else {

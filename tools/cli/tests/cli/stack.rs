@@ -836,6 +836,56 @@ async fn replay_sends_signed_deliveries_and_events_tail_shows_them() {
     assert_eq!(code(&o), 2, "a malformed trace id is a usage error");
     assert!(stderr(&o).contains("not a trace id"), "{}", stderr(&o));
 
+    // One job's story: the GitLab build 4711's job event, its usage
+    // report and the runner requested for it; not the GitHub job's events,
+    // nor another runner's.
+    let job = runyard_events::JobKey {
+        forge: runyard_events::Forge::Gitlab as i32,
+        instance: "gitlab.example.com".into(),
+        job_id: 4711,
+    };
+    publish_runner_requested(&stack, "gl", "ry-gl-story", Some(job)).await;
+    publish_runner_requested(&stack, "gl", "ry-gl-other", None).await;
+    let story = |args: &'static [&'static str]| {
+        let stack = &stack;
+        async move {
+            let o = runyard(&stack.target, args).await;
+            assert_eq!(code(&o), 0, "{}", stderr(&o));
+            stdout(&o)
+                .lines()
+                .map(|l| serde_json::from_str::<Value>(l).unwrap())
+                .map(|e| e["event"]["type"].as_str().unwrap_or_default().to_owned())
+                .collect::<Vec<String>>()
+        }
+    };
+    let types = story(&["events", "tail", "--job", "4711", "--json"]).await;
+    assert_eq!(
+        types,
+        ["JobObserved", "UsageReported", "RunnerRequested"],
+        "the story of 4711"
+    );
+    let types = story(&[
+        "events",
+        "tail",
+        "--job",
+        "gitlab:gitlab.example.com:4711",
+        "--json",
+    ])
+    .await;
+    assert_eq!(types.len(), 3, "{types:?}");
+    let types = story(&[
+        "events",
+        "tail",
+        "--job",
+        "github:github.com:4711",
+        "--json",
+    ])
+    .await;
+    assert!(types.is_empty(), "another forge's 4711: {types:?}");
+    let o = runyard(&stack.target, &["events", "tail", "--job", "gitlab:4711"]).await;
+    assert_eq!(code(&o), 2);
+    assert!(stderr(&o).contains("FORGE:INSTANCE:ID"), "{}", stderr(&o));
+
     // The raw deliveries: headers and sizes, never the GitLab token.
     let o = runyard(&stack.target, &["events", "tail", "--raw", "--json"]).await;
     assert_eq!(code(&o), 0, "{}", stderr(&o));
@@ -857,7 +907,7 @@ async fn replay_sends_signed_deliveries_and_events_tail_shows_them() {
     let o = runyard(&stack.target, &["events", "tail", "--subject", "usage.>"]).await;
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     assert_eq!(stdout(&o).lines().count(), 1, "{}", stdout(&o));
-    let o = runyard(&stack.target, &["events", "tail", "-s", "runner.>"]).await;
+    let o = runyard(&stack.target, &["events", "tail", "-s", "retry.>"]).await;
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     assert_eq!(stdout(&o), "", "nothing matches: nothing printed, no wait");
 
@@ -921,7 +971,12 @@ async fn replay_sends_signed_deliveries_and_events_tail_shows_them() {
     stack.db.drop_db().await;
 }
 
-async fn publish_runner_requested(stack: &Stack, pool: &str, name: &str) {
+async fn publish_runner_requested(
+    stack: &Stack,
+    pool: &str,
+    name: &str,
+    job: Option<runyard_events::JobKey>,
+) {
     let bus = runyard_bus::Bus::connect(&stack.nats.url(), stack.ns.clone(), "cli-test", false)
         .await
         .unwrap();
@@ -940,8 +995,14 @@ async fn publish_runner_requested(stack: &Stack, pool: &str, name: &str) {
                 name: name.into(),
                 ..RunnerRef::default()
             }),
-            reason: "min_idle".into(),
+            reason: if job.is_some() {
+                "queued_job"
+            } else {
+                "min_idle"
+            }
+            .into(),
             flavor: "small".into(),
+            job,
             ..RunnerRequested::default()
         })),
     };
@@ -979,7 +1040,7 @@ async fn jobs_runners_pools_and_recommend_answer_from_the_stack() {
     }
     let o = runyard(&stack.target, &["replay", &dir.display().to_string()]).await;
     assert_eq!(code(&o), 0, "{}", stderr(&o));
-    publish_runner_requested(&stack, "cli-test", "ry-cli-test-0123456789").await;
+    publish_runner_requested(&stack, "cli-test", "ry-cli-test-0123456789", None).await;
 
     // Jobs, once projected.
     let jobs = eventually(WAIT, || async {
