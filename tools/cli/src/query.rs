@@ -65,6 +65,114 @@ pub struct RecommendArgs {
     /// above that attempt's OOM kill.
     #[arg(long, value_name = "ATTEMPT")]
     pub retry_of: Option<String>,
+    /// Also show the workload's last N usage reports from the projection
+    /// (`--database-url`), oldest first: each peak against the limit its
+    /// attempt ran with, OOM kills marked, beside the new limit.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub history: u32,
+}
+
+/// A workload's last `n` usage reports, oldest first.
+async fn history(
+    global: &Global,
+    workload: &BTreeMap<String, String>,
+    n: u32,
+) -> Result<Vec<Value>, Failure> {
+    let key = runyard_store::workload::key(workload.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+    let db = connect_db(global).await?;
+    let rows = sqlx::query(
+        "SELECT forge, instance, job_id, attempt, ref, peak_memory_bytes, memory_limit_bytes,
+                oom_killed, reported_at
+         FROM usage_samples WHERE workload_key = $1
+         ORDER BY reported_at DESC, id DESC LIMIT $2",
+    )
+    .bind(&key)
+    .bind(i64::from(n))
+    .fetch_all(&db)
+    .await
+    .map_err(|e| query_failed("usage_samples", &e))?;
+    db.close().await;
+    let mut list: Vec<Value> = rows
+        .iter()
+        .map(|r| {
+            json!({
+                "reported_at": ts(time_of(r, "reported_at")),
+                "forge": text(r, "forge"),
+                "instance": text(r, "instance"),
+                "job_id": r.try_get::<i64, _>("job_id").unwrap_or_default(),
+                "attempt": r.try_get::<i32, _>("attempt").unwrap_or_default(),
+                "ref": text(r, "ref"),
+                "peak_memory_bytes": r.try_get::<i64, _>("peak_memory_bytes").unwrap_or_default(),
+                "memory_limit_bytes": r.try_get::<Option<i64>, _>("memory_limit_bytes").ok().flatten(),
+                "oom_killed": r.try_get::<bool, _>("oom_killed").unwrap_or_default(),
+            })
+        })
+        .collect();
+    list.reverse();
+    Ok(list)
+}
+
+/// The history as a chart for a terminal: per report a bar of its peak
+/// (`#`), its limit (`|`, or `X` when the peak was killed there) and the
+/// new limit (`:`), on one scale.
+fn history_chart(list: &[Value], new_limit: u64) -> String {
+    const WIDTH: f64 = 40.0;
+    let bytes = |v: &Value| v.as_u64().unwrap_or_default();
+    let top = list
+        .iter()
+        .flat_map(|h| {
+            [
+                bytes(&h["peak_memory_bytes"]),
+                bytes(&h["memory_limit_bytes"]),
+            ]
+        })
+        .chain([new_limit])
+        .max()
+        .unwrap_or(1)
+        .max(1) as f64;
+    let at = |b: u64| ((b as f64 / top) * WIDTH).round() as usize;
+    let rows = list
+        .iter()
+        .map(|h| {
+            let (peak, limit) = (
+                bytes(&h["peak_memory_bytes"]),
+                bytes(&h["memory_limit_bytes"]),
+            );
+            let killed = h["oom_killed"].as_bool().unwrap_or_default();
+            let mut bar: Vec<char> = vec![' '; WIDTH as usize + 1];
+            for c in bar.iter_mut().take(at(peak)) {
+                *c = '#';
+            }
+            bar[at(new_limit)] = ':';
+            if limit > 0 {
+                bar[at(limit)] = if killed { 'X' } else { '|' };
+            }
+            vec![
+                h["reported_at"].as_str().unwrap_or("-").to_owned(),
+                format!("{}/{}", h["job_id"], h["attempt"]),
+                bytesize::ByteSize::b(peak).to_string(),
+                if limit > 0 {
+                    bytesize::ByteSize::b(limit).to_string()
+                } else {
+                    "-".to_owned()
+                },
+                if killed {
+                    "OOM".to_owned()
+                } else {
+                    String::new()
+                },
+                bar.into_iter().collect::<String>().trim_end().to_owned(),
+            ]
+        })
+        .collect();
+    format!(
+        "{}# peak, | the limit it ran with (X: killed there), : the new limit {}\n",
+        table(
+            &["reported", "job/attempt", "peak", "limit", "", "chart"],
+            rows
+        ),
+        bytesize::ByteSize::b(new_limit)
+    )
 }
 
 /// Parses `--retry-of`.
@@ -617,10 +725,21 @@ pub async fn recommend(global: &Global, args: &RecommendArgs) -> Result<u8, Fail
             "matched": b.matched,
             "statistic": b.statistic,
             "oom_bump": b.oom_bump,
+            "oom_probability": b.oom_probability,
+            "workload_samples": b.workload_samples,
         })),
         "variables": variables,
     });
+    let past = if args.history > 0 {
+        Some(history(global, &workload, args.history).await?)
+    } else {
+        None
+    };
     if global.json {
+        let mut answer = answer;
+        if let Some(past) = &past {
+            answer["history"] = json!(past);
+        }
         out_json(&answer);
         return Ok(EXIT_OK);
     }
@@ -643,10 +762,16 @@ pub async fn recommend(global: &Global, args: &RecommendArgs) -> Result<u8, Fail
         rows.push(vec![
             "basis".to_owned(),
             format!(
-                "{} sample(s), {}, matched {}{}",
+                "{} sample(s) ({} of the workload itself), {}, matched {}, {}{}",
                 b.samples,
+                b.workload_samples,
                 b.statistic,
                 show(&json!(b.matched)),
+                if b.oom_probability >= 0.0 {
+                    format!("P(OOM) {:.1}%", b.oom_probability * 100.0)
+                } else {
+                    "no P(OOM): configured defaults".to_owned()
+                },
                 if b.oom_bump { ", OOM bump" } else { "" }
             ),
         ]);
@@ -655,6 +780,9 @@ pub async fn recommend(global: &Global, args: &RecommendArgs) -> Result<u8, Fail
         rows.push(vec![k.clone(), v.clone()]);
     }
     out(&table(&["", "value"], rows));
+    if let Some(past) = &past {
+        out(&format!("\n{}", history_chart(past, r.memory_limit_bytes)));
+    }
     Ok(EXIT_OK)
 }
 

@@ -1171,6 +1171,34 @@ async fn jobs_runners_pools_and_recommend_answer_from_the_stack() {
         "{}",
         stdout(&o)
     );
+    // With the workload's history: its reports, oldest first, each peak
+    // against the limit it ran with, beside the new limit.
+    let mut args = vec!["recommend", "--json", "--history", "10"];
+    args.extend(workload);
+    let with = json(&runyard(&stack.target, &args).await);
+    let past = with["history"].as_array().unwrap();
+    let mut ids: Vec<u64> = past.iter().map(|h| h["job_id"].as_u64().unwrap()).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, [4711, 5711, 6711], "{with:#}");
+    assert!(
+        past.iter()
+            .all(|h| h["memory_limit_bytes"] == 12_000_000_000_u64
+                && h["oom_killed"] == false
+                && h["peak_memory_bytes"].as_u64() >= Some(9_123_456_789)),
+        "{with:#}"
+    );
+    assert!(
+        with["basis"]["workload_samples"].as_u64() >= Some(3),
+        "{with:#}"
+    );
+    let mut args = vec!["recommend", "--history", "2"];
+    args.extend(workload);
+    let text = stdout(&runyard(&stack.target, &args).await);
+    assert!(
+        text.contains("CHART") && text.contains('#') && text.contains("the new limit"),
+        "{text}"
+    );
+    assert_eq!(text.matches("/1 ").count(), 2, "two reports: {text}");
     let o = runyard(&stack.target, &["recommend", "--workload", "package"]).await;
     assert_eq!(code(&o), 2);
     assert!(stderr(&o).contains("KEY=VALUE"), "{}", stderr(&o));
