@@ -553,39 +553,9 @@ async fn github_reruns_only_the_oom_killed_job_once_the_run_completed_on_a_large
         "{fresh:?}"
     );
 
-    // The run is still in progress: nothing is re-run.
-    stack.settled().await;
-    assert!(gh.reruns().is_empty(), "{:?}", gh.reruns());
-
-    gh.set_job_status(l, "completed", Some("success"));
-    let reruns = eventually(WAIT, || async {
-        let r = gh.reruns();
-        (!r.is_empty()).then_some(r)
-    })
-    .await
-    .unwrap_or_else(|| panic!("a re-run\n{}", stack.log("scaler")));
-    stack.settled().await;
-    assert_eq!(
-        gh.reruns(),
-        [runyard_testkit::fake_github::FakeRerun::Job {
-            repo: "acme/app".into(),
-            job_id: j
-        }],
-        "only the OOM-killed job, once, never rerun-failed-jobs (first: {reruns:?})"
-    );
-
     // GitHub queues the re-run as a new job of attempt 2: its runner is
     // the larger flavor, covering the bumped limit.
-    let run = gh.run(777).expect("run");
-    assert_eq!(run.run_attempt, 2);
-    let rerun = *run
-        .jobs
-        .iter()
-        .find(|id| {
-            gh.job(**id)
-                .is_some_and(|x| x.name == build && x.run_attempt == 2)
-        })
-        .expect("the re-run job");
+    let rerun = rerun_once_the_run_completed(&stack, l, j, build).await;
     stack
         .github_job(
             &gh_job(rerun, 2, build, "queued", None),
@@ -936,6 +906,40 @@ async fn kills_in_two_child_pipelines_retry_their_parent_once() {
     stack.stop().await;
 }
 
+/// Run 777 holds the OOM-killed job `killed` (named `build`) and `docs`,
+/// still running: nothing is re-run until `docs` completes, then only the
+/// killed job, once, as attempt 2. Returns the re-run's job id.
+async fn rerun_once_the_run_completed(stack: &Stack, docs: u64, killed: u64, build: &str) -> u64 {
+    let gh = &stack.github;
+    stack.settled().await;
+    assert!(gh.reruns().is_empty(), "{:?}", gh.reruns());
+    gh.set_job_status(docs, "completed", Some("success"));
+    let reruns = eventually(WAIT, || async {
+        let r = gh.reruns();
+        (!r.is_empty()).then_some(r)
+    })
+    .await
+    .unwrap_or_else(|| panic!("a re-run\n{}", stack.log("scaler")));
+    stack.settled().await;
+    assert_eq!(
+        gh.reruns(),
+        [runyard_testkit::fake_github::FakeRerun::Job {
+            repo: "acme/app".into(),
+            job_id: killed
+        }],
+        "only the OOM-killed job, once, never rerun-failed-jobs (first: {reruns:?})"
+    );
+    let run = gh.run(777).expect("run");
+    assert_eq!(run.run_attempt, 2);
+    *run.jobs
+        .iter()
+        .find(|id| {
+            gh.job(**id)
+                .is_some_and(|x| x.name == build && x.run_attempt == 2)
+        })
+        .expect("the re-run job")
+}
+
 /// [`GITHUB_POOL`] as a scale set (`linux`): no webhook at all, every job
 /// known from the scale set's messages.
 fn scale_set_pool() -> String {
@@ -1074,35 +1078,9 @@ async fn a_scale_set_job_killed_by_oom_is_rerun_once_on_a_larger_runner() {
         .usage(&gh_report(k, 1, "lint", 100_000_000, 4 * GIB, 1))
         .await;
 
-    // The run is still in progress: nothing is re-run yet.
-    stack.settled().await;
-    assert!(gh.reruns().is_empty(), "{:?}", gh.reruns());
-    gh.set_job_status(l, "completed", Some("success"));
-    eventually(WAIT, || async { (!gh.reruns().is_empty()).then_some(()) })
-        .await
-        .unwrap_or_else(|| panic!("a re-run\n{}", stack.log("scaler")));
-    stack.settled().await;
-    assert_eq!(
-        gh.reruns(),
-        [runyard_testkit::fake_github::FakeRerun::Job {
-            repo: "acme/app".into(),
-            job_id: j
-        }],
-        "only the OOM-killed job, once"
-    );
-
     // GitHub queues the re-run as attempt 2 of run 777 and routes it to the
     // scale set again: its runner is the larger flavor.
-    let run = gh.run(777).expect("run");
-    assert_eq!(run.run_attempt, 2);
-    let rerun = *run
-        .jobs
-        .iter()
-        .find(|id| {
-            gh.job(**id)
-                .is_some_and(|x| x.name == build && x.run_attempt == 2)
-        })
-        .expect("the re-run job");
+    let rerun = rerun_once_the_run_completed(&stack, l, j, build).await;
     let again = message(777, build);
     assert_eq!(runner_for(&stack, rerun).await, (2, "large".into()));
     job_in_state(&stack, &again, "running").await;
