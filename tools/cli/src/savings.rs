@@ -119,6 +119,7 @@ fn round(x: f64) -> f64 {
 
 const MEMORY: &str = "
     SELECT COALESCE(u.of_project, '') AS project,
+           grouping(COALESCE(u.of_project, '')) = 1 AS total,
            count(*) AS reports,
            COALESCE(sum(u.wall_seconds * u.memory_limit_bytes), 0)::float8 / 3.6e12 AS reserved,
            COALESCE(sum(u.wall_seconds * u.peak_memory_bytes), 0)::float8 / 3.6e12 AS used,
@@ -135,11 +136,11 @@ const MEMORY: &str = "
         LEFT JOIN jobs j USING (forge, instance, job_id)
         WHERE s.reported_at >= now() - make_interval(secs => $1)
     ) u
-    GROUP BY GROUPING SETS ((COALESCE(u.of_project, '')), ())
-    ORDER BY grouping(COALESCE(u.of_project, '')), 1";
+    GROUP BY GROUPING SETS ((COALESCE(u.of_project, '')), ())";
 
 const RETRIES: &str = "
     SELECT COALESCE(r.project, '') AS project,
+           grouping(COALESCE(r.project, '')) = 1 AS total,
            count(*) AS retries,
            count(*) FILTER (WHERE EXISTS (
                SELECT 1 FROM jobs j
@@ -150,11 +151,11 @@ const RETRIES: &str = "
            )) AS ok
     FROM retries r
     WHERE r.kind = 'issued' AND r.occurred_at >= now() - make_interval(secs => $1)
-    GROUP BY GROUPING SETS ((COALESCE(r.project, '')), ())
-    ORDER BY grouping(COALESCE(r.project, '')), 1";
+    GROUP BY GROUPING SETS ((COALESCE(r.project, '')), ())";
 
 const WAITS: &str = "
     SELECT COALESCE(project, '') AS project,
+           grouping(COALESCE(project, '')) = 1 AS total,
            percentile_cont(0.5) WITHIN GROUP (ORDER BY w) AS p50,
            percentile_cont(0.95) WITHIN GROUP (ORDER BY w) AS p95
     FROM (
@@ -163,8 +164,7 @@ const WAITS: &str = "
         WHERE started_at >= now() - make_interval(secs => $1)
           AND COALESCE(queued_at, created_at) IS NOT NULL
     ) q
-    GROUP BY GROUPING SETS ((COALESCE(project, '')), ())
-    ORDER BY grouping(COALESCE(project, '')), 1";
+    GROUP BY GROUPING SETS ((COALESCE(project, '')), ())";
 
 const RUNNERS: &str = "
     SELECT count(*) AS runners,
@@ -183,18 +183,18 @@ pub async fn savings(global: &Global, args: &SavingsArgs) -> Result<u8, Failure>
     let failed = |what: &str, e: &sqlx::Error| crate::query::query_failed(what, e);
     let mut by: std::collections::BTreeMap<Option<String>, Figures> =
         std::collections::BTreeMap::new();
-    let key = |r: &sqlx::postgres::PgRow, total: bool| -> Option<String> {
+    // Each query's grand total (the grouping set `()`) says so in `total`.
+    let key = |r: &sqlx::postgres::PgRow| -> Option<String> {
+        let total = r.try_get::<bool, _>("total").unwrap_or_default();
         (!total).then(|| r.try_get::<String, _>("project").unwrap_or_default())
     };
-    // Each query ends with its grand total (the grouping set `()`).
     let memory = sqlx::query(MEMORY)
         .bind(secs)
         .fetch_all(&db)
         .await
         .map_err(|e| failed("usage_samples", &e))?;
-    let rows = memory.len();
-    for (i, r) in memory.iter().enumerate() {
-        let f = by.entry(key(r, i + 1 == rows)).or_default();
+    for r in &memory {
+        let f = by.entry(key(r)).or_default();
         f.reports = r.try_get("reports").unwrap_or_default();
         f.reserved = r.try_get("reserved").unwrap_or_default();
         f.used = r.try_get("used").unwrap_or_default();
@@ -208,9 +208,8 @@ pub async fn savings(global: &Global, args: &SavingsArgs) -> Result<u8, Failure>
             .fetch_all(&db)
             .await
             .map_err(|e| failed(what, &e))?;
-        let n = rows.len();
-        for (i, r) in rows.iter().enumerate() {
-            let f = by.entry(key(r, i + 1 == n)).or_default();
+        for r in &rows {
+            let f = by.entry(key(r)).or_default();
             if what == "retries" {
                 f.retries = r.try_get("retries").unwrap_or_default();
                 f.retries_ok = r.try_get("ok").unwrap_or_default();
