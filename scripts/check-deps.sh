@@ -27,10 +27,9 @@ import json, os, re, subprocess, sys, tomllib
 ALLOWED = {
     "runyard-allocator-api": {
         # the gRPC messages, client and server build.rs generates (included
-        # in src/lib.rs) derive ::prost::Message, use ::tonic and encode with
+        # in src/lib.rs) derive ::prost::Message and encode with
         # ::tonic_prost::ProstCodec
         "prost": "generated gRPC code",
-        "tonic": "generated gRPC code",
         "tonic-prost": "generated gRPC code",
     },
     "runyard-events": {

@@ -5,9 +5,13 @@
 //! allocator serves for reflection. The allocator serves it; the scaler and
 //! the CLI call it without depending on the allocator.
 
-#![allow(missing_docs, clippy::all, missing_debug_implementations)]
+pub mod client;
 
-include!(concat!(env!("OUT_DIR"), "/runyard.allocator.v1.rs"));
+#[allow(missing_docs, clippy::all, missing_debug_implementations)]
+mod generated {
+    include!(concat!(env!("OUT_DIR"), "/runyard.allocator.v1.rs"));
+}
+pub use generated::*;
 
 /// The encoded descriptor set, for server reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] =

@@ -18,6 +18,7 @@ mod json;
 #[cfg(feature = "testing")]
 pub mod testing;
 mod timestamps;
+pub mod tokens;
 mod usage;
 pub mod verify;
 

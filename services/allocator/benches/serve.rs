@@ -436,6 +436,7 @@ async fn main() {
             workload: workload(w).into_iter().collect(),
             r#ref: "develop".into(),
             retry_of: None,
+            preview: false,
         }),
     );
     type Health = tonic_health::pb::HealthCheckResponse;
@@ -512,6 +513,7 @@ async fn main() {
                     .collect(),
                 r#ref: "develop".into(),
                 retry_of: None,
+                preview: false,
             })
             .collect();
         let s = Instant::now();

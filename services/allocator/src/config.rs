@@ -183,7 +183,8 @@ impl Config {
             ));
         }
         config.model.max_workloads = config.allocator_max_workloads;
-        config.allocator_tokens = Tokens::from_process_env().map_err(|e| refuse(e.to_string()))?;
+        config.allocator_tokens =
+            crate::auth::tokens_from_env().map_err(|e| refuse(e.to_string()))?;
         config.insecure_dev =
             runyard_config::secrets::insecure_dev_from_env().map_err(|e| refuse(e.to_string()))?;
         Ok(config)
@@ -241,7 +242,7 @@ mod tests {
             database: runyard_config::Database {
                 url: format!("postgres://runyard:{secret}@db:5432/runyard"),
             },
-            allocator_tokens: Tokens::new([secret]),
+            allocator_tokens: crate::auth::tokens([secret]),
             ..Config::default()
         };
         let shown = format!("{config:?}");

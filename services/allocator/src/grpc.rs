@@ -39,7 +39,7 @@ impl tonic::service::Interceptor for Authenticate {
             .metadata()
             .get("authorization")
             .map(|v| v.as_bytes());
-        match tokens.check(header) {
+        match crate::auth::authenticate(tokens, header) {
             Ok(client) => {
                 request.extensions_mut().insert(client);
                 Ok(request)
@@ -79,6 +79,8 @@ pub fn to_proto(r: &mut ModelRec) -> proto::Recommendation {
             defaults: r.basis.defaults,
             oom_probability: r.basis.oom_probability.unwrap_or(-1.0),
             workload_samples: r.basis.workload_samples,
+            spread: r.basis.spread.unwrap_or(-1.0),
+            site_prior: r.basis.site_prior,
         }),
         variables: model::variables(r),
     }
@@ -168,11 +170,15 @@ impl Service {
         issuing: Issuing,
     ) -> Result<proto::Recommendation, Status> {
         self.state.require_ready()?;
+        let preview = req.preview;
         let (workload, r, retry) = workload_of(req, String::new)?;
         let (mut rec, key) = self.state.recommend(&workload, retry);
         let response = to_proto(&mut rec);
-        self.state
-            .issued(Api::Grpc, (workload, key), r, rec, issuing);
+        // A preview is a look: nothing is issued, nothing counted.
+        if !preview {
+            self.state
+                .issued(Api::Grpc, (workload, key), r, rec, issuing);
+        }
         Ok(response)
     }
 
@@ -190,6 +196,7 @@ impl Service {
                 req.requests.len()
             )));
         }
+        let previews: Vec<bool> = req.requests.iter().map(|r| r.preview).collect();
         let (asked, refs): (Vec<_>, Vec<_>) = req
             .requests
             .into_iter()
@@ -201,8 +208,12 @@ impl Service {
             .unzip();
         let mut recs = self.state.recommend_many(&asked);
         let recommendations = recs.iter_mut().map(|(rec, _)| to_proto(rec)).collect();
-        for (((w, _), r), (rec, key)) in asked.into_iter().zip(refs).zip(recs) {
-            self.state.issued(Api::Batch, (w, key), r, rec, issuing);
+        for ((((w, _), r), (rec, key)), preview) in
+            asked.into_iter().zip(refs).zip(recs).zip(previews)
+        {
+            if !preview {
+                self.state.issued(Api::Batch, (w, key), r, rec, issuing);
+            }
         }
         Ok(proto::RecommendBatchResponse { recommendations })
     }

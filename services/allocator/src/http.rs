@@ -99,7 +99,7 @@ async fn authenticate(
         .headers()
         .get(header::AUTHORIZATION)
         .map(|v| v.as_bytes());
-    match tokens.check(header) {
+    match crate::auth::authenticate(tokens, header) {
         Ok(client) => {
             request.extensions_mut().insert(client);
             next.run(request).await

@@ -680,6 +680,7 @@ pub async fn recommend(global: &Global, args: &RecommendArgs) -> Result<u8, Fail
         workload: workload.clone().into_iter().collect(),
         r#ref: args.git_ref.clone(),
         retry_of,
+        preview: false,
     });
     if let Some(token) = &global.allocator_token {
         let v = format!("Bearer {token}")

@@ -539,6 +539,11 @@ pub struct Basis {
     /// memory limit; `None` for configured defaults (nothing to predict
     /// from).
     pub oom_probability: Option<f64>,
+    /// The predictive standard deviation of ln(peak) the limit was priced
+    /// with; `None` for configured defaults.
+    pub spread: Option<f64>,
+    /// The estimate is the site's prior for workloads new to it.
+    pub site_prior: bool,
 }
 
 /// Resources for the next job of a workload.
@@ -1292,6 +1297,8 @@ impl Model {
             defaults: true,
             workload_samples: u32::try_from(found.exact).unwrap_or(u32::MAX),
             oom_probability: None,
+            spread: None,
+            site_prior: false,
         };
         let estimate = self.estimate(&found);
         let class = estimate.map(|e| class_of(e.newcomer, found.exact));
@@ -1326,6 +1333,8 @@ impl Model {
                     basis.level = i32::try_from(base.level).unwrap_or(i32::MAX);
                 }
                 basis.defaults = false;
+                basis.spread = Some(est.sd_pred);
+                basis.site_prior = est.newcomer;
                 basis.statistic = quantile_statistic(q);
                 if p.limit_margin > 0.0 {
                     basis.statistic += &format!("+{}%", (p.limit_margin * 100.0).round());

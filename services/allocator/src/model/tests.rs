@@ -1068,6 +1068,8 @@ fn variables_use_gantry_units() {
             defaults: false,
             workload_samples: 5,
             oom_probability: Some(0.02),
+            spread: Some(0.1),
+            site_prior: false,
         },
     };
     let v: BTreeMap<String, String> = variables(&r);

@@ -162,6 +162,7 @@ fn request(token: Option<&str>) -> tonic::Request<RecommendRequest> {
         workload: [("package".to_owned(), "zlib".to_owned())].into(),
         r#ref: "main".into(),
         retry_of: None,
+        preview: false,
     });
     if let Some(t) = token {
         req.metadata_mut()
@@ -172,7 +173,7 @@ fn request(token: Option<&str>) -> tonic::Request<RecommendRequest> {
 
 #[tokio::test]
 async fn grpc_calls_without_a_known_token_are_refused_and_publish_nothing() {
-    let running = start(Tokens::new([TOKEN]), false).await;
+    let running = start(runyard_allocator::auth::tokens([TOKEN]), false).await;
     let mut client = running.client().await;
 
     let err = client.recommend(request(None)).await.unwrap_err();
@@ -245,7 +246,7 @@ async fn grpc_calls_without_a_known_token_are_refused_and_publish_nothing() {
 
 #[tokio::test]
 async fn http_wants_a_token_except_health_readiness_and_metrics() {
-    let running = start(Tokens::new([TOKEN]), false).await;
+    let running = start(runyard_allocator::auth::tokens([TOKEN]), false).await;
     for path in ["/healthz", "/readyz", "/metrics"] {
         assert_eq!(running.get(path, None).await.0, 200, "{path}");
     }
@@ -280,7 +281,7 @@ async fn http_wants_a_token_except_health_readiness_and_metrics() {
 
 #[tokio::test]
 async fn anonymous_gantry_opens_only_the_gantry_endpoint() {
-    let running = start(Tokens::new([TOKEN]), true).await;
+    let running = start(runyard_allocator::auth::tokens([TOKEN]), true).await;
     let (status, body) = running.get("/v1/allocation", None).await;
     assert_eq!(status, 200, "{body}");
     assert!(body.contains("variables"), "{body}");
@@ -305,7 +306,14 @@ async fn every_token_of_a_token_file_is_accepted() {
         format!("# old, until every client has the new one\n{TOKEN}\n\n{ROTATED}\n"),
     )
     .unwrap();
-    let tokens = Tokens::from_vars(None, Some(file.to_str().unwrap().to_owned())).unwrap();
+    let tokens = Tokens::from_vars(
+        (runyard_allocator::auth::TOKENS_VAR, None),
+        (
+            runyard_allocator::auth::TOKENS_FILE_VAR,
+            Some(file.to_str().unwrap().to_owned()),
+        ),
+    )
+    .unwrap();
     let running = start(tokens, false).await;
     let mut client = running.client().await;
     for token in [TOKEN, ROTATED] {
@@ -337,7 +345,7 @@ async fn without_tokens_anyone_is_answered() {
 async fn each_client_publishes_at_most_its_burst_of_allocation_events() {
     // A burst of 5 a client, then 1 a second.
     let running = start_with(|c| Config {
-        allocator_tokens: Tokens::new([TOKEN, ROTATED]),
+        allocator_tokens: runyard_allocator::auth::tokens([TOKEN, ROTATED]),
         allocator_events_per_second: 1,
         allocator_events_burst: 5,
         ..c

@@ -229,6 +229,7 @@ fn request(workload: &Value, r: &str) -> RecommendRequest {
             .collect(),
         r#ref: r.into(),
         retry_of: None,
+        preview: false,
     }
 }
 
@@ -1578,6 +1579,7 @@ async fn the_stack_sizes_every_attempt_of_a_trace_as_the_simulation_does() {
             workload: w.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
             r#ref: git_ref.clone(),
             retry_of: None,
+            preview: false,
         };
         let mut rec = client.recommend(ask.clone()).await.unwrap().into_inner();
         for attempt in 1u32..=8 {
@@ -1641,5 +1643,76 @@ async fn the_stack_sizes_every_attempt_of_a_trace_as_the_simulation_does() {
         trace.jobs.len(),
         online.len()
     );
+    stack.stop().await;
+}
+
+#[tokio::test]
+async fn a_preview_is_answered_like_any_call_and_leaves_no_trace() {
+    let stack = Stack::start().await;
+    let mut client = stack.client().await;
+    let w = torch();
+    for (i, peak) in [4_000_000_000u64, 4_400_000_000, 4_200_000_000]
+        .into_iter()
+        .enumerate()
+    {
+        let job = 300 + i as u64;
+        stack.job_hook_in(job, "develop", 700 + i as u64).await;
+        stack.report(job, &w, peak, "develop").await;
+    }
+    let mut preview = request(&w, "develop");
+    preview.preview = true;
+    let looked = eventually(Duration::from_secs(20), || {
+        let (mut client, preview) = (client.clone(), preview.clone());
+        async move {
+            let r = client.recommend(preview).await.ok()?.into_inner();
+            (r.basis.as_ref()?.samples >= 3).then_some(r)
+        }
+    })
+    .await
+    .expect("the history is learned");
+    // The basis says how wide the estimate is; a history of its own is no
+    // site prior.
+    let basis = looked.basis.clone().unwrap();
+    assert!(basis.spread > 0.0 && basis.spread < 1.0, "{basis:?}");
+    assert!(!basis.site_prior, "{basis:?}");
+    let counted = |page: String| {
+        page.lines()
+            .filter(|l| l.starts_with("runyard_allocator_recommendations_total{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>()
+    };
+    let served = || async {
+        reqwest::get(format!("{}/metrics", stack.http))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    };
+    assert_eq!(counted(served().await), 0.0);
+    // The same answer a use gets; the use alone is counted and logged.
+    let used = recommend(&mut client, &w).await;
+    assert_eq!(used.memory_limit_bytes, looked.memory_limit_bytes);
+    assert_eq!(used.variables, looked.variables);
+    let one = eventually(Duration::from_secs(10), || async {
+        (allocation_events(&stack).await >= 1).then_some(())
+    })
+    .await;
+    assert!(one.is_some(), "the use's event");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(allocation_events(&stack).await, 1);
+    assert_eq!(counted(served().await), 1.0);
+    // A batch's previews are looks too.
+    let mut batch_preview = request(&w, "develop");
+    batch_preview.preview = true;
+    client
+        .recommend_batch(runyard_allocator::proto::RecommendBatchRequest {
+            requests: vec![batch_preview.clone(), batch_preview],
+        })
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(allocation_events(&stack).await, 1);
+    assert_eq!(counted(served().await), 1.0);
     stack.stop().await;
 }

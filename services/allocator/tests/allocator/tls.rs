@@ -116,6 +116,7 @@ async fn recommend(
                 .collect(),
             r#ref: "main".into(),
             retry_of: None,
+            preview: false,
         })
         .await
         .map_err(|s| format!("{s:?}"))?;

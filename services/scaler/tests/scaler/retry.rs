@@ -391,6 +391,7 @@ impl Stack {
                 workload: workload.clone().into_iter().collect(),
                 r#ref: git_ref.into(),
                 retry_of,
+                preview: false,
             })
             .await
             .expect("recommend")

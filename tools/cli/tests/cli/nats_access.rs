@@ -172,7 +172,7 @@ async fn each_service_works_with_its_own_nats_user() {
         },
         allocator_listen: LOCAL,
         allocator_http_listen: LOCAL,
-        allocator_tokens: runyard_allocator::auth::Tokens::new([ALLOCATOR_TOKEN]),
+        allocator_tokens: runyard_allocator::auth::tokens([ALLOCATOR_TOKEN]),
         ..runyard_allocator::Config::default()
     })
     .await
