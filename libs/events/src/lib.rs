@@ -11,10 +11,10 @@ pub mod v1 {
 
 pub use v1::{
     AllocationIssued, Conclusion, Event, Forge, JobKey, JobObserved, JobStatus, JobUnserved,
-    PipelineObserved, RetryIssued, RetryJob, RetryRefused, RetryRequested, RetryTarget,
-    RunnerAssigned, RunnerCreated, RunnerDeleted, RunnerFailed, RunnerOnline, RunnerRef,
-    RunnerRequested, ScaleSetProgress, ScaleSetStatistics, Source, UsageIdentity, UsageReported,
-    event::Body,
+    PipelineObserved, Recommended, RetryIssued, RetryJob, RetryRefused, RetryRequested,
+    RetryTarget, RunnerAssigned, RunnerCreated, RunnerDeleted, RunnerFailed, RunnerOnline,
+    RunnerRef, RunnerRequested, ScaleSetProgress, ScaleSetStatistics, Source, UsageIdentity,
+    UsageReported, event::Body,
 };
 
 use std::fmt;

@@ -1599,6 +1599,7 @@ fn bench_job(job_id: u64) -> Job {
         runner_name: None,
         given_up: false,
         scale_set: None,
+        forge_status: String::new(),
     }
 }
 

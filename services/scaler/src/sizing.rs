@@ -4,11 +4,11 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use runyard_allocator_api::allocator_client::AllocatorClient;
-use runyard_allocator_api::{JobAttempt, RecommendRequest};
-use runyard_events::{Forge, JobKey, RunnerRef, RunnerRequested, forge_token};
-use secrecy::{ExposeSecret as _, SecretString};
-use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
+use runyard_allocator_api::client::Client;
+use runyard_allocator_api::{JobAttempt, RecommendRequest, Recommendation};
+use runyard_events::{Forge, JobKey, Recommended, RunnerRef, RunnerRequested, forge_token};
+use secrecy::SecretString;
+use tonic::transport::{ClientTlsConfig, Endpoint};
 
 use crate::config::{Flavor, PoolConfig};
 use crate::core::world::Job;
@@ -27,7 +27,7 @@ pub fn workload(job: &Job) -> BTreeMap<String, String> {
 }
 
 /// What was chosen and why.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Sizing {
     /// Index into the pool's flavors.
     pub flavor: usize,
@@ -35,6 +35,10 @@ pub struct Sizing {
     pub recommended_limit: Option<u64>,
     /// True when the allocator could not be asked (first flavor used).
     pub allocator_unavailable: bool,
+    /// The allocator's answer and its basis, when it answered (the
+    /// runner's request event carries it, so a job's story says why the
+    /// runner got its size).
+    pub recommendation: Option<Recommended>,
 }
 
 /// The request event of a runner made for `job` (a free one, for `reason`,
@@ -63,10 +67,26 @@ pub fn runner_requested(
         memory_bytes: flavor.memory.as_u64(),
         cpus: flavor.cpus,
         recommended_memory_limit_bytes: sizing.and_then(|s| s.recommended_limit),
+        recommendation: sizing.and_then(|s| s.recommendation.clone()),
         allocator_unavailable: sizing.is_some_and(|s| s.allocator_unavailable),
         workload_key: String::new(),
         labels: job.and_then(|j| j.labels.clone()).unwrap_or_default(),
         image: pool.image.clone(),
+    }
+}
+
+/// What a runner's request event keeps of the allocator's answer.
+fn recommended(r: &Recommendation) -> Recommended {
+    let basis = r.basis.clone().unwrap_or_default();
+    Recommended {
+        memory_limit_bytes: r.memory_limit_bytes,
+        memory_request_bytes: r.memory_request_bytes,
+        statistic: basis.statistic,
+        samples: basis.samples,
+        workload_samples: basis.workload_samples,
+        oom_probability: basis.oom_probability,
+        oom_bump: basis.oom_bump,
+        retry_count: r.retry_count,
     }
 }
 
@@ -85,9 +105,7 @@ pub fn pick_flavor(flavors: &[Flavor], limit: Option<u64>) -> usize {
 /// A lazily connected allocator client.
 #[derive(Debug, Clone)]
 pub struct Allocator {
-    client: Option<AllocatorClient<Channel>>,
-    token: Option<SecretString>,
-    timeout: Duration,
+    client: Option<Client>,
 }
 
 impl Allocator {
@@ -110,17 +128,13 @@ impl Allocator {
             None => Ok(e),
         });
         let client = match endpoint {
-            Ok(e) => Some(AllocatorClient::new(e.timeout(timeout).connect_lazy())),
+            Ok(e) => Some(Client::new(e, token, timeout)),
             Err(error) => {
                 tracing::warn!(%error, "RUNYARD_ALLOCATOR_URL cannot be used: every pool gets its first flavor");
                 None
             }
         };
-        Self {
-            client,
-            token,
-            timeout,
-        }
+        Self { client }
     }
 
     /// Sizes a job from its recommendation, as the retry of `retry_of`
@@ -131,15 +145,17 @@ impl Allocator {
         flavors: &[Flavor],
         retry_of: Option<JobAttempt>,
     ) -> Sizing {
-        let limit = self.recommend(job, retry_of).await;
+        let answer = self.recommend(job, retry_of).await;
+        let limit = answer.as_ref().map(|r| r.memory_limit_bytes);
         Sizing {
             flavor: pick_flavor(flavors, limit),
             recommended_limit: limit,
             allocator_unavailable: limit.is_none(),
+            recommendation: answer.as_ref().map(recommended),
         }
     }
 
-    async fn recommend(&self, job: &Job, retry_of: Option<JobAttempt>) -> Option<u64> {
+    async fn recommend(&self, job: &Job, retry_of: Option<JobAttempt>) -> Option<Recommendation> {
         let retry = retry_of.is_some();
         match self.ask(job, retry_of).await {
             // The attempt it retries was refused by name: sized as no
@@ -155,37 +171,34 @@ impl Allocator {
         }
     }
 
-    /// One `Recommend` call: the limit, or why there is none (logged).
-    async fn ask(&self, job: &Job, retry_of: Option<JobAttempt>) -> Result<u64, tonic::Status> {
-        let Some(mut client) = self.client.clone() else {
+    /// One `Recommend` call: the answer, or why there is none (logged).
+    async fn ask(
+        &self,
+        job: &Job,
+        retry_of: Option<JobAttempt>,
+    ) -> Result<Recommendation, tonic::Status> {
+        let Some(client) = &self.client else {
             return Err(tonic::Status::unavailable("no allocator URL"));
         };
-        let mut req = tonic::Request::new(RecommendRequest {
+        let req = RecommendRequest {
             workload: workload(job),
             r#ref: job.git_ref.clone(),
             retry_of,
-        });
-        req.set_timeout(self.timeout);
+            preview: false,
+        };
         // The call is a hop of the current trace (a job's runner creation).
-        if let Ok(v) = runyard_bus::current_trace().to_string().parse() {
-            req.metadata_mut().insert("traceparent", v);
-        }
-        if let Some(token) = &self.token
-            && let Ok(v) = format!("Bearer {}", token.expose_secret()).parse()
-        {
-            req.metadata_mut().insert("authorization", v);
-        }
-        match tokio::time::timeout(self.timeout, client.recommend(req)).await {
-            Ok(Ok(answer)) => Ok(answer.into_inner().memory_limit_bytes),
-            Ok(Err(status)) => {
-                tracing::warn!(code = ?status.code(), message = status.message(), "allocator refused the call");
-                Err(status)
-            }
-            Err(_) => {
+        let trace = runyard_bus::current_trace().to_string();
+        let answer = client.recommend(req, Some(&trace)).await;
+        match &answer {
+            Ok(_) => {}
+            Err(status) if status.code() == tonic::Code::DeadlineExceeded => {
                 tracing::warn!("allocator timed out");
-                Err(tonic::Status::deadline_exceeded("allocator timed out"))
+            }
+            Err(status) => {
+                tracing::warn!(code = ?status.code(), message = status.message(), "allocator refused the call");
             }
         }
+        answer
     }
 }
 
@@ -277,6 +290,7 @@ mod tests {
             runner_name: None,
             given_up: false,
             scale_set: None,
+            forge_status: String::new(),
         }
     }
 

@@ -138,19 +138,9 @@ fn why(
     now: Clock,
 ) -> (&'static str, String, Option<String>) {
     if job.status == JobStatus::Waiting {
-        let held = match job.id.forge {
-            runyard_events::Forge::Gitlab => {
-                "GitLab holds it back (created: an earlier stage or its needs; \
-                 waiting_for_resource: its resource group; scheduled; preparing)"
-            }
-            _ => {
-                "GitHub holds it back (waiting: a deployment's protection rules or approval, \
-                 or its concurrency group)"
-            }
-        };
         return (
             "forge_waiting",
-            format!("{held}; it gets a runner once it is queued"),
+            format!("{}; it gets a runner once it is queued", held(job)),
             None,
         );
     }
@@ -278,4 +268,38 @@ fn why(
         ),
         None,
     )
+}
+
+/// Why the forge holds a waiting job back, by its own status word
+/// (REFERENCE: "Job lifecycles").
+fn held(job: &Job) -> &'static str {
+    match (job.id.forge, job.forge_status.as_str()) {
+        (runyard_events::Forge::Gitlab, "created") => {
+            "GitLab holds it back for its stage: an earlier stage or a job it needs has not finished"
+        }
+        (runyard_events::Forge::Gitlab, "waiting_for_resource") => {
+            "GitLab holds it back for its resource group: another job holds the resource"
+        }
+        (runyard_events::Forge::Gitlab, "scheduled") => {
+            "GitLab holds it back until its scheduled time (a delayed job)"
+        }
+        (runyard_events::Forge::Gitlab, "manual") => {
+            "GitLab waits for someone to start it (a manual job)"
+        }
+        (runyard_events::Forge::Gitlab, "preparing") => {
+            "GitLab is preparing it (a runner is setting up its environment)"
+        }
+        (runyard_events::Forge::Gitlab, _) => {
+            "GitLab holds it back (created: an earlier stage or its needs; \
+             waiting_for_resource: its resource group; scheduled; preparing)"
+        }
+        (_, "waiting") => {
+            "GitHub holds it back for its environment: a deployment's approval or protection rules, \
+             or its concurrency group"
+        }
+        _ => {
+            "GitHub holds it back (waiting: a deployment's protection rules or approval, \
+             or its concurrency group)"
+        }
+    }
 }

@@ -61,6 +61,10 @@ pub struct Job {
     /// webhook or poll). Only that pool serves it, and scale-set pools
     /// serve nothing else.
     pub scale_set: Option<String>,
+    /// The forge's own word for the status of that observation (GitLab
+    /// `created`, `waiting_for_resource`, `scheduled`, `manual`; GitHub
+    /// `waiting`): why the forge holds a waiting job back.
+    pub forge_status: String,
 }
 
 impl Job {
@@ -271,7 +275,7 @@ impl World {
                     instance: k.instance.clone(),
                     job_id: k.job_id,
                 });
-                self.runners.entry(rref.name.clone()).or_insert_with(|| {
+                let runner = self.runners.entry(rref.name.clone()).or_insert_with(|| {
                     let mut r = Runner::requested(
                         &rref.name,
                         &rref.pool,
@@ -280,10 +284,14 @@ impl World {
                         &r.claim_key,
                         at,
                     );
-                    r.flavor.clone_from(&req.flavor);
                     r.reason.clone_from(&req.reason);
                     r
                 });
+                // The replica that decided it knew the runner before its
+                // size was chosen: the request says which flavor it got.
+                if runner.flavor.is_empty() {
+                    runner.flavor.clone_from(&req.flavor);
+                }
             }
             Some(Body::RunnerCreated(r)) => {
                 let Some(runner) = self.runner_mut(r.runner.as_ref()) else {
@@ -395,6 +403,7 @@ impl World {
             runner_name: None,
             given_up: false,
             scale_set: None,
+            forge_status: String::new(),
         });
         if !j.scale_set_pool.is_empty() {
             job.scale_set = Some(j.scale_set_pool.clone());
@@ -409,6 +418,7 @@ impl World {
         if stage > job.seen {
             job.status = status;
             job.seen = stage;
+            job.forge_status = j.forge_status.clone();
         }
         if j.conclusion() == runyard_events::Conclusion::Cancelled {
             job.cancelled = true;

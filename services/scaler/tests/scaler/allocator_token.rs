@@ -8,7 +8,6 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use bytesize::ByteSize;
-use runyard_allocator::auth::Tokens;
 use runyard_bus::{Bus, StreamSettings};
 use runyard_events::{Forge, JobStatus};
 use runyard_scaler::config::Flavor;
@@ -41,6 +40,7 @@ fn job() -> Job {
         runner_name: None,
         given_up: false,
         scale_set: None,
+        forge_status: String::new(),
     }
 }
 
@@ -87,7 +87,7 @@ async fn allocator(tweak: impl FnOnce(&mut runyard_allocator::Config)) -> Runnin
         },
         allocator_listen: local,
         allocator_http_listen: local,
-        allocator_tokens: Tokens::new([TOKEN]),
+        allocator_tokens: runyard_allocator::auth::tokens([TOKEN]),
         ..runyard_allocator::Config::default()
     };
     tweak(&mut config);

@@ -59,6 +59,7 @@ fn job(world: &mut World, n: u64, labels: &[&str], queued_at: Clock) {
             runner_name: None,
             given_up: false,
             scale_set: None,
+            forge_status: String::new(),
         },
     );
 }

@@ -518,3 +518,42 @@ fn an_idle_runner_goes_only_after_two_idle_readings_a_window_apart() {
         "a busy runner is not read again"
     );
 }
+
+#[test]
+fn a_waiting_job_says_what_the_forge_holds_it_for() {
+    let mut h = Harness::new(linux());
+    for (n, forge, status) in [
+        (1, Forge::Gitlab, "created"),
+        (2, Forge::Gitlab, "waiting_for_resource"),
+        (3, Forge::Gitlab, "manual"),
+        (4, Forge::Github, "waiting"),
+    ] {
+        let mut j = JobObserved {
+            job: Some(JobKey {
+                forge: forge as i32,
+                instance: HOST.into(),
+                job_id: n,
+            }),
+            project: "acme/app".into(),
+            name: format!("job {n}"),
+            forge_status: status.into(),
+            created_at: Some(ts(h.now)),
+            ..Default::default()
+        };
+        j.set_status(JobStatus::Waiting);
+        h.observe(&event(format!("job:{n}"), h.now, Body::JobObserved(j)));
+    }
+    let mut why: Vec<(u64, &str, String)> = h
+        .core
+        .queued_jobs(h.now)
+        .into_iter()
+        .map(|q| (q.job_id, q.reason, q.detail))
+        .collect();
+    why.sort_by_key(|w| w.0);
+    assert_eq!(why.len(), 4, "{why:?}");
+    assert!(why.iter().all(|w| w.1 == "forge_waiting"), "{why:?}");
+    assert!(why[0].2.contains("its stage"), "{why:?}");
+    assert!(why[1].2.contains("resource group"), "{why:?}");
+    assert!(why[2].2.contains("manual"), "{why:?}");
+    assert!(why[3].2.contains("approval"), "{why:?}");
+}
