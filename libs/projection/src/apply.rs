@@ -17,6 +17,8 @@ pub struct Incoming {
     pub seq: u64,
     /// The decoded event.
     pub event: Event,
+    /// Its message's `traceparent` header, if any.
+    pub traceparent: Option<String>,
 }
 
 /// What [`apply_batch`] reads of one event: [`Incoming`], or anything else
@@ -27,6 +29,8 @@ pub trait ToApply {
     fn seq(&self) -> u64;
     /// The decoded event.
     fn event(&self) -> &Event;
+    /// Its message's `traceparent` header, if any.
+    fn traceparent(&self) -> Option<&str>;
 }
 
 impl ToApply for Incoming {
@@ -35,6 +39,9 @@ impl ToApply for Incoming {
     }
     fn event(&self) -> &Event {
         &self.event
+    }
+    fn traceparent(&self) -> Option<&str> {
+        self.traceparent.as_deref()
     }
 }
 
@@ -45,6 +52,9 @@ impl ToApply for runyard_bus::consumer::Delivery {
     }
     fn event(&self) -> &Event {
         &self.event
+    }
+    fn traceparent(&self) -> Option<&str> {
+        self.traceparent.as_deref()
     }
 }
 
@@ -109,9 +119,17 @@ pub async fn apply_in(
         ..Applied::default()
     };
     let mut rejected_ids = Vec::new();
+    let mut story = Vec::new();
     for i in unique.iter().filter(|i| fresh.contains(&i.event().id)) {
         match delta.add(i.event()) {
-            Ok(()) => applied.new += 1,
+            Ok(()) => {
+                applied.new += 1;
+                let trace = i
+                    .traceparent()
+                    .and_then(runyard_bus::TraceParent::parse)
+                    .map(|t| t.trace_id);
+                story.extend(crate::story::rows(i.event(), i.seq(), trace));
+            }
             Err(Unprojectable(reason)) => {
                 applied.rejected.push((i.seq(), reason));
                 rejected_ids.push(i.event().id.as_str());
@@ -132,7 +150,43 @@ pub async fn apply_in(
     rekey_github_usage(tx, &delta).await?;
     upsert_runners(tx, &delta).await?;
     insert_retries(tx, &delta).await?;
+    insert_story(tx, &story).await?;
     Ok(applied)
+}
+
+/// Inserts the batch's `job_events` rows (only ever inserted: each event
+/// is applied once).
+async fn insert_story(
+    tx: &mut Transaction<'_, Postgres>,
+    rows: &[crate::story::StoryRow],
+) -> Result<(), sqlx::Error> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let col = |f: fn(&crate::story::StoryRow) -> Option<String>| -> Vec<Option<String>> {
+        rows.iter().map(f).collect()
+    };
+    sqlx::query(
+        "INSERT INTO job_events (event_id, stream_seq, type, occurred_at, forge, instance,
+                                 job_id, runner, pipeline_id, trace_id, detail)
+         SELECT * FROM unnest($1::text[], $2::int8[], $3::text[], $4::timestamptz[],
+                              $5::text[], $6::text[], $7::int8[], $8::text[], $9::int8[],
+                              $10::text[], $11::jsonb[])",
+    )
+    .bind(rows.iter().map(|r| r.event_id.clone()).collect::<Vec<_>>())
+    .bind(rows.iter().map(|r| r.stream_seq).collect::<Vec<_>>())
+    .bind(rows.iter().map(|r| r.kind).collect::<Vec<_>>())
+    .bind(rows.iter().map(|r| r.occurred_at).collect::<Vec<_>>())
+    .bind(col(|r| r.forge.as_ref().map(|f| f.0.clone())))
+    .bind(col(|r| r.forge.as_ref().map(|f| f.1.clone())))
+    .bind(rows.iter().map(|r| r.job_id).collect::<Vec<_>>())
+    .bind(col(|r| r.runner.clone()))
+    .bind(rows.iter().map(|r| r.pipeline_id).collect::<Vec<_>>())
+    .bind(col(|r| r.trace_id.clone()))
+    .bind(rows.iter().map(|r| r.detail.clone()).collect::<Vec<_>>())
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
 }
 
 /// Builds `col = CASE WHEN <excluded ranks higher> THEN COALESCE(EXCLUDED.col,

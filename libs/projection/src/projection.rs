@@ -254,7 +254,12 @@ fn job_row(
         queued_duration_seconds: j.queued_duration_seconds.filter(|d| d.is_finite()),
         created_at: ts(j.created_at.as_ref()),
         queued_at: (status == 1).then_some(occurred),
-        started_at: ts(j.started_at.as_ref()),
+        // GitHub fills `started_at` already on `queued` (with the creation
+        // time): only an observation of a job that runs says when it
+        // started, or every GitHub job would seem to have waited 0 s.
+        started_at: matches!(j.status(), JobStatus::InProgress | JobStatus::Completed)
+            .then(|| ts(j.started_at.as_ref()))
+            .flatten(),
         completed_at: ts(j.completed_at.as_ref()),
         first_seen_at: received,
         last_event_at: occurred,

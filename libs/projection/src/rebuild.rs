@@ -131,7 +131,15 @@ pub async fn replay(
         done.messages += 1;
         if msg.subject.as_str() != deadletter {
             match Event::decode(msg.payload.clone()) {
-                Ok(event) if !event.id.is_empty() => batch.push(Incoming { seq, event }),
+                Ok(event) if !event.id.is_empty() => batch.push(Incoming {
+                    seq,
+                    event,
+                    traceparent: msg
+                        .headers
+                        .as_ref()
+                        .and_then(|h| h.get(runyard_bus::TRACEPARENT_HEADER))
+                        .map(|v| v.as_str().to_owned()),
+                }),
                 _ => done.skipped += 1,
             }
         } else {

@@ -145,7 +145,7 @@ pub const MIGRATION_LOCK: i64 = 0x7275_6e79_6172_6400; // "runyard\0"
 /// the one connection that runs them, so replicas started at the same
 /// instant on a fresh database take turns: the first migrates, the others
 /// find nothing left to do. The lock goes with the session if the process
-/// dies.
+/// dies. Then [`READER_ROLE`], when it exists, may read every table.
 pub async fn migrate(url: &str) -> Result<(), StoreError> {
     use sea_orm::ConnectionTrait as _;
     create_database_if_missing(url).await?;
@@ -158,7 +158,10 @@ pub async fn migrate(url: &str) -> Result<(), StoreError> {
     let db = sea_orm::Database::connect(options).await?;
     db.execute_unprepared(&format!("SELECT pg_advisory_lock({MIGRATION_LOCK})"))
         .await?;
-    let migrated = Migrator::up(&db, None).await;
+    let migrated = match Migrator::up(&db, None).await {
+        Ok(()) => db.execute_unprepared(GRANT_READERS).await.map(drop),
+        Err(e) => Err(e),
+    };
     let unlocked = db
         .execute_unprepared(&format!("SELECT pg_advisory_unlock({MIGRATION_LOCK})"))
         .await;
@@ -167,6 +170,22 @@ pub async fn migrate(url: &str) -> Result<(), StoreError> {
     db.close().await?;
     Ok(())
 }
+
+/// The group role whose members read the projection and nothing else
+/// (the console's login role is one): [`migrate`] grants it `SELECT` on
+/// every table, each time it runs, so tables a later migration adds and a
+/// rebuilt database are readable too. Made once by an operator:
+/// `CREATE ROLE runyard_reader NOLOGIN` (docs/operations.md).
+pub const READER_ROLE: &str = "runyard_reader";
+
+/// `SELECT` on every table of the projection for [`READER_ROLE`], when
+/// the role exists (nothing otherwise).
+const GRANT_READERS: &str = "DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'runyard_reader') THEN
+        GRANT SELECT ON ALL TABLES IN SCHEMA public TO runyard_reader;
+    END IF;
+END $$";
 
 /// [`migrate`], waiting for Postgres: while it cannot be reached (down,
 /// starting up), retries with exponential back-off and jitter (100 ms up to
@@ -218,6 +237,15 @@ pub async fn canonical_dump(pool: &sqlx::PgPool) -> Result<String, sqlx::Error> 
         (
             "retries",
             "SELECT to_jsonb(t)::text FROM retries t ORDER BY event_id COLLATE \"C\"",
+        ),
+        (
+            "job_events",
+            // The sequence and the trace are those of the copy of an
+            // event this projection met first (a redelivered or
+            // republished event has several), which two replicas may not
+            // agree on.
+            "SELECT (to_jsonb(t) - 'id' - 'stream_seq' - 'trace_id')::text FROM job_events t
+             ORDER BY event_id COLLATE \"C\", job_id NULLS FIRST",
         ),
         (
             "applied_events",

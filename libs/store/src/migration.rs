@@ -16,6 +16,7 @@ impl MigratorTrait for Migrator {
             Box::new(RUNNERS),
             Box::new(RETRIES),
             Box::new(STAGES),
+            Box::new(CONSOLE),
         ]
     }
 }
@@ -108,4 +109,15 @@ const STAGES: Sql = Sql {
     up: include_str!("migration/0004_job_stages.sql"),
     down: "UPDATE jobs SET status = 1 WHERE forge = 'gitlab' AND forge_status = 'created' AND status = 2;
 UPDATE jobs SET rank_status = status WHERE rank_status IN (1, 2);",
+};
+
+/// What the console reads: `job_events` (each event that names a job, a
+/// runner or a pipeline, with its trace: a job's story in one indexed
+/// read) and the indexes of its pages.
+const CONSOLE: Sql = Sql {
+    name: "m0005_console",
+    up: include_str!("migration/0005_console.sql"),
+    down: "DROP INDEX IF EXISTS runners_job_idx, runners_assigned_idx, jobs_job_id_idx,
+    jobs_project_idx, usage_samples_attributes_idx;
+DROP TABLE IF EXISTS job_events;",
 };

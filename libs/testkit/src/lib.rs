@@ -365,6 +365,9 @@ pub const TEST_DB_PREFIX: &str = "runyard_t_";
 /// their own and those of runs that have ended.
 pub const TEST_RUN_ENV: &str = "RUNYARD_TEST_RUN";
 
+/// The read-only login role of [`TestDb::reader_url`].
+pub const READER_LOGIN: &str = "runyard_console_test";
+
 /// A database of its own for one test, on the local Postgres. It is created
 /// by whoever migrates it first (the service under test); `drop` removes it.
 #[derive(Debug, Clone)]
@@ -401,6 +404,37 @@ impl TestDb {
     /// The same server, another database name.
     pub fn sibling(&self, name: &str) -> String {
         self.url.replacen(&self.name, name, 1)
+    }
+
+    /// The URL of this database for the read-only role tests log in as
+    /// ([`READER_LOGIN`], a member of `runyard_reader`, which the
+    /// migrations grant `SELECT` on every table): both roles are made on
+    /// the server when missing (by whichever test gets there first).
+    pub async fn reader_url(&self) -> String {
+        let admin = self.sibling("postgres");
+        let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&admin)
+            .await
+            .unwrap_or_else(|e| panic!("connecting to {admin}: {e}"));
+        for sql in [
+            "CREATE ROLE runyard_reader NOLOGIN".to_owned(),
+            format!("CREATE ROLE {READER_LOGIN} LOGIN IN ROLE runyard_reader"),
+        ] {
+            // Tests in other processes race to make them: one wins.
+            let made = sqlx::query(&format!(
+                "DO $$ BEGIN {sql}; EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$"
+            ))
+            .execute(&mut conn)
+            .await;
+            if let Err(e) = made {
+                panic!("{sql}: {e}");
+            }
+        }
+        let (scheme, rest) = self
+            .url
+            .split_once("://")
+            .unwrap_or(("postgres", &self.url));
+        let host = rest.rsplit_once('@').map_or(rest, |(_, h)| h);
+        format!("{scheme}://{READER_LOGIN}@{host}")
     }
 
     /// Drops the database (best effort; connections are terminated).

@@ -4,8 +4,9 @@
 use std::collections::HashMap;
 
 use runyard_events::{
-    Body, Conclusion, Event, Forge, JobKey, JobObserved, JobStatus, Source, UsageReported, ids,
-    timestamp,
+    Body, Conclusion, Event, Forge, JobKey, JobObserved, JobStatus, Recommended, RunnerAssigned,
+    RunnerCreated, RunnerDeleted, RunnerOnline, RunnerRef, RunnerRequested, Source, UsageReported,
+    ids, timestamp,
 };
 use time::{Duration, OffsetDateTime};
 
@@ -131,6 +132,117 @@ pub fn usage_event(job_id: u64, created: OffsetDateTime) -> Event {
         identity: None,
     });
     envelope(id.clone(), created + Duration::seconds(900), &id, body)
+}
+
+/// The runner the scaler made for job `job_id` in `pool`: its name.
+pub fn runner_name(pool: &str, job_id: u64) -> String {
+    format!(
+        "ry-{pool}-{:010x}",
+        job_id.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 24
+    )
+}
+
+/// The runner events of job `job_id` (created at `created`) in `pool`, as
+/// the scaler publishes them: requested (sized from the allocator's
+/// answer), created, online, assigned, deleted once the job completed.
+pub fn runner_events(job_id: u64, pool: &str, created: OffsetDateTime) -> Vec<Event> {
+    let name = runner_name(pool, job_id);
+    let runner = || {
+        Some(RunnerRef {
+            pool: pool.into(),
+            name: name.clone(),
+            pool_id: format!("pool-{pool}"),
+            provider: "synth".into(),
+            forge: Forge::Github as i32,
+            instance: INSTANCE.into(),
+        })
+    };
+    let job = || {
+        Some(JobKey {
+            forge: Forge::Github as i32,
+            instance: INSTANCE.into(),
+            job_id,
+        })
+    };
+    let started = created + Duration::seconds(20 + (job_id % 40) as i64);
+    let completed = started + Duration::seconds(60 + (job_id % 600) as i64);
+    let limit = 2_000_000_000 + (job_id % 7) * 1_000_000_000;
+    let at = |event: Body, t: OffsetDateTime| {
+        let id = runyard_events::runner_event_id_for(&event).unwrap_or_default();
+        let mut e = envelope(id.clone(), t, &id, event);
+        if let Some(s) = e.source.as_mut() {
+            s.producer = "scaler".into();
+        }
+        e
+    };
+    vec![
+        at(
+            Body::RunnerRequested(RunnerRequested {
+                runner: runner(),
+                job: job(),
+                run_attempt: 1,
+                claim_key: format!("github.github_com.{job_id}.1"),
+                reason: "queued_job".into(),
+                flavor: if limit > 4_000_000_000 {
+                    "large"
+                } else {
+                    "small"
+                }
+                .into(),
+                memory_bytes: if limit > 4_000_000_000 {
+                    16 << 30
+                } else {
+                    4 << 30
+                },
+                cpus: 4,
+                recommended_memory_limit_bytes: Some(limit),
+                recommendation: Some(Recommended {
+                    memory_limit_bytes: limit,
+                    memory_request_bytes: limit / 2,
+                    statistic: "lognormal-q0.970".into(),
+                    samples: 5,
+                    workload_samples: 5,
+                    oom_probability: 0.03,
+                    ..Recommended::default()
+                }),
+                labels: vec!["self-hosted".into(), "linux".into(), "x64".into()],
+                ..RunnerRequested::default()
+            }),
+            created + Duration::milliseconds(300),
+        ),
+        at(
+            Body::RunnerCreated(RunnerCreated {
+                runner: runner(),
+                provider_id: format!("i-{job_id}"),
+                forge_runner_id: Some(job_id),
+                attempt: 1,
+                status: "running".into(),
+            }),
+            created + Duration::seconds(5),
+        ),
+        at(
+            Body::RunnerOnline(RunnerOnline {
+                runner: runner(),
+                source: "callback".into(),
+            }),
+            created + Duration::seconds(15),
+        ),
+        at(
+            Body::RunnerAssigned(RunnerAssigned {
+                runner: runner(),
+                job: job(),
+            }),
+            // The runner takes the job, then the forge says it runs.
+            started - Duration::seconds(1),
+        ),
+        at(
+            Body::RunnerDeleted(RunnerDeleted {
+                runner: runner(),
+                reason: "job_completed".into(),
+            }),
+            completed + Duration::seconds(3),
+        ),
+    ]
 }
 
 /// A job's whole story: queued, in progress, completed and its usage.

@@ -223,6 +223,7 @@ async fn bench(
                 .map(|(i, e)| Incoming {
                     seq: (c * args.baseline_batch + i + 1) as u64,
                     event: e.clone(),
+                    traceparent: None,
                 })
                 .collect()
         })
