@@ -151,26 +151,7 @@ fn trace_of(msg: &jetstream::Message) -> Option<u128> {
     runyard_bus::TraceParent::parse(tp.as_str()).map(|t| t.trace_id)
 }
 
-/// `90s`, `30m`, `6h`, `2d`, `1w` (a bare number is seconds).
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (n, unit) = s.split_at(split);
-    let n: u64 = n
-        .parse()
-        .map_err(|_| format!("{s:?} is not a duration like 30m, 6h or 2d"))?;
-    let secs = match unit {
-        "" | "s" => 1,
-        "m" => 60,
-        "h" => 3600,
-        "d" => 86_400,
-        "w" => 7 * 86_400,
-        _ => return Err(format!("{s:?}: unit must be s, m, h, d or w")),
-    };
-    n.checked_mul(secs)
-        .map(Duration::from_secs)
-        .ok_or_else(|| format!("{s:?} is too long"))
-}
+pub use runyard_insight::parse_duration;
 
 /// The full subject filter for a `--subject` value.
 pub fn subject_filter(ns: &Namespace, raw: bool, s: &str) -> String {
