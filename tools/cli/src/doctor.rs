@@ -25,7 +25,7 @@ const RAW_HEADROOM: u64 = 4096;
 const DEDUP_WINDOW: Duration = Duration::from_secs(24 * 3600);
 
 /// The services whose `/readyz` is checked, by the name `--skip` takes.
-const SERVICES: [&str; 4] = ["ingest", "job-tracker", "allocator", "scaler"];
+const SERVICES: [&str; 5] = ["ingest", "job-tracker", "allocator", "scaler", "console"];
 
 /// `runyard doctor`.
 #[derive(Args, Debug, Clone)]
@@ -35,7 +35,8 @@ pub struct DoctorArgs {
     #[arg(long, env = "RUNYARD_INGEST_MAX_BODY", default_value = "25MiB")]
     pub ingest_max_body: ByteSize,
     /// Leaves out a service that is not deployed (repeatable): ingest,
-    /// job-tracker, allocator (its /readyz and gRPC), scaler.
+    /// job-tracker, allocator (its /readyz and gRPC), scaler, console (only
+    /// checked when `--console-url` or `RUNYARD_CONSOLE_URL` names it).
     #[arg(long, value_name = "SERVICE")]
     pub skip: Vec<String>,
     /// The scaler's pools-and-providers file: for each `mode =
@@ -165,6 +166,23 @@ pub async fn run(global: &Global, args: &DoctorArgs) -> Result<u8, Failure> {
     }
     if !skip("allocator") {
         checks.push(allocator_grpc(global).await);
+    }
+    if let Some(url) = global
+        .console_url
+        .as_deref()
+        .filter(|u| !u.trim().is_empty())
+        && !skip("console")
+    {
+        checks.push(
+            readyz(
+                &http,
+                "console",
+                url,
+                "RUNYARD_CONSOLE_URL",
+                "--console-url",
+            )
+            .await,
+        );
     }
     // An empty RUNYARD_SCALER_CONFIG is no file.
     if let Some(path) = args

@@ -141,6 +141,10 @@ pub struct Global {
         default_value = "http://127.0.0.1:8083"
     )]
     pub scaler_url: String,
+    /// The console's HTTP base URL (`/readyz`): `runyard doctor` checks it
+    /// when it is given (the console is optional).
+    #[arg(long, global = true, env = "RUNYARD_CONSOLE_URL")]
+    pub console_url: Option<String>,
     /// Seconds each network call may take.
     #[arg(long, global = true, value_name = "SECONDS", default_value_t = 5)]
     pub timeout: u64,
@@ -167,6 +171,7 @@ impl std::fmt::Debug for Global {
             tracker_url,
             allocator_http_url,
             scaler_url,
+            console_url,
             timeout,
             json,
         } = self;
@@ -183,6 +188,7 @@ impl std::fmt::Debug for Global {
             .field("tracker_url", &redact(tracker_url))
             .field("allocator_http_url", &redact(allocator_http_url))
             .field("scaler_url", &redact(scaler_url))
+            .field("console_url", &console_url.as_deref().map(redact))
             .field("timeout", timeout)
             .field("json", json)
             .finish()

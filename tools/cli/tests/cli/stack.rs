@@ -488,6 +488,21 @@ async fn doctor_passes_on_a_healthy_stack() {
         checks.keys().collect::<Vec<_>>(),
         "{with_file:#}"
     );
+    // The console is checked once it is named; here nothing answers there.
+    assert!(!checks.contains_key("console.ready"));
+    let mut t = stack.target.clone();
+    t.env.push((
+        "RUNYARD_CONSOLE_URL".into(),
+        format!("http://127.0.0.1:{}", runyard_testkit::free_port()),
+    ));
+    let o = runyard(&t, &["doctor", "--json"]).await;
+    let with_console = json(&o);
+    assert_eq!(code(&o), 1, "{with_console:#}");
+    let (outcome, _, fix) = &self::checks(&with_console)["console.ready"];
+    assert_eq!(outcome, "fail");
+    assert!(fix.contains("RUNYARD_CONSOLE_URL"), "{fix}");
+    let o = runyard(&t, &["doctor", "--json", "--skip", "console"]).await;
+    assert_eq!(code(&o), 0, "{}", stdout(&o));
     stack.db.drop_db().await;
 }
 
