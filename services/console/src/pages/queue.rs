@@ -14,6 +14,9 @@ use crate::Inner;
 use crate::upstream::QueuedJob;
 use crate::view::{self, Nav};
 
+/// Most rows one page lists (the oldest): a page of thousands helps nobody.
+const MAX_ROWS: usize = 1000;
+
 /// One row: the scaler's entry and the projection's row, either or both.
 struct Row<'a> {
     scaler: Option<&'a QueuedJob>,
@@ -58,6 +61,8 @@ pub async fn page(state: &Inner) -> Result<Page, PageError> {
                 job: Some(j),
             }),
     );
+    let total = rows.len();
+    rows.truncate(MAX_ROWS);
     let held = rows
         .iter()
         .filter(|r| {
@@ -72,8 +77,9 @@ pub async fn page(state: &Inner) -> Result<Page, PageError> {
             (view::notice(&format!("{e}: the reasons below are missing; the jobs come from the projection")))
         }
         p.muted {
-            (rows.len()) " jobs wait for a runner: " (rows.len() - held) " queued, "
-            (held) " held back by their forge."
+            (total) " jobs wait for a runner"
+            @if total > rows.len() { " (the oldest " (rows.len()) " shown)" }
+            ": " (rows.len() - held) " queued, " (held) " held back by their forge."
             @if let Ok(q) = &queue {
                 @if let Ok(t) = time::OffsetDateTime::from_unix_timestamp(q.as_of as i64) {
                     " The scaler's view as of " (view::when(t, now)) "."

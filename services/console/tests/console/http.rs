@@ -327,3 +327,50 @@ async fn a_jobs_story_lists_its_events_in_order_with_their_traces() {
     assert!(body.contains("3.0 %"), "P(OOM) at the limit: {body}");
     db.drop_db().await;
 }
+
+#[tokio::test]
+async fn pools_show_their_runners_errors_and_queue_waits() {
+    let db = TestDb::new();
+    // Four jobs queued half an hour ago, each waiting 20 + (id % 40) s for
+    // its runner: 21, 22, 23 and 24 s.
+    let created = time::OffsetDateTime::now_utc() - time::Duration::minutes(30);
+    let mut events = Vec::new();
+    for id in 1..=4 {
+        events.extend(lifecycle(id, created));
+        events.extend(runner_events(id, "linux", created));
+    }
+    // A fifth still queued; its runner's create fails.
+    events.push(job_event(5, JobStatus::Queued, created));
+    let name = runner_name("linux", 5);
+    let mut requested = runner_events(5, "linux", created).remove(0);
+    requested.occurred_at = Some(runyard_events::timestamp(created + time::Duration::seconds(1)));
+    let mut failed = requested.clone();
+    failed.id = format!("runner:{name}:failed:1");
+    failed.body = Some(Body::RunnerFailed(runyard_events::RunnerFailed {
+        runner: runyard_events::runner_ref(requested.body.as_ref().unwrap()).cloned(),
+        reason: "create_failed".into(),
+        error: "quota exceeded for instances in zone b".into(),
+        attempt: 1,
+        given_up: false,
+        job: None,
+    }));
+    events.extend([requested, failed]);
+    projected(&db, &events).await;
+    let console = Console::start(config(&db).await).await;
+    let (status, body, _) = get(
+        &format!("{}/pools", console.url),
+        Some(("authorization", &format!("Bearer {TOKEN}"))),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    // The scaler is not there: its numbers are missing, and the page says so.
+    assert!(body.contains("the scaler"), "{body}");
+    assert!(body.contains("Pool linux"), "{body}");
+    // Median 22.5 s, p95 23.85 s, of 4 jobs, over the hour and the day.
+    assert_eq!(body.matches("23s / 24s").count(), 2, "{body}");
+    assert!(body.contains("(4)"), "{body}");
+    // The failing runner, alive, and its error.
+    assert!(body.contains(&name), "{body}");
+    assert!(body.contains("quota exceeded for instances in zone b"), "{body}");
+    db.drop_db().await;
+}
