@@ -11,11 +11,16 @@
 #   - checks every nats.conf with `nats-server -t`;
 #   - checks that every environment variable a manifest or docker-compose.yml
 #     sets on a runyard container is one that service reads (its Config's fields and
-#     SECRET_FILES lists of its config.rs, and what it and the libraries read
-#     with env::var), that every Secret/ConfigMap key referenced exists, that
-#     probes ask for routes the service serves and listen addresses use the
-#     declared container ports, and that docker-compose.yml sets the same
-#     variables (same values, secrets aside) and ports as deploy/k8s/base;
+#     SECRET_FILES lists of its config.rs, and what it and the libraries it
+#     links read with env::var or as token lists), that every Secret/ConfigMap
+#     key referenced exists, that probes ask for routes the service serves and
+#     listen addresses use the declared container ports, and that
+#     docker-compose.yml sets the same variables (same values, secrets aside)
+#     and ports as deploy/k8s/base;
+#   - checks that every service that uses NATS logs in as its own user, that
+#     compose publishes only what the outside must reach (the console on
+#     loopback), and that the console reads the database as its read-only
+#     login (deploy/postgres/console-role.sql), never with the writers' URL;
 #   - checks that the files compose and the base share are identical;
 #   - checks that deploy/k8s/base/secrets.env and .env (real secrets) are
 #     git-ignored and not in git, and that no secret in docker-compose.yml
@@ -141,11 +146,11 @@ for f in "$rendered"/*.yaml; do [[ -f "$f" ]] && rendered_files+=("$f"); done
 import pathlib
 import re
 import sys
+import tomllib
 
 import yaml
 
 ROOT = pathlib.Path(".")
-LIBS = ["bus", "config", "events", "store", "forge", "telemetry"]  # testkit: tests only
 # What the OpenTelemetry SDK reads itself, when the telemetry library uses it.
 OTEL_SDK_VARS = {
     "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
@@ -223,15 +228,22 @@ def config_keys(crate, text):
     return keys
 
 
-def reads(crate):
-    """The environment variables a crate reads, from its sources."""
+def reads(crate, settings=True):
+    """The environment variables a crate reads, from its sources (with
+    `settings`, its Config's too: a library's Config, scaler.toml's say,
+    is not read from the environment)."""
     found = set()
     for path in rust_files(crate):
         text = path.read_text()
-        found |= {"RUNYARD_" + k.upper() for k in config_keys(crate, text)}
+        if settings:
+            found |= {"RUNYARD_" + k.upper() for k in config_keys(crate, text)}
         found |= {"RUNYARD_%s_FILE" % k.upper() for k in string_list(text, "SECRET_FILES")}
         consts = dict(re.findall(r'const\s+([A-Z_]+)\s*:\s*&str\s*=\s*"([A-Z][A-Z0-9_]*)"', text))
-        for arg in re.findall(r"env::var(?:_os)?\(\s*([^)]*?)\s*\)", text):
+        args = re.findall(r"env::var(?:_os)?\(\s*([^)]*?)\s*\)", text)
+        # Token lists: Tokens::from_env(LIST_VAR, FILE_VAR) reads both.
+        for call in re.findall(r"Tokens::from_env\(\s*([^)]*?)\s*\)", text):
+            args += [a.strip() for a in call.split(",") if a.strip()]
+        for arg in args:
             if arg.startswith('"'):
                 found.add(arg.strip('"'))
             elif arg in consts:
@@ -255,20 +267,51 @@ def crate_of_binaries():
     return out
 
 
-common = set()
-for lib in LIBS:
-    common |= reads("libs/" + lib)
+WORKSPACE_CRATES = {
+    name: dep["path"]
+    for name, dep in tomllib.loads((ROOT / "Cargo.toml").read_text())["workspace"]["dependencies"].items()
+    if isinstance(dep, dict) and "path" in dep
+}
+
+
+def libs_linked(crate, seen=None):
+    """The workspace libraries (libs/*) a crate links, through its
+    [dependencies] and theirs: not its dev-dependencies (testkit is for
+    tests), so a service that does not link runyard-bus reads no NATS
+    setting."""
+    seen = set() if seen is None else seen
+    manifest = tomllib.loads((ROOT / crate / "Cargo.toml").read_text())
+    for name in manifest.get("dependencies", {}):
+        path = WORKSPACE_CRATES.get(name)
+        if path and path.startswith("libs/") and path not in seen:
+            seen.add(path)
+            libs_linked(path, seen)
+    return seen
+
+
 telemetry_toml = (ROOT / "libs/telemetry/Cargo.toml").read_text()
-if "opentelemetry-otlp" in telemetry_toml or "opentelemetry_sdk" in telemetry_toml:
-    common |= OTEL_SDK_VARS
+otlp = "opentelemetry-otlp" in telemetry_toml or "opentelemetry_sdk" in telemetry_toml
 binaries = crate_of_binaries()
 read_by = {}
+lib_reads = {}
 
 
 def allowed(binary):
     if binary not in read_by:
-        read_by[binary] = reads(binaries[binary]) | common
+        crate = binaries[binary]
+        found = reads(crate)
+        for lib in libs_linked(crate):
+            if lib not in lib_reads:
+                lib_reads[lib] = reads(lib, settings=False)
+            found |= lib_reads[lib]
+            if lib == "libs/telemetry" and otlp:
+                found |= OTEL_SDK_VARS
+        read_by[binary] = found
     return read_by[binary]
+
+
+def uses_nats(binary):
+    return "RUNYARD_NATS_USER" in allowed(binary)
 
 
 def serves(binary, path):
@@ -279,6 +322,17 @@ def serves(binary, path):
 def binary_of(command):
     return command[0] if command and command[0] in binaries else None
 
+
+# The Postgres roles deploy/postgres/console-role.sql makes: the console's
+# login, and the group runyard_reader the job-tracker grants SELECT to.
+ROLES_SQL = (ROOT / "deploy/postgres/console-role.sql").read_text()
+DB_ROLES = set(re.findall(r"^\s*CREATE ROLE (\w+)", ROLES_SQL, re.M))
+READ_ONLY_LOGIN = re.search(r"^\s*CREATE ROLE (\w+) LOGIN IN ROLE runyard_reader", ROLES_SQL, re.M)
+if not READ_ONLY_LOGIN or "runyard_reader" not in DB_ROLES:
+    errors.append("deploy/postgres/console-role.sql: no login role IN ROLE runyard_reader")
+# Services that read the projection through that login: the Secret key of
+# their database URL (secrets.env), never the writers' RUNYARD_DATABASE_URL.
+READ_ONLY_DB = {"runyard-console": "RUNYARD_CONSOLE_DATABASE_URL"}
 
 # --- Kubernetes -----------------------------------------------------------
 WORKLOADS = {"Deployment", "StatefulSet", "DaemonSet", "Job", "CronJob"}
@@ -319,6 +373,7 @@ for rendered in sys.argv[1:]:
                                 (x for x in docs if x["kind"] == kind and x["metadata"]["name"] == name))["data"][k]
                             if kind == "Secret":
                                 secret_vars.add(k)
+            secret_keys = {}
             for e in c.get("env", []):
                 env[e["name"]] = e.get("value")
                 ref = e.get("valueFrom") or {}
@@ -327,15 +382,27 @@ for rendered in sys.argv[1:]:
                         name, k = ref[key]["name"], ref[key]["key"]
                         if kind == "Secret":
                             secret_vars.add(e["name"])
+                            secret_keys[e["name"]] = k
                         if (kind, name) not in data:
                             errors.append("%s: %s refers to a %s %s that is not in the output" % (cwhere, e["name"], kind, name))
                         elif k not in data[(kind, name)]:
                             errors.append("%s: %s refers to key %s, missing from %s %s" % (cwhere, e["name"], k, kind, name))
+                        elif kind == "ConfigMap":
+                            # Its value, to compare with compose's.
+                            env[e["name"]] = next(
+                                x for x in docs if x["kind"] == kind and x["metadata"]["name"] == name)["data"][k]
             binary = binary_of(c.get("command") or c.get("args"))
             if binary is None:
                 continue
             for name in sorted(set(env) - allowed(binary)):
                 errors.append("%s: sets %s, which %s does not read" % (cwhere, name, binary))
+            # The console's URL is a key of its own (a read-only login),
+            # and no writer reads it.
+            key = secret_keys.get("RUNYARD_DATABASE_URL")
+            if binary in READ_ONLY_DB and "RUNYARD_DATABASE_URL" in env and key != READ_ONLY_DB[binary]:
+                errors.append("%s: RUNYARD_DATABASE_URL must come from secret key %s (its read-only login), not %s" % (cwhere, READ_ONLY_DB[binary], key))
+            if binary not in READ_ONLY_DB and key in READ_ONLY_DB.values():
+                errors.append("%s: RUNYARD_DATABASE_URL comes from %s, the console's read-only login" % (cwhere, key))
             ports = {p["containerPort"]: p.get("name") for p in c.get("ports", [])}
             for name, value in env.items():
                 if name.endswith("_LISTEN") and value:
@@ -380,6 +447,9 @@ for svc, spec in compose["services"].items():
         env = dict(x.split("=", 1) if "=" in x else (x, None) for x in env)
     for name in sorted(set(env) - allowed(binary)):
         errors.append("%s: sets %s, which %s does not read" % (where, name, binary))
+    url = str(env.get("RUNYARD_DATABASE_URL", ""))
+    if binary in READ_ONLY_DB and READ_ONLY_LOGIN and not re.search(r"://%s[:@]" % READ_ONLY_LOGIN.group(1), url):
+        errors.append("%s: RUNYARD_DATABASE_URL must log in as %s (deploy/postgres/console-role.sql), not %s" % (where, READ_ONLY_LOGIN.group(1), url))
     if binary not in base_settings:
         errors.append("%s: %s runs in compose but not in deploy/k8s/base" % (where, binary))
         continue
@@ -402,8 +472,10 @@ for binary in sorted(set(base_settings) - {binary_of(s.get("command")) for s in 
 # --- what compose publishes, and NATS logins ---------------------------------
 # By default only what the outside must reach is published: ingest's port
 # (webhooks, usage reports) and the scaler's metadata API (the runners);
-# the observability profile's services on loopback only.
+# the console's pages (for people, in plain HTTP, its /metrics without a
+# login) and the observability profile's services on loopback only.
 PUBLISHED = {"runyard-ingest": {8080}, "runyard-scaler": {8084}}
+LOOPBACK = {"runyard-console": {8085}}
 for svc, spec in compose["services"].items():
     command = spec.get("command")
     command = command.split() if isinstance(command, str) else command
@@ -413,12 +485,17 @@ for svc, spec in compose["services"].items():
         if spec.get("profiles"):
             if not port.startswith("127.0.0.1:"):
                 errors.append("docker-compose.yml service %s (profile %s): publish %s on 127.0.0.1 only" % (svc, ",".join(spec["profiles"]), port))
+        elif int(port.split(":")[-1]) in LOOPBACK.get(binary, set()):
+            if not port.startswith("127.0.0.1:"):
+                errors.append("docker-compose.yml service %s: publish %s on 127.0.0.1 only" % (svc, port))
         elif int(port.split(":")[-1]) not in PUBLISHED.get(binary, set()):
-            errors.append("docker-compose.yml service %s publishes %s: only ingest's 8080 and the scaler's 8084 are published by default" % (svc, port))
+            errors.append("docker-compose.yml service %s publishes %s: only ingest's 8080 and the scaler's 8084 are published by default (the console's 8085 on loopback)" % (svc, port))
 
-# Every runyard service logs in to NATS as a user of nats-auth.conf with
-# the password variable that user's password comes from, in compose and
-# in every rendered manifest; the NATS server gets each of those variables.
+# Every runyard service that uses NATS (links runyard-bus) logs in as a
+# user of nats-auth.conf with the password variable that user's password
+# comes from, in compose and in every rendered manifest; the NATS server
+# gets each of those variables. One that does not (the console) is given
+# no NATS login: it would read none.
 auth_users = dict(re.findall(r"user:\s*([A-Za-z0-9_-]+)\s*\n\s*password:\s*\$([A-Z0-9_]+)", (ROOT / "deploy/nats-auth.conf").read_text()))
 if len(auth_users) < 5:
     errors.append("deploy/nats-auth.conf: fewer than 5 users with a password from the environment")
@@ -426,7 +503,7 @@ for svc, spec in compose["services"].items():
     command = spec.get("command")
     command = command.split() if isinstance(command, str) else command
     env = spec.get("environment") or {}
-    if binary_of(command):
+    if binary_of(command) and uses_nats(binary_of(command)):
         user = env.get("RUNYARD_NATS_USER")
         password = re.findall(r"\$\{([A-Z0-9_]+)", str(env.get("RUNYARD_NATS_PASSWORD", "")))
         if user not in auth_users:
@@ -451,7 +528,8 @@ for rendered in sys.argv[1:]:
                     errors.append("%s: %s (read by nats-auth.conf) is not set" % (where, var))
                 continue
             if "RUNYARD_NATS_USER" not in env:
-                if binary_of(c.get("command")) and "migrate" not in (c.get("command") or []):
+                binary = binary_of(c.get("command"))
+                if binary and uses_nats(binary) and "migrate" not in (c.get("command") or []):
                     errors.append("%s: no RUNYARD_NATS_USER: it would connect to NATS as nobody" % where)
                 continue
             user = env["RUNYARD_NATS_USER"].get("value")
@@ -473,11 +551,16 @@ for path in sorted(ROOT.glob("services/*/src/**/*.rs")) + sorted(ROOT.glob("libs
         families |= {"runyard_%s_%s" % (p, n) for p in prefixes for n in names}
     elif "sub_registry_with_prefix(prefix)" in text:
         families |= {"runyard_{}_%s" % n for n in names}
+    elif re.search(r"^use runyard_telemetry::Metrics;", text, re.M):
+        # Registered in runyard_telemetry's registry itself (the console's
+        # console_* and savings_*): under its prefix alone.
+        families |= {"runyard_%s" % n for n in names}
 families = {f.format(p) for f in families for p in (consumer_prefixes or {""})}
 for path in [ROOT / "deploy/prometheus/alerts.yml", ROOT / "docs/operations.md"] + sorted(ROOT.glob("deploy/grafana/dashboards/*.json")):
     if not path.exists():
         continue
-    for name in sorted(set(re.findall(r"\brunyard_[a-z_]*[a-z]\b", path.read_text()))):
+    # The Postgres roles of console-role.sql are names, not metrics.
+    for name in sorted(set(re.findall(r"\brunyard_[a-z_]*[a-z]\b", path.read_text())) - DB_ROLES):
         base = re.sub(r"_(total|bucket|sum|count)$", "", name)
         if name not in families and base not in families:
             errors.append("%s: %s is not a metric any service registers" % (path, name))

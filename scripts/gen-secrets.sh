@@ -17,8 +17,9 @@ set -euo pipefail
 
 # The operator-chosen secrets: the services refuse weak ones of their own
 # at start; the NATS users' passwords (deploy/nats-auth.conf) and the
-# Postgres password (docker-compose.yml's postgres) are checked by NATS and
-# Postgres.
+# Postgres passwords (docker-compose.yml's postgres: its superuser's, and
+# the console's read-only login, deploy/postgres/console-role.sql) are
+# checked by NATS and Postgres.
 CHOSEN=(
   RUNYARD_GITHUB_WEBHOOK_SECRET
   RUNYARD_GITLAB_WEBHOOK_TOKEN
@@ -26,12 +27,14 @@ CHOSEN=(
   RUNYARD_SCALER_INSTANCE_TOKEN_KEY
   RUNYARD_ALLOCATOR_TOKENS
   RUNYARD_ALLOCATOR_CLIENT_TOKEN
+  RUNYARD_CONSOLE_TOKENS
   RUNYARD_NATS_INGEST_PASSWORD
   RUNYARD_NATS_TRACKER_PASSWORD
   RUNYARD_NATS_ALLOCATOR_PASSWORD
   RUNYARD_NATS_SCALER_PASSWORD
   RUNYARD_NATS_CLI_PASSWORD
   RUNYARD_POSTGRES_PASSWORD
+  RUNYARD_POSTGRES_CONSOLE_PASSWORD
 )
 
 random_hex() {

@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 mod browser;
+mod dashboard;
 mod http;
 mod stack;
 
