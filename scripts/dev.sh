@@ -26,6 +26,7 @@ TRACKER_ADDR="${RUNYARD_DEV_TRACKER_LISTEN:-127.0.0.1:8082}"
 ALLOC_GRPC="${RUNYARD_DEV_ALLOCATOR_LISTEN:-127.0.0.1:50051}"
 ALLOC_HTTP="${RUNYARD_DEV_ALLOCATOR_HTTP_LISTEN:-127.0.0.1:8081}"
 SCALER_ADDR="${RUNYARD_DEV_SCALER_LISTEN:-127.0.0.1:8083}"
+CONSOLE_ADDR="${RUNYARD_DEV_CONSOLE_LISTEN:-127.0.0.1:8085}"
 export RUNYARD_DATABASE_URL="${RUNYARD_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/runyard}"
 export RUNYARD_NATS_URL="nats://127.0.0.1:${NATS_PORT}"
 export RUNYARD_NAMESPACE="${RUNYARD_NAMESPACE:-runyard}"
@@ -90,7 +91,7 @@ print(u.urlunsplit(p))' "$1"
 running() { [[ -f "$STATE/$1.pid" ]] && kill -0 "$(cat "$STATE/$1.pid")" 2>/dev/null; }
 
 down() {
-  for svc in scaler fake-github allocator job-tracker ingest nats; do
+  for svc in console scaler fake-github allocator job-tracker ingest nats; do
     if running "$svc"; then
       kill "$(cat "$STATE/$svc.pid")" 2>/dev/null || true
       log "stopped $svc"
@@ -105,6 +106,30 @@ down() {
   done
   # The private PostgreSQL `up` ran when none answered (a no-op otherwise).
   embedded_postgres_stop dev
+}
+
+# The console's read-only login (docs/console.md): runyard_console, a
+# member of runyard_reader, which every migration grants SELECT on every
+# table. Made (or given the dev stack's password again) as the server's
+# admin, before the job-tracker migrates.
+console_role() {
+  local admin
+  admin="$(python3 -c '
+import sys, urllib.parse as u
+p = u.urlsplit(sys.argv[1])
+print(u.urlunsplit(p._replace(path="/postgres")))' "$RUNYARD_DATABASE_URL")"
+  psql "$admin" -v ON_ERROR_STOP=1 -q -v password="$RUNYARD_POSTGRES_CONSOLE_PASSWORD" \
+    -f deploy/postgres/console-role.sql >/dev/null
+}
+
+# The console's database URL: the projection's, as runyard_console.
+console_database_url() {
+  python3 -c '
+import sys, urllib.parse as u
+p = u.urlsplit(sys.argv[1])
+host = p.netloc.rsplit("@", 1)[-1]
+print(u.urlunsplit(p._replace(netloc=f"runyard_console:{u.quote(sys.argv[2], safe=str())}@{host}")))' \
+    "$RUNYARD_DATABASE_URL" "$RUNYARD_POSTGRES_CONSOLE_PASSWORD"
 }
 
 wait_http() {
@@ -135,6 +160,7 @@ RUNYARD_ALLOCATOR_URL=http://${ALLOC_GRPC}
 RUNYARD_ALLOCATOR_HTTP_URL=http://${ALLOC_HTTP}
 RUNYARD_ALLOCATOR_CLIENT_TOKEN=${RUNYARD_ALLOCATOR_CLIENT_TOKEN}
 RUNYARD_SCALER_URL=http://${SCALER_ADDR}
+RUNYARD_CONSOLE_URL=http://${CONSOLE_ADDR}
 ENV
   )
 }
@@ -199,6 +225,14 @@ demo() {
     -H "Authorization: Bearer $RUNYARD_ALLOCATOR_CLIENT_TOKEN" -w '\n'
   log "what it came to (runyard savings --before-memory 16GiB: each build had a 16 GiB runner before):"
   "$BIN/runyard" savings --before-memory 16GiB
+  local console="http://${CONSOLE_ADDR}" page code
+  log "the console's pages (read-only; a browser signs in with RUNYARD_CONSOLE_TOKENS from $STATE/secrets.env):"
+  echo "  without a token: $console/queue → HTTP $(curl -s -o /dev/null -w '%{http_code}' "$console/queue")"
+  for page in /queue /pools /jobs/github/github.com/21870573124 '/search?q=py-torch' '/savings?since=30d'; do
+    code="$(curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer ${RUNYARD_CONSOLE_TOKENS%%,*}" "$console$page")"
+    echo "  $console$page → HTTP $code"
+    [[ "$code" == 200 ]] || { echo "the console did not answer $page (log: $STATE/console.log)" >&2; return 1; }
+  done
 }
 
 up() {
@@ -206,7 +240,7 @@ up() {
   load_secrets
   log "building runyard"
   cargo build --quiet --bin runyard-ingest --bin runyard --bin runyard-job-tracker --bin runyard-allocator \
-    --bin runyard-scaler --bin runyard-fake-github
+    --bin runyard-scaler --bin runyard-fake-github --bin runyard-console
   if ! running nats; then
     start_nats "$NATS_PORT" "$STATE/nats" "$(nats_auth_for_namespace)"
     echo "$NATS_PID" > "$STATE/nats.pid"
@@ -220,6 +254,9 @@ up() {
     log "runyard-ingest on http://${INGEST_ADDR} (log: $STATE/ingest.log)"
   fi
   ensure_postgres RUNYARD_DATABASE_URL dev
+  # Before the job-tracker migrates: it grants runyard_reader SELECT on
+  # every table when that role exists.
+  console_role
   if ! running job-tracker; then
     RUNYARD_TRACKER_HTTP_LISTEN="$TRACKER_ADDR" env RUNYARD_NATS_USER=job-tracker \
       RUNYARD_NATS_PASSWORD="$RUNYARD_NATS_TRACKER_PASSWORD" "$BIN/runyard-job-tracker" > "$STATE/job-tracker.log" 2>&1 &
@@ -272,6 +309,14 @@ TOML
     wait_http "http://${SCALER_ADDR}/readyz"
     log "runyard-scaler on http://${SCALER_ADDR} (pools: $STATE/scaler.toml; log: $STATE/scaler.log)"
   fi
+  if ! running console; then
+    RUNYARD_CONSOLE_LISTEN="$CONSOLE_ADDR" RUNYARD_DATABASE_URL="$(console_database_url)" \
+      RUNYARD_SCALER_URL="http://${SCALER_ADDR}" RUNYARD_ALLOCATOR_URL="http://${ALLOC_GRPC}" \
+      RUNYARD_CONSOLE_BEFORE_MEMORY=16GiB "$BIN/runyard-console" > "$STATE/console.log" 2>&1 &
+    echo $! > "$STATE/console.pid"
+    wait_http "http://${CONSOLE_ADDR}/readyz"
+    log "runyard-console on http://${CONSOLE_ADDR} (log: $STATE/console.log)"
+  fi
   write_stack_env
   demo
   log "secrets: $STATE/secrets.env"
@@ -279,6 +324,7 @@ TOML
   [[ "$STATE/stack.env" == "$(pwd)/.runyard/dev/stack.env" ]] ||
     log "this state directory is not the default: export RUNYARD_STACK_ENV=$STATE/stack.env"
   log "try: target/debug/runyard doctor"
+  log "the console: http://${CONSOLE_ADDR}/queue (sign in with RUNYARD_CONSOLE_TOKENS from $STATE/secrets.env)"
   log "stack is up; stop it with: bash scripts/dev.sh down"
 }
 
@@ -286,6 +332,6 @@ case "${1:-up}" in
   up) up ;;
   down) down ;;
   demo) load_secrets && ensure_postgres RUNYARD_DATABASE_URL dev && write_stack_env && demo ;;
-  status) for s in nats ingest job-tracker allocator fake-github scaler; do running "$s" && echo "$s running" || echo "$s stopped"; done ;;
+  status) for s in nats ingest job-tracker allocator fake-github scaler console; do running "$s" && echo "$s running" || echo "$s stopped"; done ;;
   *) echo "usage: $0 [up|down|demo|status]" >&2; exit 2 ;;
 esac

@@ -237,3 +237,23 @@ print(u.urlunsplit((p.scheme, f"{login}@127.0.0.1:{sys.argv[2]}", p.path, p.quer
   printf -v "$var" '%s' "$url"
   export "${var?}"
 }
+
+# ensure_chromium: Debian's Chromium and its ChromeDriver, which the
+# console's page tests drive (installed from Debian's packages when
+# missing; a test tool's own browser download is not used). Exports
+# RUNYARD_TEST_CHROMIUM and RUNYARD_TEST_CHROMEDRIVER.
+ensure_chromium() {
+  if [[ ! -x /usr/bin/chromium || ! -x /usr/bin/chromedriver ]]; then
+    log "installing Debian's chromium and chromium-driver (the console's page tests)"
+    local sudo=()
+    [[ "$(id -u)" -eq 0 ]] || sudo=(sudo -n)
+    export DEBIAN_FRONTEND=noninteractive
+    "${sudo[@]}" apt-get install -y -qq --no-install-recommends chromium chromium-driver >/dev/null 2>&1 ||
+      { "${sudo[@]}" apt-get update -qq >/dev/null 2>&1 &&
+        "${sudo[@]}" apt-get install -y -qq --no-install-recommends chromium chromium-driver >/dev/null; } || {
+      echo "cannot install chromium and chromium-driver (apt-get, as root or with sudo): the console's page tests need them" >&2
+      return 1
+    }
+  fi
+  export RUNYARD_TEST_CHROMIUM=/usr/bin/chromium RUNYARD_TEST_CHROMEDRIVER=/usr/bin/chromedriver
+}

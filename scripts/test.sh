@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command (README.md): installs what the tests need (a current
-# nats-server; a running Postgres, a private one when none answers), starts a throwaway nats-server with
-# JetStream, runs every test (each in its own namespace / database), and
+# nats-server; a running Postgres, a private one when none answers;
+# Debian's Chromium and ChromeDriver for the console's page tests), starts
+# a throwaway nats-server with JetStream, runs every test (each in its own namespace / database), and
 # tears everything down. A run of the whole workspace first fails on a
 # declared dependency no crate uses (scripts/check-deps.sh).
 set -euo pipefail
@@ -53,6 +54,9 @@ cleanup() {
   if [[ -n "$EMBEDDED_POSTGRES_STARTED" ]]; then embedded_postgres_stop test; fi
 }
 trap cleanup EXIT
+
+ensure_chromium
+log "$("$RUNYARD_TEST_CHROMIUM" --version 2>/dev/null) for the console's page tests"
 
 export RUNYARD_TEST_NATS_URL="nats://127.0.0.1:${port}"
 export RUNYARD_TEST_NATS_SERVER="$(nats_server_bin)"
