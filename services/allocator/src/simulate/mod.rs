@@ -578,7 +578,7 @@ impl Report {
                 ));
             }
             s.push_str(&format!(
-                "\nCalibration of {}: realized OOM rate / mean predicted P(OOM) of the first attempts in each band of predicted P(OOM) (jobs); in a band with 100 jobs or more the two should agree within ±30%:\n\n| prior samples |",
+                "\nCalibration of {}: realized OOM rate / mean predicted P(OOM) of the first attempts in each band of predicted P(OOM) (jobs); in a band with 100 jobs or more the two should agree within ±30% (✓); ≈ marks a band outside it whose kills are still within what chance gives a calibrated prediction (95 % binomial), ✗ one beyond:\n\n| prior samples |",
                 row.name
             ));
             let mut lower = 0.0;
@@ -593,6 +593,7 @@ impl Report {
             s.push_str("\n|---|");
             s.push_str(&"---:|".repeat(PREDICTED_BANDS.len()));
             s.push('\n');
+            let mut verdicts = [0usize; 3];
             for (name, b) in HISTORY_BUCKETS.iter().zip(&row.by_history) {
                 s.push_str(&format!("| {name} |"));
                 for band in &b.bands {
@@ -602,8 +603,20 @@ impl Report {
                     }
                     let realized = band.ooms as f64 / band.jobs as f64;
                     let predicted = band.predicted / band.jobs as f64;
+                    let mark = if band.jobs < CALIBRATED_BAND_JOBS {
+                        ""
+                    } else if (realized / predicted - 1.0).abs() <= 0.3 {
+                        verdicts[0] += 1;
+                        " ✓"
+                    } else if binomial_consistent(band.ooms, band.jobs, predicted) {
+                        verdicts[1] += 1;
+                        " ≈"
+                    } else {
+                        verdicts[2] += 1;
+                        " ✗"
+                    };
                     s.push_str(&format!(
-                        " {} / {} ({}) |",
+                        " {} / {} ({}){mark} |",
                         percent(realized),
                         percent(predicted),
                         band.jobs
@@ -611,6 +624,10 @@ impl Report {
                 }
                 s.push('\n');
             }
+            s.push_str(&format!(
+                "\nBands of {CALIBRATED_BAND_JOBS} jobs or more: {} within ±30%, {} outside it by chance alone, {} beyond chance.\n",
+                verdicts[0], verdicts[1], verdicts[2]
+            ));
         }
         s
     }
@@ -738,9 +755,53 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Bands of predicted P(OOM) with this many first attempts are judged.
+const CALIBRATED_BAND_JOBS: u64 = 100;
+
+/// Whether `kills` of `n` attempts is within what chance gives attempts
+/// each killed with probability `p`: neither tail of Binomial(n, p) beyond
+/// `kills` holds less than 2.5 %. A band of 300 attempts at 2 % expects 6
+/// kills, and 3 or 10 are as likely as not to come: ±30 % cannot tell a
+/// calibrated prediction from a wrong one there, this can.
+fn binomial_consistent(kills: u64, n: u64, p: f64) -> bool {
+    if !(p > 0.0 && p < 1.0) || n == 0 {
+        return (kills == 0) == (p <= 0.0);
+    }
+    // ln P(X = i), term by term from P(X = 0) = (1 − p)^n.
+    let odds = (p / (1.0 - p)).ln();
+    let mut ln_pmf = n as f64 * (-p).ln_1p();
+    let (mut below, mut above) = (0.0, 0.0);
+    for i in 0..=n {
+        if i > 0 {
+            ln_pmf += ((n - i + 1) as f64 / i as f64).ln() + odds;
+        }
+        let q = ln_pmf.exp();
+        if i <= kills {
+            below += q;
+        }
+        if i >= kills {
+            above += q;
+        }
+    }
+    below >= 0.025 && above >= 0.025
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_band_is_judged_against_what_chance_gives() {
+        // 300 attempts at 2 %: 6 kills expected; 3 and 10 come by chance.
+        for k in [3, 6, 10] {
+            assert!(binomial_consistent(k, 300, 0.02), "{k}");
+        }
+        assert!(!binomial_consistent(0, 300, 0.02));
+        assert!(!binomial_consistent(15, 300, 0.02));
+        // 10,000 at 3 %: 300 expected; ±30 % is far beyond chance.
+        assert!(binomial_consistent(330, 10_000, 0.03));
+        assert!(!binomial_consistent(390, 10_000, 0.03));
+    }
 
     #[test]
     fn a_small_generated_trace_compares_all_methods() {
