@@ -17,6 +17,7 @@ impl MigratorTrait for Migrator {
             Box::new(RETRIES),
             Box::new(STAGES),
             Box::new(CONSOLE),
+            Box::new(CONSOLE_VOLUMES),
         ]
     }
 }
@@ -120,4 +121,14 @@ const CONSOLE: Sql = Sql {
     down: "DROP INDEX IF EXISTS runners_job_idx, runners_assigned_idx, jobs_job_id_idx,
     jobs_project_idx, usage_samples_attributes_idx;
 DROP TABLE IF EXISTS job_events;",
+};
+
+/// The indexes the console's pages need on a busy site's month: reports,
+/// started jobs and created runners by time, a job's project, pipeline and
+/// end from its key alone, retry pipelines, the runners not deleted.
+const CONSOLE_VOLUMES: Sql = Sql {
+    name: "m0006_console_volumes",
+    up: include_str!("migration/0006_console_volumes.sql"),
+    down: "DROP INDEX IF EXISTS usage_samples_reported_idx, jobs_started_idx, runners_created_idx,
+    jobs_key_cover_idx, retries_new_pipeline_idx, runners_alive_idx;",
 };

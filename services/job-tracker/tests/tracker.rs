@@ -1822,7 +1822,7 @@ async fn two_trackers_started_at_the_same_instant_on_a_fresh_database_both_come_
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         let p = pool(&db.url).await;
-        assert_eq!(count(&p, "seaql_migrations").await, 5, "round {round}");
+        assert_eq!(count(&p, "seaql_migrations").await, 6, "round {round}");
         p.close().await;
         drop(children);
         db.drop_db().await;
