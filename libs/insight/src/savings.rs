@@ -167,13 +167,18 @@ const RETRIES: &str = "
     SELECT COALESCE(r.project, '') AS project,
            grouping(COALESCE(r.project, '')) = 1 AS total,
            count(*) AS retries,
+           -- Two lookups, each by an index (a job's key; a pipeline's
+           -- jobs), rather than one whose OR reads every job per retry.
            count(*) FILTER (WHERE EXISTS (
                SELECT 1 FROM jobs j
                WHERE j.forge = r.forge AND j.instance = r.instance AND j.conclusion = 'success'
-                 AND (j.job_id IN (SELECT (x #>> '{}')::bigint
-                                   FROM jsonb_array_elements(COALESCE(r.new_job_ids, '[]'::jsonb)) x)
-                      OR (r.new_pipeline_id IS NOT NULL AND j.pipeline_id = r.new_pipeline_id))
-           )) AS ok
+                 AND j.job_id IN (SELECT (x #>> '{}')::bigint
+                                  FROM jsonb_array_elements(COALESCE(r.new_job_ids, '[]'::jsonb)) x)
+           ) OR (r.new_pipeline_id IS NOT NULL AND EXISTS (
+               SELECT 1 FROM jobs j
+               WHERE j.forge = r.forge AND j.instance = r.instance AND j.conclusion = 'success'
+                 AND j.pipeline_id = r.new_pipeline_id
+           ))) AS ok
     FROM retries r
     WHERE r.kind = 'issued' AND r.occurred_at >= now() - make_interval(secs => $1)
     GROUP BY GROUPING SETS ((COALESCE(r.project, '')), ())";
@@ -218,13 +223,46 @@ pub async fn savings(db: &sqlx::PgPool, q: &SavingsQuery) -> Result<Savings, Ins
         .iter()
         .map(|(p, b)| (p.clone(), serde_json::json!(b)))
         .collect();
-    let memory = sqlx::query(MEMORY)
-        .bind(secs)
-        .bind(serde_json::Value::Object(before))
-        .bind(q.before_memory.map(|b| b as f64))
-        .fetch_all(db)
-        .await
-        .map_err(InsightError::on("usage_samples"))?;
+    // The four sums are independent: asked at once, each on a connection
+    // of its own, when the pool has more than one (else one after the
+    // other, so none waits for the connection longer than the others take).
+    let (memory, retries, waits, runners) = (
+        async {
+            sqlx::query(MEMORY)
+                .bind(secs)
+                .bind(serde_json::Value::Object(before))
+                .bind(q.before_memory.map(|b| b as f64))
+                .fetch_all(db)
+                .await
+                .map_err(InsightError::on("usage_samples"))
+        },
+        async {
+            sqlx::query(RETRIES)
+                .bind(secs)
+                .fetch_all(db)
+                .await
+                .map_err(InsightError::on("retries"))
+        },
+        async {
+            sqlx::query(WAITS)
+                .bind(secs)
+                .fetch_all(db)
+                .await
+                .map_err(InsightError::on("jobs"))
+        },
+        async {
+            sqlx::query(RUNNERS)
+                .bind(secs)
+                .fetch_all(db)
+                .await
+                .map_err(InsightError::on("runners"))
+        },
+    );
+    let (memory, retries, waits, runners) = if db.options().get_max_connections() > 1 {
+        futures::try_join!(memory, retries, waits, runners)?
+    } else {
+        (memory.await?, retries.await?, waits.await?, runners.await?)
+    };
     for r in &memory {
         let f = by.entry(key(r)).or_default();
         f.reports = r.try_get("reports").unwrap_or_default();
@@ -238,31 +276,16 @@ pub async fn savings(db: &sqlx::PgPool, q: &SavingsQuery) -> Result<Savings, Ins
         f.first_attempts = r.try_get("first").unwrap_or_default();
         f.first_attempts_oom_killed = r.try_get("first_killed").unwrap_or_default();
     }
-    let retries = sqlx::query(RETRIES)
-        .bind(secs)
-        .fetch_all(db)
-        .await
-        .map_err(InsightError::on("retries"))?;
     for r in &retries {
         let f = by.entry(key(r)).or_default();
         f.retries = r.try_get("retries").unwrap_or_default();
         f.retries_succeeded = r.try_get("ok").unwrap_or_default();
     }
-    let waits = sqlx::query(WAITS)
-        .bind(secs)
-        .fetch_all(db)
-        .await
-        .map_err(InsightError::on("jobs"))?;
     for r in &waits {
         let f = by.entry(key(r)).or_default();
         f.queue_wait_p50_seconds = r.try_get::<Option<f64>, _>("p50").ok().flatten().map(round);
         f.queue_wait_p95_seconds = r.try_get::<Option<f64>, _>("p95").ok().flatten().map(round);
     }
-    let runners = sqlx::query(RUNNERS)
-        .bind(secs)
-        .fetch_all(db)
-        .await
-        .map_err(InsightError::on("runners"))?;
     for r in &runners {
         // Runners no project's job ran on (kept idle, never handed a job
         // of a known project) count in the total only.
