@@ -5,18 +5,23 @@
 //! how it was computed; `runyard savings --since <window>` and the
 //! `runyard_savings_*` series give the same numbers.
 
+use std::sync::Arc;
+
 use maud::{Markup, html};
 use runyard_insight::savings::{Figures, Savings};
 
 use super::{Page, PageError};
-use crate::Inner;
 use crate::view::{self, Nav};
+use crate::{Inner, kept};
 
 /// The windows offered.
 const WINDOWS: [&str; 5] = ["1d", "7d", "30d", "90d", "365d"];
 
+/// The window shown unless another is asked for (`30d`).
+pub const DEFAULT_WINDOW: std::time::Duration = std::time::Duration::from_secs(30 * 86_400);
+
 /// `GET /savings?since=30d`.
-pub async fn page(state: &Inner, since: Option<&str>) -> Result<Page, PageError> {
+pub async fn page(state: &Arc<Inner>, since: Option<&str>) -> Result<Page, PageError> {
     let since = since
         .map(str::trim)
         .filter(|s| !s.is_empty())
@@ -28,8 +33,8 @@ pub async fn page(state: &Inner, since: Option<&str>) -> Result<Page, PageError>
             "since: {since:?} is not a window from 1s to 3 years"
         )));
     }
-    let savings =
-        runyard_insight::savings::savings(&state.db, &state.savings_query(window)).await?;
+    let kept::Answer { savings, kept } = kept::savings(state, window).await?;
+    let now = time::OffsetDateTime::now_utc();
     let body = html! {
         form.inline method="get" action="/savings" {
             label for="since" { "Over the last" }
@@ -38,6 +43,12 @@ pub async fn page(state: &Inner, since: Option<&str>) -> Result<Page, PageError>
                 @if !WINDOWS.contains(&since) { option value=(since) selected { (since) } }
             }
             button type="submit" { "Show" }
+        }
+        @if let Some((at, took)) = kept {
+            p.muted #computed {
+                "Computed " (view::when(at, now)) ": these sums take "
+                (format!("{:.1} s", took.as_secs_f64())) " on this site, so they are computed again at most once a minute."
+            }
         }
         (cards(&savings.total))
         table #savings {

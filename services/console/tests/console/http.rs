@@ -343,7 +343,9 @@ async fn pools_show_their_runners_errors_and_queue_waits() {
     events.push(job_event(5, JobStatus::Queued, created));
     let name = runner_name("linux", 5);
     let mut requested = runner_events(5, "linux", created).remove(0);
-    requested.occurred_at = Some(runyard_events::timestamp(created + time::Duration::seconds(1)));
+    requested.occurred_at = Some(runyard_events::timestamp(
+        created + time::Duration::seconds(1),
+    ));
     let mut failed = requested.clone();
     failed.id = format!("runner:{name}:failed:1");
     failed.body = Some(Body::RunnerFailed(runyard_events::RunnerFailed {
@@ -371,6 +373,9 @@ async fn pools_show_their_runners_errors_and_queue_waits() {
     assert!(body.contains("(4)"), "{body}");
     // The failing runner, alive, and its error.
     assert!(body.contains(&name), "{body}");
-    assert!(body.contains("quota exceeded for instances in zone b"), "{body}");
+    assert!(
+        body.contains("quota exceeded for instances in zone b"),
+        "{body}"
+    );
     db.drop_db().await;
 }
