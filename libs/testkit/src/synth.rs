@@ -1,5 +1,8 @@
 //! Synthetic but realistic events for tests and benchmarks: a job's
-//! lifecycle as GitHub reports it, and its usage report.
+//! lifecycle as GitHub reports it, and its usage report; [`month`] makes a
+//! busy site's whole month of them.
+
+pub mod month;
 
 use std::collections::HashMap;
 
@@ -132,6 +135,19 @@ pub fn usage_event(job_id: u64, created: OffsetDateTime) -> Event {
         identity: None,
     });
     envelope(id.clone(), created + Duration::seconds(900), &id, body)
+}
+
+/// [`usage_event`] with a Spack workload spread over `workloads` of them
+/// with a package repository's skew ([`month::skewed_workload`]: a few
+/// built very often, a long tail built once or twice) instead of
+/// `pkg-{job_id % 50}`.
+pub fn usage_event_spread(job_id: u64, created: OffsetDateTime, workloads: usize) -> Event {
+    let mut e = usage_event(job_id, created);
+    if let Some(Body::UsageReported(u)) = e.body.as_mut() {
+        let k = month::skewed_workload(job_id, workloads);
+        u.workload = month::spack_workload(k, workloads).into_iter().collect();
+    }
+    e
 }
 
 /// The runner the scaler made for job `job_id` in `pool`: its name.
