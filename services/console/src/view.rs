@@ -143,7 +143,9 @@ pub fn when(t: time::OffsetDateTime, now: time::OffsetDateTime) -> Markup {
         .unwrap_or_default();
     html! {
         time datetime=(machine) title=(time(t)) {
-            @if ago >= 0.0 { (duration(ago)) " ago" } @else { "in " (duration(-ago)) }
+            @if ago.abs() < 1.0 { "just now" }
+            @else if ago >= 0.0 { (duration(ago)) " ago" }
+            @else { "in " (duration(-ago)) }
         }
     }
 }

@@ -82,7 +82,7 @@ pub async fn page(state: &Inner) -> Result<Page, PageError> {
             ": " (rows.len() - held) " queued, " (held) " held back by their forge."
             @if let Ok(q) = &queue {
                 @if let Ok(t) = time::OffsetDateTime::from_unix_timestamp(q.as_of as i64) {
-                    " The scaler's view as of " (view::when(t, now)) "."
+                    " The scaler's view: " (view::when(t, now)) "."
                 }
             }
         }

@@ -16,7 +16,7 @@ use runyard_testkit::{free_port, wait_for_port};
 use serde_json::json;
 
 use crate::TOKEN;
-use crate::stack::{BEFORE_MEMORY, BUILDS, GITHUB_JOBS, LIMIT, Stack, WALL_SECONDS};
+use crate::stack::{BEFORE_MEMORY, BUILDS, GITHUB_JOBS, HELD_JOB, LIMIT, Stack, WALL_SECONDS};
 
 /// A browser session; chromedriver and the profile go when it is dropped.
 struct Browser {
@@ -175,6 +175,13 @@ async fn the_console_in_a_browser_answers_what_a_team_is_asked() {
     assert!(row.contains("pool full"), "{row}");
     assert!(row.contains("max_runners: 1 of 1"), "{row}");
     assert!(row.contains("linux-x64"), "{row}");
+    // The deploy job is held by its forge, and the queue says what for.
+    let held = b
+        .text(&format!(
+            "tr[data-job=\"{HELD_JOB}\"][data-reason=\"forge_waiting\"]"
+        ))
+        .await;
+    assert!(held.contains("its stage"), "{held}");
     b.capture("queue").await;
 
     // Its pool: the one runner, at its maximum.

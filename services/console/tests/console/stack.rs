@@ -26,6 +26,9 @@ const GITHUB_TOKEN: &str = "ghp_consoleTest0123456789abcdefABCDEF0123";
 /// The memory every job had before runyard (the savings' baseline).
 pub const BEFORE_MEMORY: u64 = 16_000_000_000;
 
+/// The GitLab job of the sample traffic its forge holds for its stage.
+pub const HELD_JOB: u64 = 4712;
+
 /// The two GitHub jobs of the sample traffic: the pool's one runner goes
 /// to the first; the second waits for room.
 pub const GITHUB_JOBS: [u64; 2] = [21_870_573_124, 21_870_573_125];
@@ -278,7 +281,26 @@ impl Stack {
             build["status"] = json!(if *killed { "failed" } else { "success" });
             hook["object_attributes"]["id"] = json!(1234 + i);
             hook["object_attributes"]["status"] = json!(if *killed { "failed" } else { "success" });
-            hook["builds"] = json!([build]);
+            // The first pipeline also holds its deploy job, `created`:
+            // GitLab holds it until its stage's turn.
+            hook["builds"] = if i == 0 {
+                let mut deploy = pipeline["builds"][2].clone();
+                deploy["id"] = json!(HELD_JOB);
+                deploy["status"] = json!("created");
+                let made = time::OffsetDateTime::now_utc() - time::Duration::minutes(4);
+                deploy["created_at"] = json!(format!(
+                    "{:04}-{:02}-{:02} {:02}:{:02}:{:02} UTC",
+                    made.year(),
+                    u8::from(made.month()),
+                    made.day(),
+                    made.hour(),
+                    made.minute(),
+                    made.second()
+                ));
+                json!([build, deploy])
+            } else {
+                json!([build])
+            };
             self.post(
                 "/webhooks/gitlab",
                 &[
