@@ -342,6 +342,7 @@ pub fn decode_events(msgs: &[async_nats::jetstream::Message]) -> Vec<runyard_eve
         .collect()
 }
 
+pub mod dashboard;
 pub mod fake_actions;
 pub mod fake_github;
 pub mod fake_gitlab;

@@ -1342,36 +1342,7 @@ async fn declared_metrics(base: &str) -> BTreeMap<String, String> {
         .text()
         .await
         .unwrap();
-    page.lines()
-        .filter_map(|l| l.strip_prefix("# TYPE "))
-        .filter_map(|l| l.split_once(' '))
-        .map(|(name, kind)| (name.to_owned(), kind.to_owned()))
-        .collect()
-}
-
-/// Every `runyard_...` series name a PromQL expression mentions.
-fn series_in(expr: &str) -> Vec<&str> {
-    expr.match_indices("runyard_")
-        .map(|(at, _)| {
-            let rest = &expr[at..];
-            let end = rest
-                .find(|c: char| !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'))
-                .unwrap_or(rest.len());
-            &rest[..end]
-        })
-        .collect()
-}
-
-/// The series names Prometheus stores for a family of this type.
-fn series_of(family: &str, kind: &str) -> Vec<String> {
-    match kind {
-        "counter" => vec![format!("{family}_total")],
-        "histogram" => ["_bucket", "_sum", "_count"]
-            .iter()
-            .map(|s| format!("{family}{s}"))
-            .collect(),
-        _ => vec![family.to_owned()],
-    }
+    runyard_testkit::dashboard::declared(&page)
 }
 
 /// `deploy/grafana/dashboards/runyard.json` queries only series the services
@@ -1398,14 +1369,7 @@ async fn the_dashboard_queries_what_the_services_expose_and_all_of_it() {
         assert!(!page.is_empty(), "{base}/metrics declares metrics");
         declared.extend(page);
     }
-    let exposed: BTreeMap<String, &str> = declared
-        .iter()
-        .flat_map(|(family, kind)| {
-            series_of(family, kind)
-                .into_iter()
-                .map(move |s| (s, family.as_str()))
-        })
-        .collect();
+    let exposed = runyard_testkit::dashboard::exposed(&declared);
 
     let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/grafana");
     let dashboard: Value = serde_json::from_str(
@@ -1427,7 +1391,7 @@ async fn the_dashboard_queries_what_the_services_expose_and_all_of_it() {
         let targets = panel["targets"].as_array().unwrap();
         assert!(!targets.is_empty(), "panel {title:?} has queries");
         for expr in targets.iter().map(|t| t["expr"].as_str().unwrap()) {
-            let series = series_in(expr);
+            let series = runyard_testkit::dashboard::series_in(expr);
             assert!(!series.is_empty(), "{title:?}: {expr} queries runyard");
             // The scaler's and the console's families are checked by their
             // own tests (`the_dashboard_covers_every_scaler_metric`,
@@ -1440,7 +1404,7 @@ async fn the_dashboard_queries_what_the_services_expose_and_all_of_it() {
                 let family = exposed.get(s).unwrap_or_else(|| {
                     panic!("panel {title:?} queries {s}, which no service exposes: {declared:?}")
                 });
-                used.insert(*family);
+                used.insert(family.clone());
             }
         }
     }

@@ -4,10 +4,10 @@
 //! is on a panel. (The other services' families are the allocator's and
 //! the scaler's tests'.)
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
-use runyard_testkit::TestDb;
 use runyard_testkit::synth::{lifecycle, runner_events};
+use runyard_testkit::{TestDb, dashboard};
 use time::{Duration, OffsetDateTime};
 
 use crate::{Console, TOKEN, client, config, projected};
@@ -15,21 +15,6 @@ use crate::{Console, TOKEN, client, config, projected};
 /// The console's series start with these; the dashboard's other series are
 /// the other services'.
 const PREFIXES: [&str; 2] = ["runyard_console_", "runyard_savings_"];
-
-/// Every `runyard_console_...` and `runyard_savings_...` series name a
-/// PromQL expression mentions.
-fn console_series(expr: &str) -> Vec<&str> {
-    expr.match_indices("runyard_")
-        .map(|(at, _)| {
-            let rest = &expr[at..];
-            let end = rest
-                .find(|c: char| !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'))
-                .unwrap_or(rest.len());
-            &rest[..end]
-        })
-        .filter(|s| PREFIXES.iter().any(|p| s.starts_with(p)))
-        .collect()
-}
 
 /// A renamed or new console metric fails here, not on a blank panel.
 #[tokio::test]
@@ -74,30 +59,12 @@ async fn the_dashboard_covers_every_console_metric() {
         .text()
         .await
         .unwrap();
-    let declared: BTreeMap<String, String> = page
-        .lines()
-        .filter_map(|l| l.strip_prefix("# TYPE "))
-        .filter_map(|l| l.split_once(' '))
-        .map(|(n, k)| (n.to_owned(), k.to_owned()))
-        .collect();
+    let declared = dashboard::declared(&page);
     assert!(
         declared.contains_key("runyard_savings_reserved_gb_hours"),
         "{page}"
     );
-    let exposed: BTreeMap<String, String> = declared
-        .iter()
-        .flat_map(|(family, kind)| {
-            let series: Vec<String> = match kind.as_str() {
-                "counter" => vec![format!("{family}_total")],
-                "histogram" => ["_bucket", "_sum", "_count"]
-                    .iter()
-                    .map(|s| format!("{family}{s}"))
-                    .collect(),
-                _ => vec![family.clone()],
-            };
-            series.into_iter().map(move |s| (s, family.clone()))
-        })
-        .collect();
+    let exposed = dashboard::exposed(&declared);
     // A series with a value on the page, not only its family declared.
     let has_value = |series: &str| {
         page.lines().any(|l| {
@@ -106,20 +73,13 @@ async fn the_dashboard_covers_every_console_metric() {
         })
     };
 
-    let dashboard: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../deploy/grafana/dashboards/runyard.json"
-        ))
-        .unwrap(),
-    )
-    .unwrap();
     let mut used = BTreeSet::new();
-    for panel in dashboard["panels"].as_array().unwrap() {
-        let title = panel["title"].as_str().unwrap_or_default();
-        for t in panel["targets"].as_array().into_iter().flatten() {
-            let expr = t["expr"].as_str().unwrap();
-            for series in console_series(expr) {
+    for (title, exprs) in dashboard::panels(&dashboard::dashboard()) {
+        for expr in &exprs {
+            let ours = dashboard::series_in(expr)
+                .into_iter()
+                .filter(|s| PREFIXES.iter().any(|p| s.starts_with(p)));
+            for series in ours {
                 let family = exposed.get(series).unwrap_or_else(|| {
                     panic!("panel {title:?}: {expr} queries {series}, which the console does not expose: {declared:?}")
                 });

@@ -487,52 +487,22 @@ async fn the_dashboard_covers_every_scaler_metric() {
         .text()
         .await
         .unwrap();
-    let declared: BTreeMap<String, String> = page
-        .lines()
-        .filter_map(|l| l.strip_prefix("# TYPE "))
-        .filter_map(|l| l.split_once(' '))
-        .map(|(n, k)| (n.to_owned(), k.to_owned()))
-        .collect();
+    let declared = runyard_testkit::dashboard::declared(&page);
     assert!(
         declared.contains_key("runyard_scaler_pool_desired_runners"),
         "{page}"
     );
-    let exposed: BTreeMap<String, String> = declared
-        .iter()
-        .flat_map(|(family, kind)| {
-            let series: Vec<String> = match kind.as_str() {
-                "counter" => vec![format!("{family}_total")],
-                "histogram" => ["_bucket", "_sum", "_count"]
-                    .iter()
-                    .map(|s| format!("{family}{s}"))
-                    .collect(),
-                _ => vec![family.clone()],
-            };
-            series.into_iter().map(move |s| (s, family.clone()))
-        })
-        .collect();
-    let dashboard: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../deploy/grafana/dashboards/runyard.json"
-        ))
-        .unwrap(),
-    )
-    .unwrap();
+    let exposed = runyard_testkit::dashboard::exposed(&declared);
+    let dashboard = runyard_testkit::dashboard::dashboard();
     let mut used = HashSet::new();
-    for panel in dashboard["panels"].as_array().unwrap() {
-        for t in panel["targets"].as_array().into_iter().flatten() {
-            let expr = t["expr"].as_str().unwrap();
-            for (at, _) in expr.match_indices("runyard_scaler_") {
-                let rest = &expr[at..];
-                let end = rest
-                    .find(|c: char| !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'))
-                    .unwrap_or(rest.len());
-                let family = exposed.get(&rest[..end]).unwrap_or_else(|| {
-                    panic!(
-                        "{expr} queries {}, which the scaler does not expose",
-                        &rest[..end]
-                    )
+    for (_, exprs) in runyard_testkit::dashboard::panels(&dashboard) {
+        for expr in &exprs {
+            let ours = runyard_testkit::dashboard::series_in(expr)
+                .into_iter()
+                .filter(|s| s.starts_with("runyard_scaler_"));
+            for series in ours {
+                let family = exposed.get(series).unwrap_or_else(|| {
+                    panic!("{expr} queries {series}, which the scaler does not expose")
                 });
                 used.insert(family.clone());
             }
