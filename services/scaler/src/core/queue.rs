@@ -283,9 +283,6 @@ fn held(job: &Job) -> &'static str {
         (runyard_events::Forge::Gitlab, "scheduled") => {
             "GitLab holds it back until its scheduled time (a delayed job)"
         }
-        (runyard_events::Forge::Gitlab, "manual") => {
-            "GitLab waits for someone to start it (a manual job)"
-        }
         (runyard_events::Forge::Gitlab, "preparing") => {
             "GitLab is preparing it (a runner is setting up its environment)"
         }

@@ -62,7 +62,7 @@ pub struct Job {
     /// serve nothing else.
     pub scale_set: Option<String>,
     /// The forge's own word for the status of that observation (GitLab
-    /// `created`, `waiting_for_resource`, `scheduled`, `manual`; GitHub
+    /// `created`, `waiting_for_resource`, `scheduled`, `preparing`; GitHub
     /// `waiting`): why the forge holds a waiting job back.
     pub forge_status: String,
 }

@@ -525,7 +525,7 @@ fn a_waiting_job_says_what_the_forge_holds_it_for() {
     for (n, forge, status) in [
         (1, Forge::Gitlab, "created"),
         (2, Forge::Gitlab, "waiting_for_resource"),
-        (3, Forge::Gitlab, "manual"),
+        (3, Forge::Gitlab, "scheduled"),
         (4, Forge::Github, "waiting"),
     ] {
         let mut j = JobObserved {
@@ -554,6 +554,6 @@ fn a_waiting_job_says_what_the_forge_holds_it_for() {
     assert!(why.iter().all(|w| w.1 == "forge_waiting"), "{why:?}");
     assert!(why[0].2.contains("its stage"), "{why:?}");
     assert!(why[1].2.contains("resource group"), "{why:?}");
-    assert!(why[2].2.contains("manual"), "{why:?}");
+    assert!(why[2].2.contains("scheduled time"), "{why:?}");
     assert!(why[3].2.contains("approval"), "{why:?}");
 }
