@@ -55,8 +55,10 @@
 //! - **the tail the site realized** (`tail_calibration`, [`tail`]): per
 //!   history class, spread and ladder depth, a fit of where recent first
 //!   attempts' peaks fell on this predictive scale (their upper tail, OOM
-//!   kills censored); quantiles and P(OOM) are read from it, so a class the
-//!   priors make too wide or too sure is priced by what happened.
+//!   kills censored), with a share of peaks far beyond it (spikes, jumps)
+//!   that no limit near it covers; quantiles and P(OOM) are read from it,
+//!   so a class the priors make too wide or too sure is priced by what
+//!   happened, and the newsvendor weighs slack on the spread it realized.
 //!
 //! The memory limit is the predictive quantile that minimises expected
 //! slack plus λ × P(OOM): a newsvendor choice in which calm workloads get
@@ -977,6 +979,12 @@ impl Model {
         }
     }
 
+    /// The predictive spread of estimate `e` of class `class` as its
+    /// group's tail realized it: what a limit's slack is priced with.
+    fn effective_spread(&self, class: usize, e: &Estimate) -> f64 {
+        e.sd_pred * self.tail_of(class, e).map_or(1.0, Tail::scale)
+    }
+
     /// The `q` quantile of the next `ln(peak)` for estimate `e` of class
     /// `class` (as [`Model::oom_probability`] prices it).
     fn ln_quantile(&self, class: usize, e: &Estimate, q: f64) -> f64 {
@@ -1157,11 +1165,19 @@ impl Model {
                 );
             }
         }
-        if first_attempt && let Some(calibration) = &mut self.calibration {
-            let sd = estimate
-                .filter(|_| wants_spread)
-                .map_or(f64::NAN, |e| e.sd_pred);
-            calibration.record(sd, obs.oom_killed);
+        if first_attempt && self.calibration.is_some() {
+            let (sd, far) = estimate.zip(class).filter(|_| wants_spread).map_or(
+                (f64::NAN, f64::NAN),
+                |(e, class)| {
+                    (
+                        self.effective_spread(class, &e),
+                        self.tail_of(class, &e).map_or(0.0, Tail::far),
+                    )
+                },
+            );
+            if let Some(calibration) = &mut self.calibration {
+                calibration.record(sd, far, obs.oom_killed);
+            }
         }
         if !obs.protected {
             // Nothing learned (no sample, no kill to remember): keep no
@@ -1309,7 +1325,7 @@ impl Model {
                 // with probability 1 − q.
                 let quantile = |q: f64| self.ln_quantile(class, &est, q);
                 let q = if cost > 0.0 {
-                    let z = stats::newsvendor_z(est.sd_pred, cost);
+                    let z = stats::newsvendor_z(self.effective_spread(class, &est), cost);
                     stats::normal_probability(z).clamp(p.min_quantile, p.max_quantile)
                 } else {
                     p.limit_quantile

@@ -7,8 +7,10 @@
 //! `E[slack] + λ · P(OOM)`: the newsvendor choice with cost λ, which gives a
 //! calm workload a high quantile (covering its tail is cheap) and a wild one
 //! a lower quantile. λ is the one for which the quantiles chosen for the
-//! recent asks (their predictive spreads kept in a decaying histogram)
-//! average `1 − target'` where `target' = target × correction`, and the
+//! recent asks (their predictive spreads as their tails realized them, kept
+//! in a decaying histogram) average `1 − body` where `body` is what the
+//! far-out peaks (a running mean of their groups' shares, which no limit
+//! buys off) leave of `target' = target × correction`, and the
 //! correction is an integral controller on the realized first-attempt OOM
 //! rate: every killed first attempt lowers it, every successful one raises
 //! it a little, so it settles where realized OOMs meet the target whatever
@@ -35,6 +37,10 @@ const SPREAD_EVERY: u32 = 8;
 const STEP: f64 = 0.0004;
 /// The correction stays within `[1/BOUND, BOUND]`.
 const BOUND: f64 = 4.0;
+/// The far-out share is a running mean over about this many spreads.
+const FAR_MEMORY: f64 = 512.0;
+/// However many far-out peaks, the quantiles get this share of the target.
+const MIN_BODY_SHARE: f64 = 0.2;
 
 /// State of the calibration.
 #[derive(Debug, Clone, PartialEq)]
@@ -49,6 +55,9 @@ pub(super) struct Calibration {
     ln_correction: f64,
     /// The current multiplier.
     lambda: f64,
+    /// Recent first attempts' mean share of far-out peaks, which no limit
+    /// buys off: the part of the target spent before any quantile.
+    far: f64,
 }
 
 fn bin_of(sd: f64) -> usize {
@@ -73,6 +82,7 @@ impl Calibration {
             since_solve: 0,
             ln_correction: 0.0,
             lambda,
+            far: 0.0,
         }
     }
 
@@ -108,9 +118,13 @@ impl Calibration {
         self.since_solve.is_multiple_of(SPREAD_EVERY)
     }
 
-    /// Records a first attempt: the predictive spread it was asked with
-    /// (NaN when not worked out) and whether it was killed.
-    pub(super) fn record(&mut self, sd: f64, killed: bool) {
+    /// Records a first attempt: the predictive spread it was asked with and
+    /// the share of far-out peaks its group has (NaN when not worked out),
+    /// and whether it was killed.
+    pub(super) fn record(&mut self, sd: f64, far: f64, killed: bool) {
+        if far.is_finite() {
+            self.far += (far.clamp(0.0, 1.0) - self.far) / FAR_MEMORY;
+        }
         if sd.is_finite() && sd > 0.0 {
             self.bins[bin_of(sd)] += 1.0;
             self.total += 1.0;
@@ -135,7 +149,9 @@ impl Calibration {
         if self.total < 1.0 {
             return;
         }
+        // The quantiles share what the far-out peaks leave of the target.
         let goal = self.effective_target();
+        let goal = ((goal - self.far) / (1.0 - self.far)).max(goal * MIN_BODY_SHARE);
         let (mut lo, mut hi) = ((1e-3f64).ln(), (1e4f64).ln());
         // 30 halvings of a 16-wide log interval: λ to within 2e-8.
         for _ in 0..30 {
@@ -147,5 +163,42 @@ impl Calibration {
             }
         }
         self.lambda = (0.5 * (lo + hi)).exp();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The mean P(OOM) the quantiles give over the recorded spreads.
+    fn quantiles_risk(c: &Calibration) -> f64 {
+        c.mean_oom(c.lambda())
+    }
+
+    #[test]
+    fn far_out_peaks_take_their_share_of_the_target_first() {
+        let (mut plain, mut spiky) = (
+            Calibration::new(0.03, 0.75, 0.9995, 2.0),
+            Calibration::new(0.03, 0.75, 0.9995, 2.0),
+        );
+        for i in 0..SOLVE_EVERY * 4 {
+            let sd = 0.05 + 0.3 * f64::from(i % 7) / 7.0;
+            plain.record(sd, 0.0, false);
+            spiky.record(sd, 0.01, false);
+        }
+        // Kills count nowhere yet: the correction is what 1 024 successes
+        // made of it, the same for both.
+        let goal = plain.effective_target();
+        assert!((quantiles_risk(&plain) / goal - 1.0).abs() < 0.02);
+        // With 1 % of peaks beyond any limit, the quantiles get the rest.
+        let far = spiky.far;
+        assert!((far - 0.01).abs() < 0.01 * 0.9);
+        let body = (goal - far) / (1.0 - far);
+        assert!(
+            (quantiles_risk(&spiky) / body - 1.0).abs() < 0.02,
+            "{} vs {body}",
+            quantiles_risk(&spiky)
+        );
+        assert!(spiky.lambda() > plain.lambda());
     }
 }
