@@ -226,6 +226,14 @@ pub async fn savings(db: &sqlx::PgPool, q: &SavingsQuery) -> Result<Savings, Ins
     // The four sums are independent: asked at once, each on a connection
     // of its own, when the pool has more than one (else one after the
     // other, so none waits for the connection longer than the others take).
+    // A sum that takes only the window, read from `table`.
+    let over_window = |sql: &'static str, table: &'static str| async move {
+        sqlx::query(sql)
+            .bind(secs)
+            .fetch_all(db)
+            .await
+            .map_err(InsightError::on(table))
+    };
     let (memory, retries, waits, runners) = (
         async {
             sqlx::query(MEMORY)
@@ -236,27 +244,9 @@ pub async fn savings(db: &sqlx::PgPool, q: &SavingsQuery) -> Result<Savings, Ins
                 .await
                 .map_err(InsightError::on("usage_samples"))
         },
-        async {
-            sqlx::query(RETRIES)
-                .bind(secs)
-                .fetch_all(db)
-                .await
-                .map_err(InsightError::on("retries"))
-        },
-        async {
-            sqlx::query(WAITS)
-                .bind(secs)
-                .fetch_all(db)
-                .await
-                .map_err(InsightError::on("jobs"))
-        },
-        async {
-            sqlx::query(RUNNERS)
-                .bind(secs)
-                .fetch_all(db)
-                .await
-                .map_err(InsightError::on("runners"))
-        },
+        over_window(RETRIES, "retries"),
+        over_window(WAITS, "jobs"),
+        over_window(RUNNERS, "runners"),
     );
     let (memory, retries, waits, runners) = if db.options().get_max_connections() > 1 {
         futures::try_join!(memory, retries, waits, runners)?
