@@ -688,83 +688,88 @@ impl Month {
     ) -> JobPlan {
         let open = self.is_open(index);
         let waiting = open && mix(index as u64).is_multiple_of(5);
-        if plan.github {
-            let (r, w) = (plan.project as usize, plan.workflow as usize);
-            let workload = github_workload(r, w, j);
-            let id = (r * WORKFLOWS.len() + w) * MATRIX.len() + j;
-            let needs = needs(self.spec.seed, 1_000_000_000 + id as u64, false);
-            let queued = start + secs(rng.random_range(0.0..5.0));
-            JobPlan {
-                forge: Forge::Github,
-                instance: GITHUB,
-                job_id: GITHUB_JOB0 + index as u64,
-                run_attempt: 1,
-                pipeline_id,
-                project: project.to_owned(),
-                project_id,
-                name: MATRIX[j].to_owned(),
-                stage: String::new(),
-                workflow: WORKFLOWS[w].to_owned(),
-                labels: vec!["self-hosted".into(), "linux".into(), "x64".into()],
-                pool: "gh-linux",
-                git_ref: git_ref.to_owned(),
-                sha: sha.to_owned(),
-                limit: needs.limit,
-                workload,
-                needs,
-                bumped: false,
-                queued: self.queued_by_end(queued, open),
-                waiting,
-                open,
-            }
-        } else {
-            let k = self.spack[plan.spack as usize + j] as usize;
-            let workload = self.workload(k);
-            let cuda = workload["variants"].contains("+cuda");
-            let arm = workload["target"] == "aarch64";
-            let needs = needs(self.spec.seed, k as u64, cuda);
-            let (pool, labels): (&'static str, &[&str]) = if cuda {
-                ("spack-gpu", &["spack", "x86_64_v3", "cuda"])
-            } else if arm {
-                ("spack-arm", &["spack", "aarch64"])
+        // What differs between a GitHub matrix job and a Spack build.
+        let (forge, instance, job_id, name, stage, workflow, labels, pool, workload, needs, queued) =
+            if plan.github {
+                let (r, w) = (plan.project as usize, plan.workflow as usize);
+                let workload = github_workload(r, w, j);
+                let id = (r * WORKFLOWS.len() + w) * MATRIX.len() + j;
+                let needs = needs(self.spec.seed, 1_000_000_000 + id as u64, false);
+                let queued = start + secs(rng.random_range(0.0..5.0));
+                (
+                    Forge::Github,
+                    GITHUB,
+                    GITHUB_JOB0 + index as u64,
+                    MATRIX[j].to_owned(),
+                    String::new(),
+                    WORKFLOWS[w].to_owned(),
+                    vec!["self-hosted".into(), "linux".into(), "x64".into()],
+                    "gh-linux",
+                    workload,
+                    needs,
+                    queued,
+                )
             } else {
-                ("spack-x86", &["spack", "x86_64_v3"])
+                let k = self.spack[plan.spack as usize + j] as usize;
+                let workload = self.workload(k);
+                let cuda = workload["variants"].contains("+cuda");
+                let arm = workload["target"] == "aarch64";
+                let needs = needs(self.spec.seed, k as u64, cuda);
+                let (pool, labels): (&'static str, &[&str]) = if cuda {
+                    ("spack-gpu", &["spack", "x86_64_v3", "cuda"])
+                } else if arm {
+                    ("spack-arm", &["spack", "aarch64"])
+                } else {
+                    ("spack-x86", &["spack", "x86_64_v3"])
+                };
+                // Stages of a Spack pipeline: generate, build (most), rebuild
+                // index; jobs of later stages wait for the earlier ones.
+                let stage = (j * 3) / usize::from(plan.len).max(1);
+                let queued = start + secs(stage as f64 * 420.0 + rng.random_range(0.0..90.0));
+                let name = format!(
+                    "{}@{} {} %{} {}",
+                    workload["package"],
+                    workload["version"],
+                    workload["variants"],
+                    workload["compiler"],
+                    workload["target"]
+                );
+                (
+                    Forge::Gitlab,
+                    GITLAB,
+                    GITLAB_JOB0 + index as u64,
+                    name,
+                    format!("stage-{stage}"),
+                    String::new(),
+                    labels.iter().map(|l| (*l).to_owned()).collect(),
+                    pool,
+                    workload,
+                    needs,
+                    queued,
+                )
             };
-            // Stages of a Spack pipeline: generate, build (most), rebuild
-            // index; jobs of later stages wait for the earlier ones.
-            let stage = (j * 3) / usize::from(plan.len).max(1);
-            let queued = start + secs(stage as f64 * 420.0 + rng.random_range(0.0..90.0));
-            let name = format!(
-                "{}@{} {} %{} {}",
-                workload["package"],
-                workload["version"],
-                workload["variants"],
-                workload["compiler"],
-                workload["target"]
-            );
-            JobPlan {
-                forge: Forge::Gitlab,
-                instance: GITLAB,
-                job_id: GITLAB_JOB0 + index as u64,
-                run_attempt: 1,
-                pipeline_id,
-                project: project.to_owned(),
-                project_id,
-                name,
-                stage: format!("stage-{stage}"),
-                workflow: String::new(),
-                labels: labels.iter().map(|l| (*l).to_owned()).collect(),
-                pool,
-                git_ref: git_ref.to_owned(),
-                sha: sha.to_owned(),
-                limit: needs.limit,
-                workload,
-                needs,
-                bumped: false,
-                queued: self.queued_by_end(queued, open),
-                waiting,
-                open,
-            }
+        JobPlan {
+            forge,
+            instance,
+            job_id,
+            run_attempt: 1,
+            pipeline_id,
+            project: project.to_owned(),
+            project_id,
+            name,
+            stage,
+            workflow,
+            labels,
+            pool,
+            git_ref: git_ref.to_owned(),
+            sha: sha.to_owned(),
+            limit: needs.limit,
+            workload,
+            needs,
+            bumped: false,
+            queued: self.queued_by_end(queued, open),
+            waiting,
+            open,
         }
     }
 
