@@ -410,7 +410,9 @@ impl TestDb {
     /// The URL of this database for the read-only role tests log in as
     /// ([`READER_LOGIN`], a member of `runyard_reader`, which the
     /// migrations grant `SELECT` on every table): both roles are made on
-    /// the server when missing (by whichever test gets there first).
+    /// the server when missing (by whichever test gets there first). Ask
+    /// for it before the database is migrated: a migration grants the
+    /// readers' role nothing when it does not exist yet.
     pub async fn reader_url(&self) -> String {
         let admin = self.sibling("postgres");
         let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&admin)

@@ -60,8 +60,11 @@ pub async fn config(db: &TestDb) -> runyard_console::Config {
 }
 
 /// A migrated database with `events` projected, as the job-tracker
-/// projects them (each with a trace header).
+/// projects them (each with a trace header), readable by the read-only
+/// role.
 pub async fn projected(db: &TestDb, events: &[Event]) {
+    // The migration grants the readers' role SELECT only if it exists.
+    db.reader_url().await;
     runyard_store::migrate(&db.url).await.unwrap();
     let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
     let batch: Vec<Incoming> = events

@@ -142,6 +142,9 @@ impl Stack {
         let nats = TestNats::get().await;
         let ns = unique_namespace();
         let db = TestDb::new();
+        // Before the job-tracker migrates: it grants the readers' role
+        // SELECT on the projection only if the role exists.
+        db.reader_url().await;
         let github = FakeGitHub::start().await;
         let dir = tempfile::tempdir().unwrap();
         let mut stops = Vec::new();
