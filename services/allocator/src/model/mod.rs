@@ -56,9 +56,10 @@
 //!   history class, spread and ladder depth, a fit of where recent first
 //!   attempts' peaks fell on this predictive scale (their upper tail, OOM
 //!   kills censored), with a share of peaks far beyond it (spikes, jumps)
-//!   that no limit near it covers; quantiles and P(OOM) are read from it,
-//!   so a class the priors make too wide or too sure is priced by what
-//!   happened, and the newsvendor weighs slack on the spread it realized.
+//!   that no limit near it covers, each group drawn towards its history
+//!   class's pooled fit; quantiles and P(OOM) are read from it, so a class
+//!   the priors make too wide or too sure is priced by what happened, and
+//!   the newsvendor weighs slack on the spread it realized.
 //!
 //! The memory limit is the predictive quantile that minimises expected
 //! slack plus λ × P(OOM): a newsvendor choice in which calm workloads get
@@ -121,7 +122,7 @@ pub(crate) use keys::{full_key, sub_key};
 use oom::{Killed, Overshoots, Streak};
 pub use spec::{parse_spec, validate, variables};
 use stats::{Fit, FitKnobs, Sample};
-use tail::Tail;
+use tail::{ClassTails, Shape};
 use target::Calibration;
 
 /// A workload: attribute name → value (`package`, `version`, `variants`,
@@ -480,16 +481,17 @@ const SPREAD_GROUPS: [f64; 4] = [0.07, 0.12, 0.2, 0.35];
 /// Tails learned per history class: by spread, and by how far down the
 /// ladder the estimate stands (its own level; one or two levels down, a
 /// new version or compiler; further, the package as a whole).
-const TAIL_GROUPS: usize = 3 * (SPREAD_GROUPS.len() + 1);
+const SPREADS: usize = SPREAD_GROUPS.len() + 1;
 
-fn tail_group(e: &Estimate) -> usize {
+/// The tail group of an estimate: its spread group and ladder depth.
+fn tail_group(e: &Estimate) -> (usize, usize) {
     let spread = SPREAD_GROUPS.iter().filter(|&&b| e.sd_pred >= b).count();
     let depth = match e.fallback {
         0 => 0,
         1..=2 => 1,
         _ => 2,
     };
-    spread + depth * (SPREAD_GROUPS.len() + 1)
+    (spread, depth)
 }
 
 /// The history class of an estimate: the site's prior (`newcomer`), else by
@@ -598,7 +600,7 @@ pub struct Model {
     checks: [CalibrationCheck; HISTORY_CLASSES.len()],
     /// Per [`HISTORY_CLASSES`]: how often checked first attempts ran
     /// beyond each point of the predictive tail (`tail_calibration`).
-    tails: [[Tail; TAIL_GROUPS]; HISTORY_CLASSES.len()],
+    tails: [ClassTails<SPREADS, 3>; HISTORY_CLASSES.len()],
     /// First attempts seen (one in two is checked).
     first_attempts: u64,
     /// The spread pooled over all workloads: a running mean of squared
@@ -962,10 +964,10 @@ impl Model {
     }
 
     /// The group of an estimate's tail: its history class and spread.
-    fn tail_of(&self, class: usize, e: &Estimate) -> Option<&Tail> {
+    fn tail_of(&self, class: usize, e: &Estimate) -> Option<&Shape> {
         self.params
             .tail_calibration
-            .then(|| &self.tails[class][tail_group(e)])
+            .then(|| self.tails[class].of(tail_group(e)))
     }
 
     /// P(next peak > `bytes`) for estimate `e` of history class `class`:
@@ -982,7 +984,7 @@ impl Model {
     /// The predictive spread of estimate `e` of class `class` as its
     /// group's tail realized it: what a limit's slack is priced with.
     fn effective_spread(&self, class: usize, e: &Estimate) -> f64 {
-        e.sd_pred * self.tail_of(class, e).map_or(1.0, Tail::scale)
+        e.sd_pred * self.tail_of(class, e).map_or(1.0, Shape::scale)
     }
 
     /// The `q` quantile of the next `ln(peak)` for estimate `e` of class
@@ -1158,7 +1160,8 @@ impl Model {
             check.predicted += predicted;
             let z_peak = (!obs.oom_killed).then(|| e.standardized(obs.peak_memory_bytes as f64));
             if !dropped {
-                self.tails[class][tail_group(&e)].record(
+                self.tails[class].record(
+                    tail_group(&e),
                     z_peak,
                     e.standardized(limit as f64),
                     e.dof,
@@ -1171,7 +1174,7 @@ impl Model {
                 |(e, class)| {
                     (
                         self.effective_spread(class, &e),
-                        self.tail_of(class, &e).map_or(0.0, Tail::far),
+                        self.tail_of(class, &e).map_or(0.0, Shape::far),
                     )
                 },
             );
