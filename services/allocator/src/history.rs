@@ -100,6 +100,7 @@ pub async fn load(state: &State) -> Result<(HashSet<String>, time::OffsetDateTim
         let state = state.clone();
         tokio::task::spawn_blocking(move || {
             let mut loaded = 0usize;
+            state.model_write().set_replaying(true);
             while let Some(chunk) = rx.blocking_recv() {
                 loaded += chunk.observations.len();
                 state
@@ -111,6 +112,7 @@ pub async fn load(state: &State) -> Result<(HashSet<String>, time::OffsetDateTim
                     model.observe_key(key, obs);
                 }
             }
+            state.model_write().set_replaying(false);
             loaded
         })
     };

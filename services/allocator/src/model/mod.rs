@@ -956,6 +956,16 @@ impl Model {
         &self.params
     }
 
+    /// Whether a history is being replayed (at start-up): the learned
+    /// tails refit less often until it ends, and all of them then. Nothing
+    /// is asked of the model meanwhile, so the risks it states afterwards
+    /// stand on the whole record all the same.
+    pub fn set_replaying(&mut self, replaying: bool) {
+        for class in &mut self.tails {
+            class.set_replaying(replaying);
+        }
+    }
+
     /// Number of distinct workloads (full keys) seen and of samples held at
     /// the most specific level of their ladder (each observation counts once,
     /// up to `window` per key).

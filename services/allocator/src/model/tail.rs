@@ -36,7 +36,9 @@
 //! one follows its own. A group with no fit yet is priced as its class.
 //!
 //! Each record is a ring of the last attempts, refitted whenever a share
-//! of it is new; it follows the site as the rest of the model does.
+//! of it is new; it follows the site as the rest of the model does. While
+//! the history is replayed at start-up the records refit less often, and
+//! each once at the end ([`ClassTails::set_replaying`]).
 
 use super::stats;
 
@@ -45,6 +47,9 @@ const KEEP: (usize, usize) = (1024, 8);
 /// Attempts kept for a history class's pooled tail, and refit when half
 /// of them is new (its groups follow the site in between).
 const KEEP_POOLED: (usize, usize) = (2048, 2);
+/// While a history is replayed, records refit when half of them is new:
+/// nothing is served until the replay ends, and each is refitted then.
+const REPLAY_REFIT_SHARE: usize = 2;
 /// Refit after this many new attempts at least (a fit is about 60 passes
 /// over the attempts in the tail).
 const REFIT_EVERY: usize = 16;
@@ -201,8 +206,9 @@ impl Record {
         }
     }
 
-    /// Keeps `point`; whether the record is due a refit.
-    fn push(&mut self, point: Point) -> bool {
+    /// Keeps `point`; whether the record is due a refit (less often while
+    /// `replaying`).
+    fn push(&mut self, point: Point, replaying: bool) -> bool {
         if self.points.len() < self.keep {
             self.points.push(point);
         } else {
@@ -210,7 +216,12 @@ impl Record {
             self.next = (self.next + 1) % self.keep;
         }
         self.since_fit += 1;
-        let due = self.since_fit >= (self.points.len() / self.refit_share).max(REFIT_EVERY);
+        let share = if replaying {
+            REPLAY_REFIT_SHARE.min(self.refit_share)
+        } else {
+            self.refit_share
+        };
+        let due = self.since_fit >= (self.points.len() / share).max(REFIT_EVERY);
         if due {
             self.since_fit = 0;
         }
@@ -380,15 +391,20 @@ impl Default for Tail {
 
 impl Tail {
     /// Records an attempt of this group; refits towards `prior` when due.
-    fn push(&mut self, point: Point, prior: &Prior) {
+    fn push(&mut self, point: Point, prior: &Prior, replaying: bool) {
         // One group, one spread: its own record has no slope to fit.
-        if self.record.push(Point { spread: 0, ..point }) {
-            let fit = self
-                .record
-                .fit(prior, self.fit.unwrap_or(prior.centre), false);
-            self.fit = Some(fit);
-            self.shape = fit.shape_at(0.0);
+        if self.record.push(Point { spread: 0, ..point }, replaying) {
+            self.refit(prior);
         }
+    }
+
+    /// Fits the record afresh, towards `prior`.
+    fn refit(&mut self, prior: &Prior) {
+        let fit = self
+            .record
+            .fit(prior, self.fit.unwrap_or(prior.centre), false);
+        self.fit = Some(fit);
+        self.shape = fit.shape_at(0.0);
     }
 
     /// The tail fitted, or the model's own before any fit.
@@ -424,6 +440,7 @@ pub(super) struct ClassTails<const SPREADS: usize, const DEPTHS: usize> {
     pooled_fit: Option<Fit>,
     /// The pooled tail at each spread group.
     at: [Shape; SPREADS],
+    replaying: bool,
     groups: [[Tail; DEPTHS]; SPREADS],
 }
 
@@ -434,6 +451,7 @@ impl<const SPREADS: usize, const DEPTHS: usize> Default for ClassTails<SPREADS, 
             pooled: Record::keeping(KEEP_POOLED),
             pooled_fit: None,
             at: [Shape::default(); SPREADS],
+            replaying: false,
             groups: std::array::from_fn(|_| std::array::from_fn(|_| Tail::default())),
         }
     }
@@ -452,23 +470,56 @@ impl<const SPREADS: usize, const DEPTHS: usize> ClassTails<SPREADS, DEPTHS> {
         let Some(point) = point(z_peak, z_limit, dof, spread) else {
             return;
         };
-        // The pooled log scale stands at the middle spread group.
-        let middle = (SPREADS as f64 - 1.0) / 2.0;
-        if self.pooled.push(point) {
-            let prior = Prior {
-                spread: middle,
-                ..MODEL_PRIOR
-            };
-            let fit = self
-                .pooled
-                .fit(&prior, self.pooled_fit.unwrap_or(prior.centre), true);
-            self.pooled_fit = Some(fit);
-            self.at = std::array::from_fn(|s| fit.shape_at(s as f64 - middle));
+        if self.pooled.push(point, self.replaying) {
+            self.refit_pooled();
         }
-        let prior = match self.pooled_fit {
+        let prior = self.group_prior(spread);
+        self.groups[spread][depth].push(point, &prior, self.replaying);
+    }
+
+    /// Whether a history is being replayed: records refit less often
+    /// until it ends, and then every one of them is refitted.
+    pub(super) fn set_replaying(&mut self, replaying: bool) {
+        let ended = self.replaying && !replaying;
+        self.replaying = replaying;
+        if !ended {
+            return;
+        }
+        if !self.pooled.points.is_empty() {
+            self.refit_pooled();
+        }
+        for spread in 0..SPREADS {
+            let prior = self.group_prior(spread);
+            for tail in &mut self.groups[spread] {
+                if tail.fit.is_some() {
+                    tail.refit(&prior);
+                }
+            }
+        }
+    }
+
+    /// The pooled log scale stands at the middle spread group.
+    const MIDDLE: f64 = (SPREADS as f64 - 1.0) / 2.0;
+
+    fn refit_pooled(&mut self) {
+        let prior = Prior {
+            spread: Self::MIDDLE,
+            ..MODEL_PRIOR
+        };
+        let fit = self
+            .pooled
+            .fit(&prior, self.pooled_fit.unwrap_or(prior.centre), true);
+        self.pooled_fit = Some(fit);
+        self.at = std::array::from_fn(|s| fit.shape_at(s as f64 - Self::MIDDLE));
+    }
+
+    /// What a group of spread group `spread` is drawn towards: the pooled
+    /// tail at its spread, or the model's own before there is one.
+    fn group_prior(&self, spread: usize) -> Prior {
+        match self.pooled_fit {
             Some(fit) => Prior {
                 centre: Fit {
-                    ln_k: fit.ln_k + fit.slope * (spread as f64 - middle),
+                    ln_k: fit.ln_k + fit.slope * (spread as f64 - Self::MIDDLE),
                     slope: 0.0,
                     ..fit
                 },
@@ -477,8 +528,7 @@ impl<const SPREADS: usize, const DEPTHS: usize> ClassTails<SPREADS, DEPTHS> {
                 far_sd: GROUP_SD.1,
             },
             None => MODEL_PRIOR,
-        };
-        self.groups[spread][depth].push(point, &prior);
+        }
     }
 
     /// The tail a limit of spread group `spread` at ladder depth `depth`
@@ -502,7 +552,7 @@ mod tests {
         /// towards `prior`.
         fn record(&mut self, z_peak: Option<f64>, z_limit: f64, dof: f64, prior: &Prior) {
             if let Some(point) = point(z_peak, z_limit, dof, 0) {
-                self.push(point, prior);
+                self.push(point, prior, false);
             }
         }
     }
@@ -693,5 +743,49 @@ mod tests {
         let wild = class.of((4, 0));
         assert!(wild.scale() > 0.9, "{wild:?}");
         assert!(class.of((0, 0)).scale() < 0.65);
+    }
+
+    #[test]
+    fn a_replayed_record_ends_with_the_tails_it_would_have_online() {
+        // Six groups of three shapes, their attempts interleaved in time.
+        let mut groups = Vec::new();
+        for (spread, delta, k) in [(0, 0.0, 0.6), (1, 0.3, 1.0), (2, 0.6, 1.3)] {
+            for depth in 0..2 {
+                let mut peaks = Vec::new();
+                attempts(700 + 50 * depth, delta, k, 1.88, |peak| peaks.push(peak));
+                groups.push(((spread, depth), peaks));
+            }
+        }
+        let feed = |class: &mut ClassTails<3, 2>| {
+            for i in 0..750 {
+                for (group, peaks) in &groups {
+                    if let Some(&peak) = peaks.get(i) {
+                        class.record(*group, peak, 1.88, 30.0);
+                    }
+                }
+            }
+        };
+        let mut online = ClassTails::<3, 2>::default();
+        feed(&mut online);
+        let mut replayed = ClassTails::<3, 2>::default();
+        replayed.set_replaying(true);
+        feed(&mut replayed);
+        replayed.set_replaying(false);
+        for spread in 0..3 {
+            for depth in 0..2 {
+                for z in [1.5, 1.88, 2.5] {
+                    let (a, b) = (
+                        online.of((spread, depth)).survival(z, 30.0),
+                        replayed.of((spread, depth)).survival(z, 30.0),
+                    );
+                    // Online, a group's last fit drew on the class as it was
+                    // then; replayed, on the class at the end.
+                    assert!(
+                        (b - a).abs() < 0.002_f64.max(0.05 * a),
+                        "{spread}/{depth} at {z}: {a} online, {b} replayed"
+                    );
+                }
+            }
+        }
     }
 }
