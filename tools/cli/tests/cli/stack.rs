@@ -876,14 +876,12 @@ async fn replay_sends_signed_deliveries_and_events_tail_shows_them() {
     // The scaler judges the failed build too: its report says exit code 0,
     // no OOM kill, so no retry. That verdict lands when the scaler's retry
     // loop next runs, before or after the runner requested here.
-    let mut types = Vec::new();
-    for _ in 0..100 {
-        types = story(&["events", "tail", "--job", "4711", "--json"]).await;
-        if types.iter().any(|t| t == "RetryRefused") {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
+    let mut types = eventually(std::time::Duration::from_secs(10), || async {
+        let types = story(&["events", "tail", "--job", "4711", "--json"]).await;
+        types.iter().any(|t| t == "RetryRefused").then_some(types)
+    })
+    .await
+    .expect("the scaler never judged build 4711");
     assert_eq!(
         types[..2],
         ["JobObserved", "UsageReported"],
