@@ -59,7 +59,10 @@
 //!   that no limit near it covers, each group drawn towards its history
 //!   class's pooled fit; quantiles and P(OOM) are read from it, so a class
 //!   the priors make too wide or too sure is priced by what happened, and
-//!   the newsvendor weighs slack on the spread it realized.
+//!   the newsvendor weighs slack on the spread it realized. Each class
+//!   restates the risk its limits are read at by what its recent limits
+//!   realized (a logistic shift and slope about 2 %), so its lowest and
+//!   highest stated risks are not the ones its noisiest spreads give.
 //!
 //! The memory limit is the predictive quantile that minimises expected
 //! slack plus λ × P(OOM): a newsvendor choice in which calm workloads get
@@ -974,7 +977,7 @@ impl Model {
     }
 
     /// The group of an estimate's tail: its history class and spread.
-    fn tail_of(&self, class: usize, e: &Estimate) -> Option<&Shape> {
+    fn tail_of(&self, class: usize, e: &Estimate) -> Option<Shape> {
         self.params
             .tail_calibration
             .then(|| self.tails[class].of(tail_group(e)))
@@ -994,7 +997,7 @@ impl Model {
     /// The predictive spread of estimate `e` of class `class` as its
     /// group's tail realized it: what a limit's slack is priced with.
     fn effective_spread(&self, class: usize, e: &Estimate) -> f64 {
-        e.sd_pred * self.tail_of(class, e).map_or(1.0, Shape::scale)
+        e.sd_pred * self.tail_of(class, e).map_or(1.0, |t| t.scale())
     }
 
     /// The `q` quantile of the next `ln(peak)` for estimate `e` of class
@@ -1184,7 +1187,7 @@ impl Model {
                 |(e, class)| {
                     (
                         self.effective_spread(class, &e),
-                        self.tail_of(class, &e).map_or(0.0, Shape::far),
+                        self.tail_of(class, &e).map_or(0.0, |t| t.far()),
                     )
                 },
             );

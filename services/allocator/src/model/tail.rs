@@ -35,6 +35,20 @@
 //! class, a group with little record states its class's risk, and a busy
 //! one follows its own. A group with no fit yet is priced as its class.
 //!
+//! A group's tail is fitted to where its peaks fell, and the risk it
+//! states at a limit is a reading of that fit in its far tail. Within a
+//! group the limits are not all alike: the newsvendor gives the estimates
+//! with the smallest spread the furthest limits, and those are also the
+//! estimates whose spread is most often too small (each workload's spread
+//! is itself an estimate). So the lowest stated risks run under what
+//! happens and the highest over it, though every group's fit is right on
+//! average. Each class therefore checks its limits themselves: it keeps
+//! its last checked limits (where each stood on its group's body, and
+//! whether it was killed) and fits a restatement of the body's risk,
+//! `logit p' = PIVOT + shift + slope·(logit p − PIVOT)`, drawn towards the
+//! identity ([`Restate`]). Limits are placed and priced on the restated
+//! risk, so a stated 1 % is what a class's 1 % limits realized.
+//!
 //! Each record is a ring of the last attempts, refitted whenever a share
 //! of it is new; it follows the site as the rest of the model does. While
 //! the history is replayed at start-up the records refit less often, and
@@ -66,6 +80,18 @@ const PRIOR_SD: f64 = 0.25;
 const GROUP_SD: (f64, f64) = (0.15, 0.5);
 /// Spread groups a class's tails may have.
 const SPREADS_AT_MOST: usize = 8;
+/// Checked limits kept per history class for its restatement, refit when
+/// an eighth of them is new.
+const KEEP_CHECKS: (usize, usize) = (4096, 8);
+/// The risk a restatement pivots about (`logit 2 %`): near where limits
+/// stand, so its shift and slope hardly trade.
+const PIVOT: f64 = -3.891_820_298_110_627;
+/// Prior sd of a restatement's shift and of its slope about the identity.
+const RESTATE_SD: (f64, f64) = (0.5, 0.25);
+/// A restatement's shift stays within ±1.5, its slope within [1/2, 2].
+const RESTATE_BOUNDS: (f64, f64) = (1.5, 2.0);
+/// Fisher-scoring steps of a restatement at most.
+const RESTATE_STEPS: usize = 8;
 /// Exact peaks below this standardized value count only as being below it.
 const Z0: f64 = 1.0;
 /// Far-out peaks (spikes, jumps) are spread evenly over `[Z0, Z_FAR]`.
@@ -80,6 +106,8 @@ pub(super) struct Shape {
     k: f64,
     /// Share of peaks far beyond the body, which no limit near it covers.
     far: f64,
+    /// How the class's record restates the body's risk at a limit.
+    restate: Restate,
 }
 
 impl Default for Shape {
@@ -89,6 +117,7 @@ impl Default for Shape {
             delta: 0.0,
             k: 1.0,
             far: 0.0,
+            restate: Restate::default(),
         }
     }
 }
@@ -103,14 +132,18 @@ impl Shape {
     /// `dof` degrees of freedom: the calibrated P(OOM) of a limit there,
     /// far-out peaks included.
     pub(super) fn survival(&self, z: f64, dof: f64) -> f64 {
-        self.far * far_beyond(z)
-            + (1.0 - self.far) * stats::t_survival((z - self.delta) / self.k, dof)
+        self.far * far_beyond(z) + (1.0 - self.far) * self.restate.of(self.body(z, dof))
+    }
+
+    /// What the fitted body leaves beyond `z`, before the restatement.
+    fn body(&self, z: f64, dof: f64) -> f64 {
+        stats::t_survival((z - self.delta) / self.k, dof)
     }
 
     /// The standardized point beyond which the body of the tail (far-out
     /// peaks aside, which no limit near it covers) lies with probability `p`.
     pub(super) fn z_for(&self, p: f64, dof: f64) -> f64 {
-        self.delta + self.k * stats::t_quantile(1.0 - p, dof)
+        self.delta + self.k * stats::t_quantile(1.0 - self.restate.inverse(p), dof)
     }
 
     /// How much wider (> 1) or narrower the body is than the estimate says.
@@ -142,6 +175,7 @@ impl Fit {
             delta: self.delta,
             k: (self.ln_k + self.slope * spread).exp(),
             far: self.ln_far.exp(),
+            restate: Restate::default(),
         }
     }
 }
@@ -185,8 +219,8 @@ struct Point {
 
 /// A ring of the last attempts, and when it is due a refit.
 #[derive(Debug, Clone, PartialEq)]
-struct Record {
-    points: Vec<Point>,
+struct Record<T = Point> {
+    points: Vec<T>,
     keep: usize,
     /// Refit when this share of the record is new (1 / `refit_share`).
     refit_share: usize,
@@ -195,7 +229,7 @@ struct Record {
     since_fit: usize,
 }
 
-impl Record {
+impl<T> Record<T> {
     fn keeping((keep, refit_share): (usize, usize)) -> Self {
         Self {
             points: Vec::new(),
@@ -208,7 +242,7 @@ impl Record {
 
     /// Keeps `point`; whether the record is due a refit (less often while
     /// `replaying`).
-    fn push(&mut self, point: Point, replaying: bool) -> bool {
+    fn push(&mut self, point: T, replaying: bool) -> bool {
         if self.points.len() < self.keep {
             self.points.push(point);
         } else {
@@ -227,7 +261,9 @@ impl Record {
         }
         due
     }
+}
 
+impl Record {
     /// The negative log posterior of `fit` over the attempts in the tail
     /// (`tail`) and those under [`Z0`] (`below`: by spread group, how many
     /// and their mean degrees of freedom); `free_slope` when the slope is
@@ -413,6 +449,107 @@ impl Tail {
     }
 }
 
+/// How a class's record restates the risk its groups' bodies give a
+/// limit: `logit p' = PIVOT + shift + slope·(logit p − PIVOT)`. The
+/// identity until the class has a record.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Restate {
+    shift: f64,
+    slope: f64,
+}
+
+impl Default for Restate {
+    fn default() -> Self {
+        Self {
+            shift: 0.0,
+            slope: 1.0,
+        }
+    }
+}
+
+fn logit(p: f64) -> f64 {
+    let p = p.clamp(1e-12, 1.0 - 1e-12);
+    (p / (1.0 - p)).ln()
+}
+
+fn expit(x: f64) -> f64 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+impl Restate {
+    /// The restated risk of a body that leaves `p` beyond a limit.
+    fn of(&self, p: f64) -> f64 {
+        if *self == Self::default() {
+            return p;
+        }
+        expit(PIVOT + self.shift + self.slope * (logit(p) - PIVOT))
+    }
+
+    /// The body's own risk that restates as `p`.
+    fn inverse(&self, p: f64) -> f64 {
+        if *self == Self::default() {
+            return p;
+        }
+        expit(PIVOT + (logit(p) - PIVOT - self.shift) / self.slope)
+    }
+}
+
+/// One checked limit of a class: where it stood on its group's body
+/// (`logit` of the risk beyond it, less [`PIVOT`]), the risk of far-out
+/// peaks beyond it and the body's share, and whether it was killed.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Check {
+    at: f32,
+    far: f32,
+    near: f32,
+    killed: bool,
+}
+
+impl Record<Check> {
+    /// The posterior mode of the restatement by Fisher scoring from
+    /// `start`: the kills of the checked limits against what their
+    /// bodies said, drawn towards the identity by [`RESTATE_SD`].
+    fn restate(&self, start: Restate) -> Restate {
+        let mut r = start;
+        for _ in 0..RESTATE_STEPS {
+            let (mut g, mut i) = ([0.0f64; 2], [[0.0f64; 2]; 2]);
+            for c in &self.points {
+                let (u, far, near) = (f64::from(c.at), f64::from(c.far), f64::from(c.near));
+                let s = expit(PIVOT + r.shift + r.slope * u);
+                let p = (far + near * s).clamp(1e-12, 1.0 - 1e-12);
+                // d p / d η, and the score and information in η.
+                let dp = near * s * (1.0 - s);
+                let score = if c.killed { 1.0 / p } else { -1.0 / (1.0 - p) } * dp;
+                let info = dp * dp / (p * (1.0 - p));
+                g[0] += score;
+                g[1] += score * u;
+                i[0][0] += info;
+                i[0][1] += info * u;
+                i[1][1] += info * u * u;
+            }
+            let (sd_shift, sd_slope) = RESTATE_SD;
+            g[0] -= r.shift / sd_shift.powi(2);
+            g[1] -= (r.slope - 1.0) / sd_slope.powi(2);
+            i[0][0] += 1.0 / sd_shift.powi(2);
+            i[1][1] += 1.0 / sd_slope.powi(2);
+            let det = i[0][0] * i[1][1] - i[0][1] * i[0][1];
+            if det <= 0.0 || !det.is_finite() {
+                break;
+            }
+            let step = [
+                (i[1][1] * g[0] - i[0][1] * g[1]) / det,
+                (i[0][0] * g[1] - i[0][1] * g[0]) / det,
+            ];
+            r.shift = (r.shift + step[0]).clamp(-RESTATE_BOUNDS.0, RESTATE_BOUNDS.0);
+            r.slope = (r.slope + step[1]).clamp(1.0 / RESTATE_BOUNDS.1, RESTATE_BOUNDS.1);
+            if step[0].abs().max(step[1].abs()) < 1e-4 {
+                break;
+            }
+        }
+        r
+    }
+}
+
 /// A first attempt priced with `dof` degrees of freedom, of spread group
 /// `spread`: its standardized peak `z_peak` when it ran through, else
 /// (killed) its standardized limit `z_limit`.
@@ -438,6 +575,8 @@ fn point(z_peak: Option<f64>, z_limit: f64, dof: f64, spread: usize) -> Option<P
 pub(super) struct ClassTails<const SPREADS: usize, const DEPTHS: usize> {
     pooled: Record,
     pooled_fit: Option<Fit>,
+    checks: Record<Check>,
+    restate: Restate,
     /// The pooled tail at each spread group.
     at: [Shape; SPREADS],
     replaying: bool,
@@ -450,6 +589,8 @@ impl<const SPREADS: usize, const DEPTHS: usize> Default for ClassTails<SPREADS, 
         Self {
             pooled: Record::keeping(KEEP_POOLED),
             pooled_fit: None,
+            checks: Record::keeping(KEEP_CHECKS),
+            restate: Restate::default(),
             at: [Shape::default(); SPREADS],
             replaying: false,
             groups: std::array::from_fn(|_| std::array::from_fn(|_| Tail::default())),
@@ -470,6 +611,17 @@ impl<const SPREADS: usize, const DEPTHS: usize> ClassTails<SPREADS, DEPTHS> {
         let Some(point) = point(z_peak, z_limit, dof, spread) else {
             return;
         };
+        // Where the limit stood on the body it was priced with.
+        let shape = self.unrestated((spread, depth));
+        let check = Check {
+            at: (logit(shape.body(z_limit, dof)) - PIVOT) as f32,
+            far: (shape.far * far_beyond(z_limit)) as f32,
+            near: (1.0 - shape.far) as f32,
+            killed: point.killed,
+        };
+        if self.checks.push(check, self.replaying) {
+            self.restate = self.checks.restate(self.restate);
+        }
         if self.pooled.push(point, self.replaying) {
             self.refit_pooled();
         }
@@ -487,6 +639,9 @@ impl<const SPREADS: usize, const DEPTHS: usize> ClassTails<SPREADS, DEPTHS> {
         }
         if !self.pooled.points.is_empty() {
             self.refit_pooled();
+        }
+        if !self.checks.points.is_empty() {
+            self.restate = self.checks.restate(self.restate);
         }
         for spread in 0..SPREADS {
             let prior = self.group_prior(spread);
@@ -532,13 +687,21 @@ impl<const SPREADS: usize, const DEPTHS: usize> ClassTails<SPREADS, DEPTHS> {
     }
 
     /// The tail a limit of spread group `spread` at ladder depth `depth`
-    /// is priced with: its own once fitted, else its class's at its spread.
-    pub(super) fn of(&self, (spread, depth): (usize, usize)) -> &Shape {
+    /// is priced with: its own once fitted, else its class's at its spread,
+    /// restated as the class's checked limits found it.
+    pub(super) fn of(&self, group: (usize, usize)) -> Shape {
+        Shape {
+            restate: self.restate,
+            ..self.unrestated(group)
+        }
+    }
+
+    fn unrestated(&self, (spread, depth): (usize, usize)) -> Shape {
         let own = &self.groups[spread][depth];
         if own.fit.is_some() {
-            own.shape()
+            *own.shape()
         } else {
-            &self.at[spread]
+            self.at[spread]
         }
     }
 }
@@ -662,6 +825,79 @@ mod tests {
     }
 
     #[test]
+    fn a_restated_risk_and_its_inverse_agree() {
+        let shape = Shape {
+            delta: 0.2,
+            k: 1.3,
+            far: 0.004,
+            restate: Restate {
+                shift: 0.3,
+                slope: 0.7,
+            },
+        };
+        for p in [0.2, 0.05, 0.02, 0.01, 0.002] {
+            let z = shape.z_for(p, 8.0);
+            let back = (shape.survival(z, 8.0) - shape.far() * far_beyond(z)) / (1.0 - shape.far());
+            assert!((back / p - 1.0).abs() < 0.05, "{p}: {back}");
+        }
+        // Beyond the pivot a slope under 1 states more than the body
+        // says, and further in less.
+        assert!(shape.restate.of(0.002) > 0.004);
+        assert!(shape.restate.of(0.2) < 0.2);
+    }
+
+    /// A class of one group whose limits stand at two points, `far_z`
+    /// (the calm estimates, which are wider than they say: peaks
+    /// `N(0, wide²)`) and `near_z` (the wild ones, narrower: `N(0,
+    /// narrow²)`), `n` attempts each, interleaved.
+    fn mixed(
+        n: usize,
+        (far_z, wide): (f64, f64),
+        (near_z, narrow): (f64, f64),
+    ) -> ClassTails<1, 1> {
+        let mut class = ClassTails::<1, 1>::default();
+        let mut far_peaks = Vec::new();
+        let mut near_peaks = Vec::new();
+        attempts(n, 0.0, wide, far_z, |peak| far_peaks.push(peak));
+        attempts(n, 0.0, narrow, near_z, |peak| near_peaks.push(peak));
+        for (a, b) in far_peaks.into_iter().zip(near_peaks) {
+            class.record((0, 0), a, far_z, 1e6);
+            class.record((0, 0), b, near_z, 1e6);
+        }
+        class
+    }
+
+    #[test]
+    fn a_class_whose_far_limits_are_riskier_than_its_near_ones_is_restated() {
+        // The far limits risk 1.5 %, the near ones 3.8 %: one body fitted
+        // to both cannot say so.
+        let (far, near) = ((2.4, 1.1), (1.6, 0.9));
+        let truth = |(z, k): (f64, f64)| stats::t_survival(z / k, 1e6);
+        let class = mixed(2000, far, near);
+        let restated = class.of((0, 0));
+        let unrestated = class.unrestated((0, 0));
+        for (z, k) in [far, near] {
+            let (said, was) = (restated.survival(z, 1e6), unrestated.survival(z, 1e6));
+            let real = truth((z, k));
+            assert!(
+                (said / real - 1.0).abs() < 0.3,
+                "at {z}: {said} restated, {real} real"
+            );
+            assert!(
+                (said - real).abs() < 0.6 * (was - real).abs(),
+                "at {z}: {said} restated, {was} before, {real} real"
+            );
+        }
+    }
+
+    #[test]
+    fn a_class_whose_limits_realize_what_they_said_is_not_restated() {
+        let class = mixed(2000, (2.6, 1.0), (1.4, 1.0));
+        let r = class.of((0, 0)).restate;
+        assert!(r.shift.abs() < 0.1 && (r.slope - 1.0).abs() < 0.1, "{r:?}");
+    }
+
+    #[test]
     fn a_group_with_little_record_borrows_its_class() {
         use rand::{Rng, SeedableRng};
         // Every group of a class runs half an sd further out than the
@@ -683,18 +919,19 @@ mod tests {
             tails.map(f).sum::<f64>() / GROUPS as f64
         };
         let error = |tail: &Shape| (stated(tail) - 0.085).abs();
-        let groups = || (0..GROUPS).map(|g| class.of((0, g)));
+        // The groups as fitted, before their class restates them.
+        let groups: Vec<Shape> = (0..GROUPS).map(|g| class.unrestated((0, g))).collect();
         // Alone, each group is held towards the model's 3 %: the class
         // is under-stated on average. Borrowing, it is not, and each
         // group's stated risk is nearer the truth.
         let (borrowed, own) = (
-            mean(&mut groups(), &stated),
+            mean(&mut groups.iter(), &stated),
             mean(&mut alone.iter().map(Tail::shape), &stated),
         );
         assert!(own < 0.9 * 0.085, "{own}");
         assert!((borrowed / 0.085 - 1.0).abs() < 0.1, "{borrowed}");
         let (borrowed, own) = (
-            mean(&mut groups(), &error),
+            mean(&mut groups.iter(), &error),
             mean(&mut alone.iter().map(Tail::shape), &error),
         );
         assert!(borrowed < 0.8 * own, "{borrowed} against {own} alone");

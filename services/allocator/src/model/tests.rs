@@ -50,6 +50,15 @@ fn oom(at: f64, limit: u64) -> Observation {
     }
 }
 
+/// `obs` under the limit it ran with (`ok` gives one twice its peak, which
+/// no limit set before a job runs could know).
+fn ran(obs: Observation, limit: u64) -> Observation {
+    Observation {
+        memory_limit_bytes: Some(limit),
+        ..obs
+    }
+}
+
 fn unprotected(obs: Observation) -> Observation {
     Observation {
         protected: false,
@@ -1340,7 +1349,7 @@ fn the_pooled_spread_is_learned_from_all_workloads() {
             for i in 0..10 {
                 let z = [0.0, 1.0, -1.0, 0.5, -0.5, 1.5, -1.5, 0.2, -0.2, 0.8][i];
                 let peak = (GB as f64 * (sigma * z).exp()) as u64;
-                model.observe(&w, ok(now(i), peak));
+                model.observe(&w, ran(ok(now(i), peak), 4 * GB));
             }
         }
         let new = workload(&[("package", "new"), ("version", "1")]);
@@ -1405,11 +1414,11 @@ fn replay_site(target: f64, jobs: usize, spikes: f64) -> (f64, f64, Model) {
             let obs = if need > retry.memory_limit_bytes {
                 oom(at + 1.0, peak)
             } else {
-                ok(at + 1.0, peak)
+                ran(ok(at + 1.0, peak), retry.memory_limit_bytes)
             };
             model.observe(&w, obs);
         } else {
-            model.observe(&w, ok(at, need));
+            model.observe(&w, ran(ok(at, need), r.memory_limit_bytes));
         }
     }
     (
