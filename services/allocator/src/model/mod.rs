@@ -976,7 +976,9 @@ impl Model {
         (self.workloads.len(), self.held)
     }
 
-    /// The group of an estimate's tail: its history class and spread.
+    /// The tail estimate `e` of history class `class` is priced with: its
+    /// group's, as its class restates it (`None` with `tail_calibration`
+    /// off).
     fn tail_of(&self, class: usize, e: &Estimate) -> Option<Shape> {
         self.params
             .tail_calibration
