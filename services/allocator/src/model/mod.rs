@@ -991,7 +991,7 @@ impl Model {
     fn oom_probability(&self, class: usize, e: &Estimate, bytes: f64) -> f64 {
         let z = e.standardized(bytes);
         match self.tail_of(class, e) {
-            Some(tail) => tail.survival(z, e.dof),
+            Some(tail) => tail.survival(z, e.dof, e.sd_pred),
             None => stats::t_survival(z, e.dof),
         }
     }
@@ -1006,7 +1006,7 @@ impl Model {
     /// `class` (as [`Model::oom_probability`] prices it).
     fn ln_quantile(&self, class: usize, e: &Estimate, q: f64) -> f64 {
         let z = match self.tail_of(class, e) {
-            Some(tail) => tail.z_for(1.0 - q, e.dof),
+            Some(tail) => tail.z_for(1.0 - q, e.dof, e.sd_pred),
             None => stats::t_quantile(q, e.dof),
         };
         e.mu + z * e.sd_pred
@@ -1180,6 +1180,7 @@ impl Model {
                     z_peak,
                     e.standardized(limit as f64),
                     e.dof,
+                    e.sd_pred,
                 );
             }
         }

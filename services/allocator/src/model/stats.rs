@@ -396,6 +396,34 @@ pub(crate) fn t_ln_norm(nu: f64) -> f64 {
         - 0.5 * (nu * std::f64::consts::PI).ln()
 }
 
+/// The solution `x` of `a·x = b` for a symmetric positive definite 3×3
+/// `a` (by its Cholesky factor), or `None` where `a` is not.
+pub(crate) fn solve<const N: usize>(a: [[f64; N]; N], b: [f64; N]) -> Option<[f64; N]> {
+    let mut l = [[0.0f64; N]; N];
+    for i in 0..N {
+        for j in 0..=i {
+            let sum = a[i][j] - (0..j).map(|k| l[i][k] * l[j][k]).sum::<f64>();
+            if i == j {
+                if sum <= 0.0 || !sum.is_finite() {
+                    return None;
+                }
+                l[i][i] = sum.sqrt();
+            } else {
+                l[i][j] = sum / l[j][j];
+            }
+        }
+    }
+    let mut y = [0.0f64; N];
+    for i in 0..N {
+        y[i] = (b[i] - (0..i).map(|k| l[i][k] * y[k]).sum::<f64>()) / l[i][i];
+    }
+    let mut x = [0.0f64; N];
+    for i in (0..N).rev() {
+        x[i] = (y[i] - (i + 1..N).map(|k| l[k][i] * x[k]).sum::<f64>()) / l[i][i];
+    }
+    Some(x)
+}
+
 /// Standard normal CDF, for callers outside this module.
 pub(crate) fn normal_probability(z: f64) -> f64 {
     normal_cdf(z)
@@ -448,6 +476,18 @@ pub(crate) fn t_quantile(p: f64, nu: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_symmetric_system_is_solved_and_a_singular_one_refused() {
+        let a = [[4.0, 1.0, 0.5], [1.0, 3.0, -0.2], [0.5, -0.2, 2.0]];
+        let x = [0.3, -1.2, 2.5];
+        let b: [f64; 3] = std::array::from_fn(|i| (0..3).map(|j| a[i][j] * x[j]).sum());
+        let got = solve(a, b).expect("positive definite");
+        for (g, w) in got.iter().zip(x) {
+            assert!((g - w).abs() < 1e-12, "{got:?}");
+        }
+        assert_eq!(solve([[1.0, 2.0], [2.0, 4.0]], [1.0, 2.0]), None);
+    }
 
     #[test]
     fn normal_quantile_matches_tables() {

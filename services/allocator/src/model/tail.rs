@@ -43,11 +43,18 @@
 //! is itself an estimate). So the lowest stated risks run under what
 //! happens and the highest over it, though every group's fit is right on
 //! average. Each class therefore checks its limits themselves: it keeps
-//! its last checked limits (where each stood on its group's body, and
-//! whether it was killed) and fits a restatement of the body's risk,
-//! `logit p' = PIVOT + shift + slope·(logit p − PIVOT)`, drawn towards the
-//! identity ([`Restate`]). Limits are placed and priced on the restated
-//! risk, so a stated 1 % is what a class's 1 % limits realized.
+//! its last checked limits (where each stood on its group's body, the
+//! spread of its estimate, and whether it was killed) and fits a
+//! restatement of the body's risk,
+//! `logit p' = PIVOT + shift + by_spread·ln(sd / SPREAD_PIVOT) + slope·(logit p − PIVOT)`,
+//! drawn towards the identity ([`Restate`]). Limits are placed and priced
+//! on the restated risk, so a stated 1 % is what a class's 1 % limits
+//! realized. The term in the spread is there because one class's spreads
+//! miss by different amounts: a wide estimate of a workload with a sample
+//! or two is wider than its builds vary, and a narrow one of a new variant
+//! of a calm package is narrower than how far variants sit apart. The
+//! spread groups' tails take most of that, but each group spans a range
+//! of spreads and the same risk is stated at every one of them.
 //!
 //! Each record is a ring of the last attempts, refitted whenever a share
 //! of it is new; it follows the site as the rest of the model does. While
@@ -86,9 +93,14 @@ const KEEP_CHECKS: (usize, usize) = (4096, 8);
 /// The risk a restatement pivots about (`logit 2 %`): near where limits
 /// stand, so its shift and slope hardly trade.
 const PIVOT: f64 = -3.891_820_298_110_627;
-/// Prior sd of a restatement's shift and of its slope about the identity.
-const RESTATE_SD: (f64, f64) = (0.5, 0.25);
-/// A restatement's shift stays within ±1.5, its slope within [1/2, 2].
+/// Prior sd of a restatement's shift, its slope and its term in the
+/// spread, about the identity.
+const RESTATE_SD: (f64, f64, f64) = (0.5, 0.25, 0.5);
+/// The predictive spread (log-space sd) a restatement's term in it pivots
+/// about: the middle of the spread groups.
+const SPREAD_PIVOT: f64 = 0.2;
+/// A restatement's shift and its term in the spread stay within ±1.5, its
+/// slope within [1/2, 2].
 const RESTATE_BOUNDS: (f64, f64) = (1.5, 2.0);
 /// Fisher-scoring steps of a restatement at most.
 const RESTATE_STEPS: usize = 8;
@@ -129,10 +141,11 @@ fn far_beyond(z: f64) -> f64 {
 
 impl Shape {
     /// P(peak beyond the standardized point `z`) for an estimate with
-    /// `dof` degrees of freedom: the calibrated P(OOM) of a limit there,
-    /// far-out peaks included.
-    pub(super) fn survival(&self, z: f64, dof: f64) -> f64 {
-        self.far * far_beyond(z) + (1.0 - self.far) * self.restate.of(self.body(z, dof))
+    /// `dof` degrees of freedom and predictive spread `spread`: the
+    /// calibrated P(OOM) of a limit there, far-out peaks included.
+    pub(super) fn survival(&self, z: f64, dof: f64, spread: f64) -> f64 {
+        self.far * far_beyond(z)
+            + (1.0 - self.far) * self.restate.of(self.body(z, dof), spread_at(spread))
     }
 
     /// What the fitted body leaves beyond `z`, before the restatement.
@@ -141,9 +154,11 @@ impl Shape {
     }
 
     /// The standardized point beyond which the body of the tail (far-out
-    /// peaks aside, which no limit near it covers) lies with probability `p`.
-    pub(super) fn z_for(&self, p: f64, dof: f64) -> f64 {
-        self.delta + self.k * stats::t_quantile(1.0 - self.restate.inverse(p), dof)
+    /// peaks aside, which no limit near it covers) lies with probability `p`,
+    /// for an estimate as [`Shape::survival`] takes it.
+    pub(super) fn z_for(&self, p: f64, dof: f64, spread: f64) -> f64 {
+        let body = self.restate.inverse(p, spread_at(spread));
+        self.delta + self.k * stats::t_quantile(1.0 - body, dof)
     }
 
     /// How much wider (> 1) or narrower the body is than the estimate says.
@@ -450,12 +465,14 @@ impl Tail {
 }
 
 /// How a class's record restates the risk its groups' bodies give a
-/// limit: `logit p' = PIVOT + shift + slope·(logit p − PIVOT)`. The
-/// identity until the class has a record.
+/// limit of an estimate whose spread stands at `x` ([`spread_at`]):
+/// `logit p' = PIVOT + shift + by_spread·x + slope·(logit p − PIVOT)`.
+/// The identity until the class has a record.
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Restate {
     shift: f64,
     slope: f64,
+    by_spread: f64,
 }
 
 impl Default for Restate {
@@ -463,6 +480,7 @@ impl Default for Restate {
         Self {
             shift: 0.0,
             slope: 1.0,
+            by_spread: 0.0,
         }
     }
 }
@@ -476,30 +494,38 @@ fn expit(x: f64) -> f64 {
     1.0 / (1.0 + (-x).exp())
 }
 
+/// Where a predictive spread stands for a restatement: `ln` of it over
+/// [`SPREAD_PIVOT`].
+fn spread_at(spread: f64) -> f64 {
+    (spread.max(1e-3) / SPREAD_PIVOT).ln()
+}
+
 impl Restate {
     /// The restated risk of a body that leaves `p` beyond a limit.
-    fn of(&self, p: f64) -> f64 {
+    fn of(&self, p: f64, x: f64) -> f64 {
         if *self == Self::default() {
             return p;
         }
-        expit(PIVOT + self.shift + self.slope * (logit(p) - PIVOT))
+        expit(PIVOT + self.shift + self.by_spread * x + self.slope * (logit(p) - PIVOT))
     }
 
     /// The body's own risk that restates as `p`.
-    fn inverse(&self, p: f64) -> f64 {
+    fn inverse(&self, p: f64, x: f64) -> f64 {
         if *self == Self::default() {
             return p;
         }
-        expit(PIVOT + (logit(p) - PIVOT - self.shift) / self.slope)
+        expit(PIVOT + (logit(p) - PIVOT - self.shift - self.by_spread * x) / self.slope)
     }
 }
 
 /// One checked limit of a class: where it stood on its group's body
-/// (`logit` of the risk beyond it, less [`PIVOT`]), the risk of far-out
-/// peaks beyond it and the body's share, and whether it was killed.
+/// (`logit` of the risk beyond it, less [`PIVOT`]), where its estimate's
+/// spread stood ([`spread_at`]), the risk of far-out peaks beyond it and
+/// the body's share, and whether it was killed.
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Check {
     at: f32,
+    spread: f32,
     far: f32,
     near: f32,
     killed: bool,
@@ -512,37 +538,39 @@ impl Record<Check> {
     fn restate(&self, start: Restate) -> Restate {
         let mut r = start;
         for _ in 0..RESTATE_STEPS {
-            let (mut g, mut i) = ([0.0f64; 2], [[0.0f64; 2]; 2]);
+            let (mut g, mut i) = ([0.0f64; 3], [[0.0f64; 3]; 3]);
             for c in &self.points {
                 let (u, far, near) = (f64::from(c.at), f64::from(c.far), f64::from(c.near));
-                let s = expit(PIVOT + r.shift + r.slope * u);
+                let x = f64::from(c.spread);
+                let s = expit(PIVOT + r.shift + r.by_spread * x + r.slope * u);
                 let p = (far + near * s).clamp(1e-12, 1.0 - 1e-12);
                 // d p / d η, and the score and information in η.
                 let dp = near * s * (1.0 - s);
                 let score = if c.killed { 1.0 / p } else { -1.0 / (1.0 - p) } * dp;
                 let info = dp * dp / (p * (1.0 - p));
-                g[0] += score;
-                g[1] += score * u;
-                i[0][0] += info;
-                i[0][1] += info * u;
-                i[1][1] += info * u * u;
+                let d = [1.0, u, x];
+                for (a, row) in d.iter().zip(&mut i) {
+                    for (b, cell) in d.iter().zip(row) {
+                        *cell += info * a * b;
+                    }
+                }
+                for (a, gain) in d.iter().zip(&mut g) {
+                    *gain += score * a;
+                }
             }
-            let (sd_shift, sd_slope) = RESTATE_SD;
-            g[0] -= r.shift / sd_shift.powi(2);
-            g[1] -= (r.slope - 1.0) / sd_slope.powi(2);
-            i[0][0] += 1.0 / sd_shift.powi(2);
-            i[1][1] += 1.0 / sd_slope.powi(2);
-            let det = i[0][0] * i[1][1] - i[0][1] * i[0][1];
-            if det <= 0.0 || !det.is_finite() {
+            let (sd_shift, sd_slope, sd_by_spread) = RESTATE_SD;
+            let off = [r.shift, r.slope - 1.0, r.by_spread];
+            for (a, sd) in [sd_shift, sd_slope, sd_by_spread].into_iter().enumerate() {
+                g[a] -= off[a] / sd.powi(2);
+                i[a][a] += 1.0 / sd.powi(2);
+            }
+            let Some(step) = stats::solve(i, g) else {
                 break;
-            }
-            let step = [
-                (i[1][1] * g[0] - i[0][1] * g[1]) / det,
-                (i[0][0] * g[1] - i[0][1] * g[0]) / det,
-            ];
+            };
             r.shift = (r.shift + step[0]).clamp(-RESTATE_BOUNDS.0, RESTATE_BOUNDS.0);
             r.slope = (r.slope + step[1]).clamp(1.0 / RESTATE_BOUNDS.1, RESTATE_BOUNDS.1);
-            if step[0].abs().max(step[1].abs()) < 1e-4 {
+            r.by_spread = (r.by_spread + step[2]).clamp(-RESTATE_BOUNDS.0, RESTATE_BOUNDS.0);
+            if step.iter().all(|s| s.abs() < 1e-4) {
                 break;
             }
         }
@@ -607,6 +635,7 @@ impl<const SPREADS: usize, const DEPTHS: usize> ClassTails<SPREADS, DEPTHS> {
         z_peak: Option<f64>,
         z_limit: f64,
         dof: f64,
+        sd_pred: f64,
     ) {
         let Some(point) = point(z_peak, z_limit, dof, spread) else {
             return;
@@ -615,6 +644,7 @@ impl<const SPREADS: usize, const DEPTHS: usize> ClassTails<SPREADS, DEPTHS> {
         let shape = self.unrestated((spread, depth));
         let check = Check {
             at: (logit(shape.body(z_limit, dof)) - PIVOT) as f32,
+            spread: spread_at(sd_pred) as f32,
             far: (shape.far * far_beyond(z_limit)) as f32,
             near: (1.0 - shape.far) as f32,
             killed: point.killed,
@@ -742,7 +772,7 @@ mod tests {
     fn with_no_record_the_models_tail_stands() {
         let tail = Tail::default();
         assert_eq!(tail.shape(), &Shape::default());
-        assert!((tail.shape().survival(1.88, 1e6) - 0.03).abs() < 1e-3);
+        assert!((tail.shape().survival(1.88, 1e6, SPREAD_PIVOT) - 0.03).abs() < 1e-3);
     }
 
     #[test]
@@ -750,7 +780,7 @@ mod tests {
         let mut tail = Tail::default();
         fill(&mut tail, 1024, 0.0, 1.0, 1.88);
         // What the model's 3 % point is said to risk.
-        let p = tail.shape().survival(1.88, 1e6);
+        let p = tail.shape().survival(1.88, 1e6, SPREAD_PIVOT);
         assert!((p / 0.03 - 1.0).abs() < 0.2, "{p} from {:?}", tail.shape);
     }
 
@@ -761,8 +791,8 @@ mod tests {
         let k = tail.shape().scale();
         assert!((k - 0.5).abs() < 0.06, "{k}");
         // The model's 3 % point risks far less; 3 % lies further in.
-        assert!(tail.shape().survival(1.88, 1e6) < 0.003);
-        assert!((tail.shape().z_for(0.03, 1e6) - 0.94).abs() < 0.1);
+        assert!(tail.shape().survival(1.88, 1e6, SPREAD_PIVOT) < 0.003);
+        assert!((tail.shape().z_for(0.03, 1e6, SPREAD_PIVOT) - 0.94).abs() < 0.1);
     }
 
     #[test]
@@ -770,9 +800,9 @@ mod tests {
         // Sizes jumped by half an sd: the model's 3 % point risks ~8 %.
         let mut tail = Tail::default();
         fill(&mut tail, 1024, 0.5, 1.0, 1.88);
-        let p = tail.shape().survival(1.88, 1e6);
+        let p = tail.shape().survival(1.88, 1e6, SPREAD_PIVOT);
         assert!((p / 0.085 - 1.0).abs() < 0.25, "{p}");
-        let z = tail.shape().z_for(0.03, 1e6);
+        let z = tail.shape().z_for(0.03, 1e6, SPREAD_PIVOT);
         assert!(z > 2.2, "{z}");
     }
 
@@ -803,10 +833,10 @@ mod tests {
             tail.shape
         );
         // The body stays the model's: its 3 % point is where it was...
-        assert!((tail.shape().z_for(0.03, 1e6) - 1.88).abs() < 0.25);
+        assert!((tail.shape().z_for(0.03, 1e6, SPREAD_PIVOT) - 1.88).abs() < 0.25);
         // ... and what a limit risks never falls below the far share.
-        assert!(tail.shape().survival(6.0, 1e6) >= 0.85 * far);
-        let at_body = tail.shape().survival(1.88, 1e6);
+        assert!(tail.shape().survival(6.0, 1e6, SPREAD_PIVOT) >= 0.85 * far);
+        let at_body = tail.shape().survival(1.88, 1e6, SPREAD_PIVOT);
         assert!((at_body / (0.03 + far) - 1.0).abs() < 0.3, "{at_body}");
     }
 
@@ -816,8 +846,9 @@ mod tests {
         fill(&mut tail, 700, 0.2, 1.3, 2.0);
         for p in [0.2, 0.05, 0.02, 0.01, 0.002] {
             // What the body leaves beyond its point, far-out peaks aside.
-            let z = tail.shape().z_for(p, 8.0);
-            let back = (tail.shape().survival(z, 8.0) - tail.shape().far() * far_beyond(z))
+            let z = tail.shape().z_for(p, 8.0, SPREAD_PIVOT);
+            let back = (tail.shape().survival(z, 8.0, SPREAD_PIVOT)
+                - tail.shape().far() * far_beyond(z))
                 / (1.0 - tail.shape().far());
             // Two approximations (the t tail and its quantile) meet.
             assert!((back / p - 1.0).abs() < 0.05, "{p}: {back}");
@@ -833,68 +864,98 @@ mod tests {
             restate: Restate {
                 shift: 0.3,
                 slope: 0.7,
+                by_spread: -0.4,
             },
         };
-        for p in [0.2, 0.05, 0.02, 0.01, 0.002] {
-            let z = shape.z_for(p, 8.0);
-            let back = (shape.survival(z, 8.0) - shape.far() * far_beyond(z)) / (1.0 - shape.far());
-            assert!((back / p - 1.0).abs() < 0.05, "{p}: {back}");
+        for (p, sd) in [0.2, 0.05, 0.02, 0.01, 0.002]
+            .into_iter()
+            .flat_map(|p| [0.03, SPREAD_PIVOT, 0.9].map(|sd| (p, sd)))
+        {
+            let z = shape.z_for(p, 8.0, sd);
+            let back =
+                (shape.survival(z, 8.0, sd) - shape.far() * far_beyond(z)) / (1.0 - shape.far());
+            assert!((back / p - 1.0).abs() < 0.05, "{p} at {sd}: {back}");
         }
         // Beyond the pivot a slope under 1 states more than the body
         // says, and further in less.
-        assert!(shape.restate.of(0.002) > 0.004);
-        assert!(shape.restate.of(0.2) < 0.2);
+        assert!(shape.restate.of(0.002, 0.0) > 0.004);
+        assert!(shape.restate.of(0.2, 0.0) < 0.2);
     }
 
-    /// A class of one group whose limits stand at two points, `far_z`
-    /// (the calm estimates, which are wider than they say: peaks
-    /// `N(0, wide²)`) and `near_z` (the wild ones, narrower: `N(0,
-    /// narrow²)`), `n` attempts each, interleaved.
-    fn mixed(
-        n: usize,
-        (far_z, wide): (f64, f64),
-        (near_z, narrow): (f64, f64),
-    ) -> ClassTails<1, 1> {
+    /// A class of one group with two kinds of estimate, `n` attempts
+    /// each, interleaved: `(z, k, sd)` is where a kind's limits stand,
+    /// how far its peaks really spread on its scale (`N(0, k²)`), and its
+    /// predictive spread.
+    fn mixed(n: usize, a: (f64, f64, f64), b: (f64, f64, f64)) -> ClassTails<1, 1> {
         let mut class = ClassTails::<1, 1>::default();
-        let mut far_peaks = Vec::new();
-        let mut near_peaks = Vec::new();
-        attempts(n, 0.0, wide, far_z, |peak| far_peaks.push(peak));
-        attempts(n, 0.0, narrow, near_z, |peak| near_peaks.push(peak));
-        for (a, b) in far_peaks.into_iter().zip(near_peaks) {
-            class.record((0, 0), a, far_z, 1e6);
-            class.record((0, 0), b, near_z, 1e6);
+        let mut peaks = [Vec::new(), Vec::new()];
+        for ((z, k, _), peaks) in [a, b].into_iter().zip(&mut peaks) {
+            attempts(n, 0.0, k, z, |peak| peaks.push(peak));
+        }
+        let [of_a, of_b] = peaks;
+        for (pa, pb) in of_a.into_iter().zip(of_b) {
+            class.record((0, 0), pa, a.0, 1e6, a.2);
+            class.record((0, 0), pb, b.0, 1e6, b.2);
         }
         class
+    }
+
+    /// Whether `class` restates the risk of each kind of estimate
+    /// `(z, k, sd)` (as [`mixed`] takes it) within 30 % of what it
+    /// really is, and at most `share` of the error before.
+    fn restated_near_truth(class: &ClassTails<1, 1>, kinds: [(f64, f64, f64); 2], share: f64) {
+        let restated = class.of((0, 0));
+        let unrestated = class.unrestated((0, 0));
+        for (z, k, sd) in kinds {
+            let said = restated.survival(z, 1e6, sd);
+            let was = unrestated.survival(z, 1e6, sd);
+            let real = stats::t_survival(z / k, 1e6);
+            assert!(
+                (said / real - 1.0).abs() < 0.3,
+                "at {z}, spread {sd}: {said} restated, {real} real"
+            );
+            assert!(
+                (said - real).abs() < share * (was - real).abs(),
+                "at {z}, spread {sd}: {said} restated, {was} before, {real} real"
+            );
+        }
     }
 
     #[test]
     fn a_class_whose_far_limits_are_riskier_than_its_near_ones_is_restated() {
         // The far limits risk 1.5 %, the near ones 3.8 %: one body fitted
         // to both cannot say so.
-        let (far, near) = ((2.4, 1.1), (1.6, 0.9));
-        let truth = |(z, k): (f64, f64)| stats::t_survival(z / k, 1e6);
-        let class = mixed(2000, far, near);
-        let restated = class.of((0, 0));
-        let unrestated = class.unrestated((0, 0));
-        for (z, k) in [far, near] {
-            let (said, was) = (restated.survival(z, 1e6), unrestated.survival(z, 1e6));
-            let real = truth((z, k));
-            assert!(
-                (said / real - 1.0).abs() < 0.3,
-                "at {z}: {said} restated, {real} real"
-            );
-            assert!(
-                (said - real).abs() < 0.6 * (was - real).abs(),
-                "at {z}: {said} restated, {was} before, {real} real"
-            );
-        }
+        let kinds = [(2.4, 1.1, SPREAD_PIVOT), (1.6, 0.9, SPREAD_PIVOT)];
+        restated_near_truth(&mixed(2000, kinds[0], kinds[1]), kinds, 0.6);
     }
 
     #[test]
-    fn a_class_whose_limits_realize_what_they_said_is_not_restated() {
-        let class = mixed(2000, (2.6, 1.0), (1.4, 1.0));
-        let r = class.of((0, 0)).restate;
-        assert!(r.shift.abs() < 0.1 && (r.slope - 1.0).abs() < 0.1, "{r:?}");
+    fn a_class_whose_wide_estimates_say_more_than_they_risk_is_restated_by_spread() {
+        // Limits at the same point of one body: the wide estimates' peaks
+        // spread less than they say (0.9 % beyond), the narrow ones' more
+        // (6.6 %). Where a limit stands cannot tell them apart; the spread
+        // of its estimate can.
+        let kinds = [(1.88, 0.8, 0.5), (1.88, 1.25, 0.08)];
+        let class = mixed(2000, kinds[0], kinds[1]);
+        restated_near_truth(&class, kinds, 0.3);
+        assert!(class.of((0, 0)).restate.by_spread < -0.5);
+    }
+
+    #[test]
+    fn a_class_whose_limits_realize_their_risk_stays_calibrated() {
+        // Calm and wild estimates alike are as wide as they say: whatever
+        // the restatement makes of their limits, it states what they risk.
+        let kinds = [(2.6, 1.0, 0.5), (1.4, 1.0, 0.08)];
+        let class = mixed(2000, kinds[0], kinds[1]);
+        for (z, k, sd) in kinds {
+            let said = class.of((0, 0)).survival(z, 1e6, sd);
+            let was = class.unrestated((0, 0)).survival(z, 1e6, sd);
+            let real = stats::t_survival(z / k, 1e6);
+            assert!(
+                (said / real - 1.0).abs() < 0.1,
+                "at {z}, spread {sd}: {said} restated, {was} before, {real} real"
+            );
+        }
     }
 
     #[test]
@@ -910,11 +971,11 @@ mod tests {
             for (group, tail) in alone.iter_mut().enumerate() {
                 let z = 0.5 + stats::normal_quantile(rng.random_range(1e-9..1.0));
                 let peak = (z <= 1.88).then_some(z);
-                class.record((0, group), peak, 1.88, 1e6);
+                class.record((0, group), peak, 1.88, 1e6, SPREAD_PIVOT);
                 tail.record(peak, 1.88, 1e6, &MODEL_PRIOR);
             }
         }
-        let stated = |tail: &Shape| tail.survival(1.88, 1e6);
+        let stated = |tail: &Shape| tail.survival(1.88, 1e6, SPREAD_PIVOT);
         let mean = |tails: &mut dyn Iterator<Item = &Shape>, f: &dyn Fn(&Shape) -> f64| {
             tails.map(f).sum::<f64>() / GROUPS as f64
         };
@@ -938,9 +999,9 @@ mod tests {
         // A group with no record yet is priced as its class.
         let mut fresh = ClassTails::<1, 2>::default();
         attempts(400, 0.5, 1.0, 1.88, |peak| {
-            fresh.record((0, 0), peak, 1.88, 1e6)
+            fresh.record((0, 0), peak, 1.88, 1e6, SPREAD_PIVOT)
         });
-        let unseen = fresh.of((0, 1)).survival(1.88, 1e6);
+        let unseen = fresh.of((0, 1)).survival(1.88, 1e6, SPREAD_PIVOT);
         assert!((unseen / 0.085 - 1.0).abs() < 0.2, "{unseen}");
     }
 
@@ -952,17 +1013,17 @@ mod tests {
         for round in 0..4 {
             for spread in 1..5 {
                 attempts(50, 0.5, 1.0, 1.88, |peak| {
-                    class.record((spread, 0), peak, 1.88, 1e6)
+                    class.record((spread, 0), peak, 1.88, 1e6, SPREAD_PIVOT)
                 });
             }
             attempts(256 + round, 0.0, 0.5, 1.88, |peak| {
-                class.record((0, 0), peak, 1.88, 1e6)
+                class.record((0, 0), peak, 1.88, 1e6, SPREAD_PIVOT)
             });
         }
         let calm = class.of((0, 0));
         assert!(calm.scale() < 0.7, "{calm:?} in a class at {:?}", class.at);
-        assert!(calm.survival(1.88, 1e6) < 0.005);
-        assert!(class.of((1, 0)).survival(1.88, 1e6) > 0.06);
+        assert!(calm.survival(1.88, 1e6, SPREAD_PIVOT) < 0.005);
+        assert!(class.of((1, 0)).survival(1.88, 1e6, SPREAD_PIVOT) > 0.06);
     }
 
     #[test]
@@ -973,7 +1034,7 @@ mod tests {
         for _ in 0..3 {
             for (spread, k) in [(0, 0.5), (1, 0.5), (2, 1.0)] {
                 attempts(300, 0.0, k, 1.88, |peak| {
-                    class.record((spread, 0), peak, 1.88, 1e6)
+                    class.record((spread, 0), peak, 1.88, 1e6, SPREAD_PIVOT)
                 });
             }
         }
@@ -997,7 +1058,7 @@ mod tests {
             for i in 0..750 {
                 for (group, peaks) in &groups {
                     if let Some(&peak) = peaks.get(i) {
-                        class.record(*group, peak, 1.88, 30.0);
+                        class.record(*group, peak, 1.88, 30.0, SPREAD_PIVOT);
                     }
                 }
             }
@@ -1012,8 +1073,8 @@ mod tests {
             for depth in 0..2 {
                 for z in [1.5, 1.88, 2.5] {
                     let (a, b) = (
-                        online.of((spread, depth)).survival(z, 30.0),
-                        replayed.of((spread, depth)).survival(z, 30.0),
+                        online.of((spread, depth)).survival(z, 30.0, SPREAD_PIVOT),
+                        replayed.of((spread, depth)).survival(z, 30.0, SPREAD_PIVOT),
                     );
                     // Online, a group's last fit drew on the class as it was
                     // then; replayed, on the class at the end.

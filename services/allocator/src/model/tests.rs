@@ -1341,9 +1341,14 @@ fn recommendations_state_their_oom_probability_and_samples() {
 #[test]
 fn the_pooled_spread_is_learned_from_all_workloads() {
     // Two samples of a new package: with only calm packages seen, a tight
-    // limit; with only wild ones, a wide one.
+    // limit; with only wild ones, a wide one. Every job ran with a limit
+    // far above its peak, so the tails would learn only that such limits
+    // are never killed: the pooled spread is checked alone.
     let pool = |sigma: f64| {
-        let mut model = Model::new(Params::default());
+        let mut model = Model::new(Params {
+            tail_calibration: false,
+            ..Params::default()
+        });
         for p in 0..40 {
             let w = workload(&[("package", &format!("p{p}")), ("version", "1")]);
             for i in 0..10 {
@@ -1358,7 +1363,7 @@ fn the_pooled_spread_is_learned_from_all_workloads() {
     };
     let (calm, wild) = (pool(0.03), pool(0.4));
     assert!(calm < GB * 13 / 10, "{calm}");
-    assert!(wild > calm * 3 / 2, "{wild} vs {calm}");
+    assert!(wild > calm * 2, "{wild} vs {calm}");
 }
 
 /// Runs `jobs` jobs over 200 workloads with spreads 0.03–0.45 through the
