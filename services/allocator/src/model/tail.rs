@@ -466,13 +466,17 @@ impl Tail {
 
 /// How a class's record restates the risk its groups' bodies give a
 /// limit of an estimate whose spread stands at `x` ([`spread_at`]):
-/// `logit p' = PIVOT + shift + by_spread·x + slope·(logit p − PIVOT)`.
-/// The identity until the class has a record.
+/// `logit p' = PIVOT + shift + by_spread·x + slope·(logit p − PIVOT)`,
+/// with `x` held within the spreads of the record it was fitted on (a
+/// spread no checked limit had is not extrapolated to). The identity
+/// until the class has a record.
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Restate {
     shift: f64,
     slope: f64,
     by_spread: f64,
+    /// The least and greatest `x` of the record.
+    spreads: (f64, f64),
 }
 
 impl Default for Restate {
@@ -481,6 +485,7 @@ impl Default for Restate {
             shift: 0.0,
             slope: 1.0,
             by_spread: 0.0,
+            spreads: (0.0, 0.0),
         }
     }
 }
@@ -501,20 +506,26 @@ fn spread_at(spread: f64) -> f64 {
 }
 
 impl Restate {
-    /// The restated risk of a body that leaves `p` beyond a limit.
+    /// The restated risk of a body that leaves `p` beyond a limit of an
+    /// estimate whose spread stands at `x`.
     fn of(&self, p: f64, x: f64) -> f64 {
         if *self == Self::default() {
             return p;
         }
-        expit(PIVOT + self.shift + self.by_spread * x + self.slope * (logit(p) - PIVOT))
+        expit(PIVOT + self.offset(x) + self.slope * (logit(p) - PIVOT))
     }
 
-    /// The body's own risk that restates as `p`.
+    /// The body's own risk that restates as `p` (as [`Restate::of`]).
     fn inverse(&self, p: f64, x: f64) -> f64 {
         if *self == Self::default() {
             return p;
         }
-        expit(PIVOT + (logit(p) - PIVOT - self.shift - self.by_spread * x) / self.slope)
+        expit(PIVOT + (logit(p) - PIVOT - self.offset(x)) / self.slope)
+    }
+
+    /// The shift at spread `x`, within the record's spreads.
+    fn offset(&self, x: f64) -> f64 {
+        self.shift + self.by_spread * x.max(self.spreads.0).min(self.spreads.1)
     }
 }
 
@@ -536,7 +547,14 @@ impl Record<Check> {
     /// `start`: the kills of the checked limits against what their
     /// bodies said, drawn towards the identity by [`RESTATE_SD`].
     fn restate(&self, start: Restate) -> Restate {
-        let mut r = start;
+        let spreads = self
+            .points
+            .iter()
+            .fold((f64::MAX, f64::MIN), |(lo, hi), c| {
+                let x = f64::from(c.spread);
+                (lo.min(x), hi.max(x))
+            });
+        let mut r = Restate { spreads, ..start };
         for _ in 0..RESTATE_STEPS {
             let (mut g, mut i) = ([0.0f64; 3], [[0.0f64; 3]; 3]);
             for c in &self.points {
@@ -865,6 +883,7 @@ mod tests {
                 shift: 0.3,
                 slope: 0.7,
                 by_spread: -0.4,
+                spreads: (-2.0, 2.0),
             },
         };
         for (p, sd) in [0.2, 0.05, 0.02, 0.01, 0.002]
@@ -938,7 +957,15 @@ mod tests {
         let kinds = [(1.88, 0.8, 0.5), (1.88, 1.25, 0.08)];
         let class = mixed(2000, kinds[0], kinds[1]);
         restated_near_truth(&class, kinds, 0.3);
-        assert!(class.of((0, 0)).restate.by_spread < -0.5);
+        let shape = class.of((0, 0));
+        assert!(shape.restate.by_spread < -0.5);
+        // Spreads no checked limit had are priced as the nearest that one
+        // had, not extrapolated to.
+        let at = |sd: f64| shape.survival(1.88, 1e6, sd);
+        let same = |a: f64, b: f64| (a / b - 1.0).abs() < 1e-6;
+        assert!(same(at(3.0), at(0.5)), "{} {}", at(3.0), at(0.5));
+        assert!(same(at(0.01), at(0.08)), "{} {}", at(0.01), at(0.08));
+        assert!(at(0.08) > at(0.2) && at(0.2) > at(0.5));
     }
 
     #[test]
