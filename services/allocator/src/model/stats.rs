@@ -396,7 +396,7 @@ pub(crate) fn t_ln_norm(nu: f64) -> f64 {
         - 0.5 * (nu * std::f64::consts::PI).ln()
 }
 
-/// The solution `x` of `a·x = b` for a symmetric positive definite 3×3
+/// The solution `x` of `a·x = b` for a symmetric positive definite N×N
 /// `a` (by its Cholesky factor), or `None` where `a` is not.
 pub(crate) fn solve<const N: usize>(a: [[f64; N]; N], b: [f64; N]) -> Option<[f64; N]> {
     let mut l = [[0.0f64; N]; N];

@@ -144,8 +144,7 @@ impl Shape {
     /// `dof` degrees of freedom and predictive spread `spread`: the
     /// calibrated P(OOM) of a limit there, far-out peaks included.
     pub(super) fn survival(&self, z: f64, dof: f64, spread: f64) -> f64 {
-        self.far * far_beyond(z)
-            + (1.0 - self.far) * self.restate.of(self.body(z, dof), spread_at(spread))
+        self.far * far_beyond(z) + (1.0 - self.far) * self.restate.of(self.body(z, dof), spread)
     }
 
     /// What the fitted body leaves beyond `z`, before the restatement.
@@ -157,7 +156,7 @@ impl Shape {
     /// peaks aside, which no limit near it covers) lies with probability `p`,
     /// for an estimate as [`Shape::survival`] takes it.
     pub(super) fn z_for(&self, p: f64, dof: f64, spread: f64) -> f64 {
-        let body = self.restate.inverse(p, spread_at(spread));
+        let body = self.restate.inverse(p, spread);
         self.delta + self.k * stats::t_quantile(1.0 - body, dof)
     }
 
@@ -465,7 +464,8 @@ impl Tail {
 }
 
 /// How a class's record restates the risk its groups' bodies give a
-/// limit of an estimate whose spread stands at `x` ([`spread_at`]):
+/// limit of an estimate with predictive spread `sd`, which stands at
+/// `x = spread_at(sd)`:
 /// `logit p' = PIVOT + shift + by_spread·x + slope·(logit p − PIVOT)`,
 /// with `x` held within the spreads of the record it was fitted on (a
 /// spread no checked limit had is not extrapolated to). The identity
@@ -507,25 +507,26 @@ fn spread_at(spread: f64) -> f64 {
 
 impl Restate {
     /// The restated risk of a body that leaves `p` beyond a limit of an
-    /// estimate whose spread stands at `x`.
-    fn of(&self, p: f64, x: f64) -> f64 {
+    /// estimate with predictive spread `sd`.
+    fn of(&self, p: f64, sd: f64) -> f64 {
         if *self == Self::default() {
             return p;
         }
-        expit(PIVOT + self.offset(x) + self.slope * (logit(p) - PIVOT))
+        expit(PIVOT + self.offset(sd) + self.slope * (logit(p) - PIVOT))
     }
 
     /// The body's own risk that restates as `p` (as [`Restate::of`]).
-    fn inverse(&self, p: f64, x: f64) -> f64 {
+    fn inverse(&self, p: f64, sd: f64) -> f64 {
         if *self == Self::default() {
             return p;
         }
-        expit(PIVOT + (logit(p) - PIVOT - self.offset(x)) / self.slope)
+        expit(PIVOT + (logit(p) - PIVOT - self.offset(sd)) / self.slope)
     }
 
-    /// The shift at spread `x`, within the record's spreads.
-    fn offset(&self, x: f64) -> f64 {
-        self.shift + self.by_spread * x.max(self.spreads.0).min(self.spreads.1)
+    /// The shift at predictive spread `sd`, within the record's spreads.
+    fn offset(&self, sd: f64) -> f64 {
+        let x = spread_at(sd).max(self.spreads.0).min(self.spreads.1);
+        self.shift + self.by_spread * x
     }
 }
 
@@ -897,8 +898,8 @@ mod tests {
         }
         // Beyond the pivot a slope under 1 states more than the body
         // says, and further in less.
-        assert!(shape.restate.of(0.002, 0.0) > 0.004);
-        assert!(shape.restate.of(0.2, 0.0) < 0.2);
+        assert!(shape.restate.of(0.002, SPREAD_PIVOT) > 0.004);
+        assert!(shape.restate.of(0.2, SPREAD_PIVOT) < 0.2);
     }
 
     /// A class of one group with two kinds of estimate, `n` attempts
