@@ -394,8 +394,7 @@ fn decide_pool(
             // (the listing raced the job's start) is taken to run its own:
             // once the start names another job, that job's own runner is
             // free for this one.
-            let unknown_job = r.phase == Phase::Assigned && r.running.is_none();
-            let serving = r.is_unassigned() || r.phase == Phase::Failed || unknown_job;
+            let serving = r.is_unassigned() || r.phase == Phase::Failed || r.runs_unnamed_job();
             *made_for.entry(job).or_default() |= serving;
         }
     }
@@ -409,10 +408,19 @@ fn decide_pool(
         .filter(|r| r.is_unassigned() && !job_queued(&r.job))
         .collect();
     let online_free = free.iter().filter(|r| r.phase == Phase::Online).count();
+    // Runners the forge lists busy before saying which job they took, and
+    // not made for a job still queued: each runs one queued job already,
+    // so that job's own runner, or the one it waits for, is free in
+    // effect. Counted as free, never deleted (they run a job).
+    let unnamed = runners
+        .iter()
+        .filter(|r| r.runs_unnamed_job() && !job_queued(&r.job))
+        .count();
+    let available = free.len() + unnamed;
     // Free runners each take one waiting job: online ones may take any job
     // (which then waits `idle_backoff` for it); booting ones are kept for
     // jobs already claimed.
-    let mut free_left = free.len();
+    let mut free_left = available;
     let mut online_left = online_free;
     // Jobs left waiting for a free runner (not given a new one now).
     let mut waiting = 0;
@@ -456,7 +464,7 @@ fn decide_pool(
     }
 
     // Keep min_idle free runners (booting ones count), remove the surplus.
-    let idle_to_be = free.len().saturating_sub(waiting);
+    let idle_to_be = available.saturating_sub(waiting);
     let min_idle = pool.min_idle as usize;
     if idle_to_be < min_idle {
         for _ in 0..(min_idle - idle_to_be).min(max.saturating_sub(alive)) {

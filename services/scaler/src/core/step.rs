@@ -321,7 +321,7 @@ impl Core {
                 .world
                 .runners
                 .get(&j.runner_name)
-                .is_some_and(|r| r.phase >= Phase::Assigned),
+                .is_some_and(|r| r.phase >= Phase::Assigned && !r.runs_unnamed_job()),
             _ => true,
         };
         let backoff = &self.settings.backoff;

@@ -195,6 +195,22 @@ impl Runner {
         self.attempts
     }
 
+    /// Running a job whose name is not known yet: the forge listed it busy
+    /// before a start named the job.
+    pub fn runs_unnamed_job(&self) -> bool {
+        self.phase == Phase::Assigned && self.running.is_none()
+    }
+
+    /// It took `job`, unless the job it runs is known already. Until then
+    /// the job it was made for counts as its own (and that job's runner as
+    /// held).
+    fn took(&mut self, job: Option<JobId>) {
+        if self.phase < Phase::Assigned || self.runs_unnamed_job() {
+            self.phase = Phase::Assigned;
+            self.running = job;
+        }
+    }
+
     /// The forge said it runs a job (a refused delete, a busy reading): it
     /// is at least assigned, and its idle readings start over.
     pub fn found_busy(&mut self) {
@@ -325,11 +341,8 @@ impl World {
                     instance: k.instance.clone(),
                     job_id: k.job_id,
                 });
-                if let Some(runner) = self.runner_mut(r.runner.as_ref())
-                    && runner.phase < Phase::Assigned
-                {
-                    runner.phase = Phase::Assigned;
-                    runner.running = job;
+                if let Some(runner) = self.runner_mut(r.runner.as_ref()) {
+                    runner.took(job);
                 }
             }
             Some(Body::RunnerFailed(r)) => {
@@ -441,10 +454,7 @@ impl World {
                     if !completed {
                         runner.busy_with.insert(id.clone());
                     }
-                    if runner.phase < Phase::Assigned {
-                        runner.phase = Phase::Assigned;
-                        runner.running = Some(id);
-                    }
+                    runner.took(Some(id));
                 }
                 JobStatus::Completed => {
                     runner.busy_with.remove(&id);

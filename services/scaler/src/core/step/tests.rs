@@ -466,6 +466,71 @@ fn a_busy_stranger_is_never_removed() {
     }
 }
 
+#[test]
+fn a_runner_listed_busy_learns_its_job_when_the_job_starts() {
+    let mut h = Harness::new(vec![spec(LINUX, &["linux"], 4, 0)]);
+    let r1 = h.create_for(1);
+    let r2 = h.create_for(2);
+    h.done(&r1, &[h.created(&r1, 1), h.online(&r1)]);
+    h.done(&r2, &[h.created(&r2, 1)]);
+    // r1 is listed busy before any start names its job: it is taken to run
+    // its own, job 1, and r2 still boots for job 2.
+    let mut booting = registration(7, &r2, false);
+    booting.online = false;
+    h.core
+        .listed(&forge_listing(&[registration(7, &r1, true), booting]));
+    assert_eq!(h.core.world().runners[&r1].phase, Phase::Assigned);
+    assert_eq!(h.decide(), Vec::<String>::new());
+    // The forge had handed r1 job 2: r2 is job 1's now, not a surplus.
+    assert_eq!(
+        h.job(2, 1, JobStatus::InProgress, &["linux"], &r1),
+        ["assigned r1 2"]
+    );
+    h.step(S);
+    assert_eq!(h.decide(), Vec::<String>::new(), "r2 waits for job 1");
+    // Job 2 done: only its runner goes.
+    h.job(2, 1, JobStatus::Completed, &["linux"], &r1);
+    assert_eq!(h.decide(), ["delete r1 job_completed"]);
+}
+
+#[test]
+fn a_free_runner_listed_busy_frees_the_runner_of_the_job_it_took() {
+    let mut h = Harness::new(vec![spec(LINUX, &["linux"], 4, 0)]);
+    let runners: Vec<String> = (1..=3).map(|n| h.create_for(n)).collect();
+    for r in &runners {
+        h.done(r, &[h.created(r, 1)]);
+    }
+    // r3 took job 1: r1 is free, and job 3 waits for it.
+    h.done(&runners[2], &[h.online(&runners[2])]);
+    h.job(1, 1, JobStatus::InProgress, &["linux"], &runners[2]);
+    h.step(S);
+    assert_eq!(h.decide(), Vec::<String>::new());
+    // r1 is listed busy before the start says it took job 2: job 3 waits
+    // for r2, which job 2 no longer needs. Nothing is made for job 3.
+    let mut booting = registration(7, &runners[1], false);
+    booting.online = false;
+    h.core.listed(&forge_listing(&[
+        registration(7, &runners[0], true),
+        booting,
+    ]));
+    h.step(S);
+    assert_eq!(h.decide(), Vec::<String>::new(), "no replacement");
+    assert_eq!(
+        h.job(2, 1, JobStatus::InProgress, &["linux"], &runners[0]),
+        ["assigned r1 2"]
+    );
+    h.step(S);
+    assert_eq!(h.decide(), Vec::<String>::new(), "r2 waits for job 3");
+    let alive = h
+        .core
+        .world()
+        .runners
+        .values()
+        .filter(|r| r.is_alive())
+        .count();
+    assert_eq!(alive, 3, "three runners for three jobs");
+}
+
 /// A round that reads one idle runner: whether the reading confirms an
 /// earlier one.
 fn confirm_reading(h: &mut Harness) -> bool {
