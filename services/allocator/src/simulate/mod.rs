@@ -223,6 +223,10 @@ pub struct SimulateArgs {
     /// many days only (0: spread over the month).
     #[arg(long, default_value_t = 0)]
     pub new_package_days: u32,
+    /// Sparse generator: how closely a stream's noise follows its build
+    /// rate (0–1): rarely built streams are the calm ones.
+    #[arg(long, default_value_t = 0.0)]
+    pub rare_calm: f32,
 }
 
 /// `--target-oom`: a fraction strictly between 0 and 0.5.
@@ -276,6 +280,7 @@ impl SimulateArgs {
             bimodal_share: wide(self.bimodal_share),
             same_day_share: wide(self.same_day_share),
             new_package_days: self.new_package_days,
+            rare_calm: wide(self.rare_calm),
             ..d
         }
     }

@@ -82,6 +82,10 @@ pub struct SparseConfig {
     /// many days (a release that adds many packages at once), not spread
     /// over the month.
     pub new_package_days: u32,
+    /// When above 0: how closely a stream's noise follows its build rate
+    /// (rank correlation, up to 1): rarely built streams are the calm ones,
+    /// so a spread learned mostly from busy streams is too wide for them.
+    pub rare_calm: f64,
 }
 
 /// How much more memory the second configuration of a bimodal stream needs.
@@ -109,6 +113,7 @@ impl Default for SparseConfig {
             bimodal_share: 0.0,
             same_day_share: 0.0,
             new_package_days: 0,
+            rare_calm: 0.0,
         }
     }
 }
@@ -156,6 +161,12 @@ impl SparseConfig {
             parts.push(format!(
                 "new streams arrive on {} days",
                 self.new_package_days
+            ));
+        }
+        if self.rare_calm > 0.0 {
+            parts.push(format!(
+                "noise ranked with build rate (ρ {:.2}): rare streams calm",
+                self.rare_calm.min(1.0)
             ));
         }
         if parts.is_empty() {
@@ -298,9 +309,30 @@ pub fn generate_sparse(config: &SparseConfig) -> Trace {
 
     let mut cumulative = Vec::with_capacity(streams.len());
     let mut total = 0.0;
+    let mut rate_z = Vec::with_capacity(streams.len());
     for _ in &streams {
-        total += (finite(config.rate_sigma, 1.2) * normal(&mut rng)).exp();
+        let z = normal(&mut rng);
+        rate_z.push(z);
+        total += (finite(config.rate_sigma, 1.2) * z).exp();
         cumulative.push(total);
+    }
+    if config.rare_calm > 0.0 {
+        // The same noise levels, dealt out by a score that follows the
+        // build rate: drawn from a side generator, so the rest of the
+        // trace is the one the seed gives without it.
+        let rho = config.rare_calm.min(1.0);
+        let mut side = StdRng::seed_from_u64(config.seed ^ 0x5157_a11e);
+        let mut order: Vec<(f64, usize)> = rate_z
+            .iter()
+            .enumerate()
+            .map(|(i, z)| (rho * z + (1.0 - rho * rho).sqrt() * normal(&mut side), i))
+            .collect();
+        order.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let mut sigmas: Vec<f64> = streams.iter().map(|s| s.sigma).collect();
+        sigmas.sort_by(f64::total_cmp);
+        for ((_, i), sigma) in order.into_iter().zip(sigmas) {
+            streams[i].sigma = sigma;
+        }
     }
 
     let mut builder = TraceBuilder::default();
@@ -376,6 +408,18 @@ pub fn generate_sparse(config: &SparseConfig) -> Trace {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each workload key's `ln(peak)`s.
+    fn ln_peaks_by_key(t: &Trace) -> HashMap<u32, Vec<f64>> {
+        let mut by_key: HashMap<u32, Vec<f64>> = HashMap::new();
+        for j in &t.jobs {
+            by_key
+                .entry(j.workload)
+                .or_default()
+                .push((j.peak_memory_bytes as f64).ln());
+        }
+        by_key
+    }
 
     #[test]
     fn sparse_trace_is_sparse_heavy_tailed_and_reproducible() {
@@ -461,13 +505,7 @@ mod tests {
             sigma_max: 0.03,
             ..base.clone()
         });
-        let mut by_key: HashMap<u32, Vec<f64>> = HashMap::new();
-        for j in &bimodal.jobs {
-            by_key
-                .entry(j.workload)
-                .or_default()
-                .push((j.peak_memory_bytes as f64).ln());
-        }
+        let by_key = ln_peaks_by_key(&bimodal);
         let (key, peaks) = by_key.iter().max_by_key(|(_, p)| p.len()).expect("a key");
         let lo = peaks.iter().copied().fold(f64::INFINITY, f64::min);
         let high = peaks.iter().filter(|&&p| p > lo + 0.4).count();
@@ -476,6 +514,48 @@ mod tests {
             "key {key}: {high} of {} high",
             peaks.len()
         );
+        // Rare streams calm: the keys built most often spread further than
+        // the ones built least, which they do not when noise is dealt
+        // without regard to the rate.
+        let spread_by_rate = |t: &Trace| {
+            let mut keys: Vec<(usize, f64)> = ln_peaks_by_key(t)
+                .values()
+                .filter(|p| p.len() >= 4)
+                .map(|p| {
+                    let mean = p.iter().sum::<f64>() / p.len() as f64;
+                    let var =
+                        p.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (p.len() - 1) as f64;
+                    (p.len(), var.sqrt())
+                })
+                .collect();
+            keys.sort_by_key(|k| k.0);
+            let third = keys.len() / 3;
+            let median = |ks: &[(usize, f64)]| {
+                let mut sds: Vec<f64> = ks.iter().map(|k| k.1).collect();
+                sds.sort_by(f64::total_cmp);
+                sds[sds.len() / 2]
+            };
+            median(&keys[keys.len() - third..]) / median(&keys[..third])
+        };
+        let calm = generate_sparse(&SparseConfig {
+            rare_calm: 1.0,
+            spike_rate: 0.0,
+            growth_share: 0.0,
+            version_share: 0.0,
+            ..base.clone()
+        });
+        let unranked = generate_sparse(&SparseConfig {
+            spike_rate: 0.0,
+            growth_share: 0.0,
+            version_share: 0.0,
+            ..base.clone()
+        });
+        let (c, u) = (spread_by_rate(&calm), spread_by_rate(&unranked));
+        assert!(
+            c > 2.5 && u < 1.6,
+            "busiest / rarest spread {c:.2}, unranked {u:.2}"
+        );
+        assert_eq!(calm.jobs.len(), unranked.jobs.len());
         assert_eq!(
             generate_sparse(&base).jobs,
             plain.jobs,
