@@ -49,6 +49,17 @@
 //!   `max(fallback_sigma², the level's spread beyond its residuals)` more, and
 //!   the few samples a more specific level already has pull it their way
 //!   (precision-weighted);
+//! - **how far new workloads landed** ([`landing`]): once 30 first builds
+//!   of workloads priced from the same kind of fallback (ladder, level, and
+//!   whether more specific samples pulled the location) are in, a new
+//!   workload of that kind is priced by them instead: a Student t fitted by
+//!   maximum likelihood to how far the last 512 landed from where they were
+//!   placed (killed ones censored at their limit), its scale then set so
+//!   that their own limits would have been passed as often as they were,
+//!   and at least half the level's own predictive spread. It is their
+//!   record already, so no class tail is laid over it. A new variant set
+//!   of a calm package lands as far from it as variant sets sit apart,
+//!   however calm each is; `fallback_sigma` only covers the start;
 //! - **predictive** sd `√(σ² + Var μ)` (with `Var μ = σ²/n` for n effective
 //!   samples) and t degrees of freedom from the residual count plus the prior.
 //!
@@ -109,6 +120,7 @@
 //! up to 100 millicores.
 
 mod keys;
+mod landing;
 mod oom;
 mod spec;
 mod stats;
@@ -122,6 +134,7 @@ use std::sync::OnceLock;
 
 use keys::{KeyHasher, escape_name, select_ladder};
 pub(crate) use keys::{full_key, sub_key};
+use landing::Landings;
 use oom::{Killed, Overshoots, Streak};
 pub use spec::{parse_spec, validate, variables};
 use stats::{Fit, FitKnobs, Sample};
@@ -210,7 +223,9 @@ pub struct Params {
     pub parent_prior_weight: f64,
     /// Log-space σ of how far a workload's typical size may sit from the
     /// level it falls back to (a new version, compiler or variant): added to
-    /// the location's uncertainty when the most specific level lacks samples.
+    /// the location's uncertainty when the most specific level lacks samples,
+    /// until 30 first builds of new workloads of that kind have landed and
+    /// price the next ones instead.
     pub fallback_sigma: f64,
     /// Outliers (spikes, censored OOM values) are clipped at this many robust
     /// standard deviations (median/MAD) before the fit; 0 = off.
@@ -615,6 +630,10 @@ pub struct Model {
     /// workloads no ladder fits): a new GitHub job is not sized from Spack
     /// packages.
     newcomers: Vec<Newcomers>,
+    /// How far new workloads' first builds landed from where they were
+    /// placed, per ladder (as `newcomers`), fallback level, and whether a
+    /// few more specific samples pulled the location ([`landing`]).
+    landings: Vec<Landings>,
     /// Samples held at the most specific level (each observation once).
     held: usize,
     /// Windows no workload uses any more, to be handed out again.
@@ -651,6 +670,10 @@ const MAX_LEVELS: usize = 16;
 
 /// Residuals before the pooled spread replaces `prior_sigma`.
 const POOLED_MIN: f64 = 50.0;
+
+/// A new workload priced by its landings is never given less than this
+/// share of its level's own predictive spread.
+const LANDED_FLOOR: f64 = 0.5;
 
 /// The pooled spread averages about this many recent residuals.
 const POOLED_MEMORY: f64 = 5000.0;
@@ -698,6 +721,7 @@ impl Newcomers {
             shrunk: false,
             newcomer: true,
             fallback: 0,
+            landed: false,
         })
     }
 }
@@ -763,6 +787,9 @@ struct Estimate {
     newcomer: bool,
     /// The ladder level it stands on (0: the workload's own samples).
     fallback: usize,
+    /// Whether it is priced by how far new workloads like it landed
+    /// ([`landing`]), which is their record already: no class tail.
+    landed: bool,
 }
 
 impl Estimate {
@@ -915,6 +942,7 @@ impl Model {
             pooled_var: params.prior_sigma.powi(2),
             pooled_n: 0.0,
             newcomers: vec![Newcomers::default(); params.ladders.len() + 1],
+            landings: vec![Landings::default(); (params.ladders.len() + 1) * MAX_LEVELS * 2],
             params,
             held: 0,
             free: Vec::new(),
@@ -967,6 +995,9 @@ impl Model {
         for class in &mut self.tails {
             class.set_replaying(replaying);
         }
+        for record in &mut self.landings {
+            record.set_replaying(replaying);
+        }
     }
 
     /// Number of distinct workloads (full keys) seen and of samples held at
@@ -980,9 +1011,7 @@ impl Model {
     /// group's, as its class restates it (`None` with `tail_calibration`
     /// off).
     fn tail_of(&self, class: usize, e: &Estimate) -> Option<Shape> {
-        self.params
-            .tail_calibration
-            .then(|| self.tails[class].of(tail_group(e)))
+        (self.params.tail_calibration && !e.landed).then(|| self.tails[class].of(tail_group(e)))
     }
 
     /// P(next peak > `bytes`) for estimate `e` of history class `class`:
@@ -1130,8 +1159,15 @@ impl Model {
             .windows
             .iter()
             .all(|&id| holds_nothing(&self.windows, id));
-        let needs_estimate = wants_spread || wants_check || (obs.protected && obs.oom_killed);
-        let ladder = if newcomer && (needs_estimate || obs.protected) {
+        // A protected first build of a workload with no sample of its own,
+        // priced from another level of its ladder: how far it lands teaches
+        // how new workloads like it are priced.
+        let lands = obs.protected && first_attempt && fresh && !newcomer;
+        let needs_estimate =
+            wants_spread || wants_check || lands || (obs.protected && obs.oom_killed);
+        // (A workload with no sample of its own is priced by the record of
+        // its ladder's new workloads: its ladder is needed then too.)
+        let ladder = if (newcomer && obs.protected) || (fresh && needs_estimate) {
             select_ladder(
                 &self.params.ladders,
                 &runyard_store::workload::parse_key(full),
@@ -1155,6 +1191,11 @@ impl Model {
         } else {
             (None, None)
         };
+        // Where it landed from the location it was priced at (unless it
+        // trains nothing, as below).
+        let landed = estimate
+            .filter(|e| lands && e.fallback > 0 && class == Some(1))
+            .map(|e| (self.landing_slot(ladder, &e), e.mu));
         // A sample older than a full window is dropped there: it trains
         // nothing, the pooled spread and the tails included.
         let dropped = state
@@ -1275,6 +1316,19 @@ impl Model {
             let slot = self.newcomer_slot(ladder);
             if let Some(prior) = self.newcomers.get_mut(slot) {
                 prior.add(ln_need);
+            }
+        }
+        if let Some((slot, mu)) = landed.filter(|_| !dropped) {
+            // A killed build is known only to need more than its limit.
+            let limit = obs
+                .memory_limit_bytes
+                .map(|limit| (limit as f64).max(1.0).ln() - mu);
+            let distance = match limit.filter(|_| obs.oom_killed) {
+                Some(limit) => limit,
+                None => ln_need - mu,
+            };
+            if let Some(record) = self.landings.get_mut(slot) {
+                record.add(distance, limit, obs.oom_killed);
             }
         }
         let cap = self.params.window;
@@ -1718,7 +1772,7 @@ impl Model {
             if level > 0 {
                 var_mu += p.fallback_sigma.powi(2).max(fit.value_var);
             }
-            return Some(Estimate {
+            let e = Estimate {
                 mu: fit.mu,
                 sd_pred: (var + var_mu).max(0.0).sqrt(),
                 dof: p.prior_weight.max(1.0),
@@ -1726,7 +1780,9 @@ impl Model {
                 shrunk: false,
                 newcomer: false,
                 fallback: level,
-            });
+                landed: false,
+            };
+            return Some(self.landed(found, e, var * (1.0 + 1.0 / fit.n_eff)));
         };
         let base = window.fit(&self.knobs);
         let parent = found.parent.map(|w| w.fit(&self.knobs));
@@ -1764,7 +1820,7 @@ impl Model {
                 shrunk = true;
             }
         }
-        Some(Estimate {
+        let e = Estimate {
             mu,
             sd_pred: (var + var_mu).max(0.0).sqrt(),
             dof: dof.max(1.0),
@@ -1772,6 +1828,35 @@ impl Model {
             shrunk,
             newcomer: false,
             fallback: level,
-        })
+            landed: false,
+        };
+        Some(self.landed(found, e, var * (1.0 + 1.0 / base.n_eff)))
+    }
+
+    /// Where first builds of new workloads priced as `e` (of `ladder`) are
+    /// recorded.
+    fn landing_slot(&self, ladder: Option<usize>, e: &Estimate) -> usize {
+        (self.newcomer_slot(ladder) * MAX_LEVELS + e.fallback.min(MAX_LEVELS - 1)) * 2
+            + usize::from(e.shrunk)
+    }
+
+    /// Estimate `e` of a workload with no sample of its own, priced by how
+    /// far new workloads like it landed once enough have: their t about
+    /// its location, never narrower than [`LANDED_FLOOR`] of its level's
+    /// own predictive spread (`level_var`, the variance).
+    fn landed(&self, found: &Found<'_>, mut e: Estimate, level_var: f64) -> Estimate {
+        if found.exact > 0 || e.fallback == 0 {
+            return e;
+        }
+        if let Some(fit) = self
+            .landings
+            .get(self.landing_slot(found.ladder, &e))
+            .and_then(Landings::fitted)
+        {
+            e.sd_pred = fit.scale.max(LANDED_FLOOR * level_var.max(0.0).sqrt());
+            e.dof = fit.dof;
+            e.landed = true;
+        }
+        e
     }
 }

@@ -1478,11 +1478,13 @@ fn the_target_prices_oom_kills() {
     let w = zlib("1.3", "12.3.0");
     let mut model = trained(&w, 10, GB);
     let cost = model.oom_cost();
-    // A run of kills on first attempts: the calibration raises the price.
+    // A run of kills on first attempts, at the limits the model gave:
+    // the calibration raises the price.
     for i in 0..600 {
         let other = zlib(&format!("9.{i}"), "12.3.0");
-        model.observe(&other, oom(now(20 + i), GB));
-        model.observe(&other, ok(now(20 + i) + 1.0, GB));
+        let limit = model.recommend(&other).memory_limit_bytes;
+        model.observe(&other, oom(now(20 + i), limit));
+        model.observe(&other, ok(now(20 + i) + 1.0, limit * 2));
     }
     assert!(model.oom_cost() > cost, "{} vs {cost}", model.oom_cost());
 }
@@ -1748,4 +1750,84 @@ fn a_class_whose_spread_prior_is_too_wide_learns_it_from_its_record() {
     );
     // ... and it was right: none of the second builds was killed.
     assert_eq!(learned.calibration_checks()[2].kills, 0);
+}
+
+/// Package `i`'s build with variant set `variants`.
+fn variant_of(i: usize, variants: &str) -> Workload {
+    let mut w = package(i);
+    w.insert("variants".into(), variants.into());
+    w
+}
+
+/// A model that has seen calm builds of one variant set of each of 80
+/// packages (1 GB, ±2 %), then the first build of a second variant set
+/// of each of the first 60, landing `ratios[i % len]` times the first,
+/// each run with the limit the model gave it (a killed one retried).
+fn new_variants_landing(ratios: &[f64]) -> Model {
+    let mut model = Model::new(Params::default());
+    for i in 0..80 {
+        train(&mut model, &variant_of(i, "+a"), 8, GB, now(i * 10));
+    }
+    for (i, ratio) in ratios.iter().cycle().take(60).enumerate() {
+        let w = variant_of(i, "+b");
+        let peak = (GB as f64 * ratio) as u64;
+        let limit = model.recommend(&w).memory_limit_bytes;
+        if peak > limit {
+            model.observe(&w, oom(now(1000 + i), limit));
+        }
+        model.observe(&w, ran(ok(now(1000 + i) + 1.0, peak), 3 * peak));
+    }
+    model
+}
+
+#[test]
+fn new_workloads_are_priced_by_how_far_new_workloads_landed() {
+    // Before any new variant set has landed, one is priced with the
+    // configured uncertainty of a fallback.
+    let before = new_variants_landing(&[]);
+    let fresh = variant_of(70, "+b");
+    let prior = before.recommend(&fresh);
+    assert_eq!((prior.basis.level, prior.basis.workload_samples), (6, 0));
+    // New variant sets of these calm packages landed ±50 % from them:
+    // the next one gets a limit that covers that, and states its risk
+    // on that spread.
+    let far = new_variants_landing(&[1.5, 0.67, 1.25, 0.8, 1.05, 0.95]);
+    let wide = far.recommend(&fresh);
+    assert!(
+        wide.memory_limit_bytes as f64 > prior.memory_limit_bytes as f64 * 1.1,
+        "{wide:?} vs {prior:?}"
+    );
+    assert!(wide.basis.spread.unwrap() > 0.25, "{:?}", wide.basis);
+    // Where they landed right on their package, the next is priced
+    // closer than the configured uncertainty would.
+    let near = new_variants_landing(&[1.01, 0.99, 1.0]);
+    let tight = near.recommend(&fresh);
+    assert!(
+        tight.memory_limit_bytes < prior.memory_limit_bytes,
+        "{tight:?} vs {prior:?}"
+    );
+    // A known variant set is priced as before: its own builds.
+    let known = variant_of(70, "+a");
+    assert_eq!(
+        far.recommend(&known).memory_limit_bytes,
+        before.recommend(&known).memory_limit_bytes
+    );
+}
+
+#[test]
+fn new_workloads_that_were_all_killed_are_priced_wider() {
+    // Every new variant set's first build was killed at its package's
+    // size: all that is known is that they need more.
+    let mut model = new_variants_landing(&[]);
+    let fresh = variant_of(70, "+b");
+    let prior = model.recommend(&fresh);
+    for i in 0..60 {
+        model.observe(&variant_of(i, "+c"), oom(now(2000 + i), GB));
+        model.observe(&variant_of(i, "+c"), ok(now(2000 + i) + 1.0, 2 * GB));
+    }
+    let after = model.recommend(&fresh);
+    assert!(
+        after.memory_limit_bytes > prior.memory_limit_bytes,
+        "{after:?} vs {prior:?}"
+    );
 }
