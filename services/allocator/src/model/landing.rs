@@ -22,6 +22,7 @@
 //! smallest degrees of freedom keep the variance finite, since the
 //! newsvendor prices slack on the spread.
 
+use super::ring::Ring;
 use super::stats;
 
 /// First builds kept per kind of fallback.
@@ -69,14 +70,23 @@ struct Landing {
 }
 
 /// One kind of fallback's record of first builds.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub(super) struct Landings {
-    points: Vec<Landing>,
-    /// Where the next point overwrites the oldest, once `KEPT` are in.
-    next: usize,
+    points: Ring<Landing>,
     seen: u64,
     fitted: Option<Fitted>,
     replaying: bool,
+}
+
+impl Default for Landings {
+    fn default() -> Self {
+        Self {
+            points: Ring::new(KEPT),
+            seen: 0,
+            fitted: None,
+            replaying: false,
+        }
+    }
 }
 
 impl Landings {
@@ -94,12 +104,7 @@ impl Landings {
                 .map_or(f32::INFINITY, |l| l.clamp(-20.0, 20.0) as f32),
             killed,
         };
-        if self.points.len() < KEPT {
-            self.points.push(point);
-        } else {
-            self.points[self.next] = point;
-            self.next = (self.next + 1) % KEPT;
-        }
+        self.points.push(point);
         self.seen += 1;
         let every = if self.replaying {
             REPLAY_REFIT_EVERY
@@ -192,17 +197,12 @@ impl Landings {
                 (ll, dof, scale)
             })
             .max_by(|a, b| a.0.total_cmp(&b.0))?;
-        let (_, kills) = self.passed(likeliest, dof);
-        if !self.points.iter().any(|p| p.limit.is_finite()) {
-            return Some(Fitted {
-                scale: likeliest,
-                dof,
-            });
-        }
         // No kill among the limits is taken as half a kill, and only when
         // the likeliest t says more: it bounds how far new workloads land,
-        // and says nothing where the limits stood far out.
-        if kills == 0.0 && self.passed(likeliest, dof).0 <= 0.5 {
+        // and says nothing where the limits stood far out (nor where no
+        // limit is known).
+        let (said, kills) = self.passed(likeliest, dof);
+        if kills == 0.0 && said <= 0.5 {
             return Some(Fitted {
                 scale: likeliest,
                 dof,

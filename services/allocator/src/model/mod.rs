@@ -122,6 +122,7 @@
 mod keys;
 mod landing;
 mod oom;
+mod ring;
 mod spec;
 mod stats;
 mod tail;
@@ -1194,7 +1195,7 @@ impl Model {
         // Where it landed from the location it was priced at (unless it
         // trains nothing, as below).
         let landed = estimate
-            .filter(|e| lands && e.fallback > 0 && class == Some(1))
+            .filter(|e| lands && e.fallback > 0 && class == Some(class_of(false, 0)))
             .map(|e| (self.landing_slot(ladder, &e), e.mu));
         // A sample older than a full window is dropped there: it trains
         // nothing, the pooled spread and the tails included.

@@ -61,6 +61,7 @@
 //! the history is replayed at start-up the records refit less often, and
 //! each once at the end ([`ClassTails::set_replaying`]).
 
+use super::ring::Ring;
 use super::stats;
 
 /// Attempts kept per group, and refit when an eighth of them is new.
@@ -234,22 +235,17 @@ struct Point {
 /// A ring of the last attempts, and when it is due a refit.
 #[derive(Debug, Clone, PartialEq)]
 struct Record<T = Point> {
-    points: Vec<T>,
-    keep: usize,
+    points: Ring<T>,
     /// Refit when this share of the record is new (1 / `refit_share`).
     refit_share: usize,
-    /// Next slot to overwrite once the ring is full.
-    next: usize,
     since_fit: usize,
 }
 
 impl<T> Record<T> {
     fn keeping((keep, refit_share): (usize, usize)) -> Self {
         Self {
-            points: Vec::new(),
-            keep,
+            points: Ring::new(keep),
             refit_share,
-            next: 0,
             since_fit: 0,
         }
     }
@@ -257,12 +253,7 @@ impl<T> Record<T> {
     /// Keeps `point`; whether the record is due a refit (less often while
     /// `replaying`).
     fn push(&mut self, point: T, replaying: bool) -> bool {
-        if self.points.len() < self.keep {
-            self.points.push(point);
-        } else {
-            self.points[self.next] = point;
-            self.next = (self.next + 1) % self.keep;
-        }
+        self.points.push(point);
         self.since_fit += 1;
         let share = if replaying {
             REPLAY_REFIT_SHARE.min(self.refit_share)
@@ -558,7 +549,7 @@ impl Record<Check> {
         let mut r = Restate { spreads, ..start };
         for _ in 0..RESTATE_STEPS {
             let (mut g, mut i) = ([0.0f64; 3], [[0.0f64; 3]; 3]);
-            for c in &self.points {
+            for c in self.points.iter() {
                 let (u, far, near) = (f64::from(c.at), f64::from(c.far), f64::from(c.near));
                 let x = f64::from(c.spread);
                 let s = expit(PIVOT + r.shift + r.by_spread * x + r.slope * u);
