@@ -677,10 +677,13 @@ impl<const SPREADS: usize, const DEPTHS: usize> ClassTails<SPREADS, DEPTHS> {
         if !ended {
             return;
         }
-        if !self.pooled.points.is_empty() {
+        // Only what a live model would have fitted by now: a record under
+        // `REFIT_EVERY` attempts has never been, and a restarted allocator
+        // answers as the one that saw the same history live.
+        if self.pooled_fit.is_some() {
             self.refit_pooled();
         }
-        if !self.checks.points.is_empty() {
+        if self.checks.points.len() >= REFIT_EVERY {
             self.restate = self.checks.restate(self.restate);
         }
         for spread in 0..SPREADS {
@@ -1103,6 +1106,32 @@ mod tests {
                     );
                 }
             }
+        }
+    }
+
+    #[test]
+    fn a_replay_too_short_for_a_fit_answers_as_live() {
+        // Fewer attempts than a first fit needs: live, the class states the
+        // model's own tail; a replay of the same ends no differently.
+        let feed = |class: &mut ClassTails<1, 1>| {
+            for (i, z) in [0.4, 1.3, -0.2, 2.6, 0.9, 1.7, -1.1, 0.2]
+                .into_iter()
+                .enumerate()
+            {
+                let peak = (z <= 2.0).then_some(z);
+                class.record((0, 0), peak, 2.0, 4.0 + i as f64, SPREAD_PIVOT);
+            }
+        };
+        let mut online = ClassTails::<1, 1>::default();
+        feed(&mut online);
+        let mut replayed = ClassTails::<1, 1>::default();
+        replayed.set_replaying(true);
+        feed(&mut replayed);
+        replayed.set_replaying(false);
+        for z in [1.5, 2.0, 3.0] {
+            let live = online.of((0, 0)).survival(z, 9.0, SPREAD_PIVOT);
+            assert_eq!(live, stats::t_survival(z, 9.0));
+            assert_eq!(replayed.of((0, 0)).survival(z, 9.0, SPREAD_PIVOT), live);
         }
     }
 }
