@@ -13,6 +13,20 @@
 //! OOM-killed attempts as "beyond their limit" (censored). The tail is what
 //! a limit risks, so the body's shape does not dilute it.
 //!
+//! The body's degrees of freedom `ν` are learned too, not taken from the
+//! estimate. An estimate's t has `3 +` its effective residual count, so a
+//! workload with fifty builds is priced nearly normal and one with five
+//! with heavy tails. The site's standardized peaks do not follow that:
+//! beyond two sds they run out about as often whatever the count (a spread
+//! that drifts, a location that moves between builds, a spread estimated
+//! too narrow: none of it shrinks with more samples), so a limit of a
+//! workload with a long history was stated safer than it was, and one with
+//! a short history less safe. Each class's pooled tail fits one `ν`, drawn
+//! towards its estimates' own (the mean `ln` of their degrees of freedom,
+//! [`NU_SD`]) and kept within [`NU_BOUNDS`]; each group's is drawn towards
+//! its class's. Until a group or its class has a fit, the body is the
+//! estimate's own t.
+//!
 //! Some peaks land far beyond any such shape: a build that spikes to twice
 //! its size, a version that jumped. No limit near the body covers them,
 //! and a location-scale fit that had to would widen the whole tail for
@@ -83,9 +97,10 @@ const ROUNDS: usize = 2;
 const GOLDEN_STEPS: usize = 10;
 /// Prior sd of the pooled offset, log scale factor and its slope by spread.
 const PRIOR_SD: f64 = 0.25;
-/// How far a group's offset and log scale (sd), and its log far-out share,
-/// are drawn towards its class's pooled tail at the group's spread.
-const GROUP_SD: (f64, f64) = (0.15, 0.5);
+/// How far a group's offset and log scale (sd), its log far-out share and
+/// its log tail weight are drawn towards its class's pooled tail at the
+/// group's spread.
+const GROUP_SD: (f64, f64, f64) = (0.15, 0.5, 0.7);
 /// Spread groups a class's tails may have.
 const SPREADS_AT_MOST: usize = 8;
 /// Checked limits kept per history class for its restatement, refit when
@@ -105,6 +120,11 @@ const SPREAD_PIVOT: f64 = 0.2;
 const RESTATE_BOUNDS: (f64, f64) = (1.5, 2.0);
 /// Fisher-scoring steps of a restatement at most.
 const RESTATE_STEPS: usize = 8;
+/// Prior sd of a class's log tail weight `ln ν` about its estimates' own.
+const NU_SD: f64 = 1.0;
+/// A tail weight stays within 4 – 10⁴: under 4 a t has no fourth moment,
+/// and limits far out on it would run away.
+const NU_BOUNDS: (f64, f64) = (1.386_294_361_119_890_6, 9.210_340_371_976_184);
 /// Exact peaks below this standardized value count only as being below it.
 const Z0: f64 = 1.0;
 /// Far-out peaks (spikes, jumps) are spread evenly over `[Z0, Z_FAR]`.
@@ -119,6 +139,9 @@ pub(super) struct Shape {
     k: f64,
     /// Share of peaks far beyond the body, which no limit near it covers.
     far: f64,
+    /// The body's degrees of freedom, learned; infinite for the model's
+    /// own tail, whose body has each estimate's ([`body_dof`]).
+    nu: f64,
     /// How the class's record restates the body's risk at a limit.
     restate: Restate,
 }
@@ -130,9 +153,16 @@ impl Default for Shape {
             delta: 0.0,
             k: 1.0,
             far: 0.0,
+            nu: f64::INFINITY,
             restate: Restate::default(),
         }
     }
+}
+
+/// The degrees of freedom of a body of tail weight `nu` for an estimate
+/// with `dof` of its own: `nu` once learned, else the estimate's.
+fn body_dof(dof: f64, nu: f64) -> f64 {
+    if nu.is_finite() { nu } else { dof }
 }
 
 /// Share of the far-out peaks beyond the standardized point `z`.
@@ -150,7 +180,7 @@ impl Shape {
 
     /// What the fitted body leaves beyond `z`, before the restatement.
     fn body(&self, z: f64, dof: f64) -> f64 {
-        stats::t_survival((z - self.delta) / self.k, dof)
+        stats::t_survival((z - self.delta) / self.k, body_dof(dof, self.nu))
     }
 
     /// The standardized point beyond which the body of the tail (far-out
@@ -158,7 +188,7 @@ impl Shape {
     /// for an estimate as [`Shape::survival`] takes it.
     pub(super) fn z_for(&self, p: f64, dof: f64, spread: f64) -> f64 {
         let body = self.restate.inverse(p, spread);
-        self.delta + self.k * stats::t_quantile(1.0 - body, dof)
+        self.delta + self.k * stats::t_quantile(1.0 - body, body_dof(dof, self.nu))
     }
 
     /// How much wider (> 1) or narrower the body is than the estimate says.
@@ -182,6 +212,7 @@ struct Fit {
     ln_k: f64,
     slope: f64,
     ln_far: f64,
+    ln_nu: f64,
 }
 
 impl Fit {
@@ -190,6 +221,7 @@ impl Fit {
             delta: self.delta,
             k: (self.ln_k + self.slope * spread).exp(),
             far: self.ln_far.exp(),
+            nu: self.ln_nu.exp(),
             restate: Restate::default(),
         }
     }
@@ -204,29 +236,37 @@ struct Prior {
     /// Sd of the offset, the log scale and its slope about their centre.
     sd: f64,
     far_sd: f64,
+    nu_sd: f64,
+    /// Whether the log tail weight is drawn towards the record's own
+    /// estimates' (the mean `ln` of their degrees of freedom) rather than
+    /// `centre`'s.
+    own_nu: bool,
 }
 
 /// The model's own tail, with a small far-out share (median 0.2 %, an sd
-/// of its log of 1): what a history class's pooled tail is drawn towards.
+/// of its log of 1) and a body of the estimates' own degrees of freedom:
+/// what a history class's pooled tail is drawn towards.
 const MODEL_PRIOR: Prior = Prior {
     centre: Fit {
         delta: 0.0,
         ln_k: 0.0,
         slope: 0.0,
         ln_far: -6.214_608_098_422_191,
+        ln_nu: NU_BOUNDS.1,
     },
     spread: 0.0,
     sd: PRIOR_SD,
     far_sd: 1.0,
+    nu_sd: NU_SD,
+    own_nu: true,
 };
 
 /// One attempt: its standardized peak (exact) or limit (censored).
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Point {
     z: f32,
-    dof: f32,
-    /// `ln` of the t density's normalizing constant at `dof`.
-    ln_norm: f32,
+    /// `ln` of its estimate's degrees of freedom.
+    ln_dof: f32,
     killed: bool,
     /// The spread group of its estimate.
     spread: u8,
@@ -270,39 +310,34 @@ impl<T> Record<T> {
 
 impl Record {
     /// The negative log posterior of `fit` over the attempts in the tail
-    /// (`tail`) and those under [`Z0`] (`below`: by spread group, how many
-    /// and their mean degrees of freedom); `free_slope` when the slope is
-    /// fitted too.
-    fn cost(
-        tail: &[Point],
-        below: &[(f64, f64)],
-        prior: &Prior,
-        fit: &Fit,
-        free_slope: bool,
-    ) -> f64 {
+    /// (`tail`) and those under [`Z0`] (`below`: how many, by spread
+    /// group); `free_slope` when the slope is fitted too.
+    fn cost(tail: &[Point], below: &[f64], prior: &Prior, fit: &Fit, free_slope: bool) -> f64 {
         let c = &prior.centre;
         let mut nll = 0.5
             * (((fit.delta - c.delta) / prior.sd).powi(2)
                 + ((fit.ln_k - c.ln_k) / prior.sd).powi(2)
-                + ((fit.ln_far - c.ln_far) / prior.far_sd).powi(2));
+                + ((fit.ln_far - c.ln_far) / prior.far_sd).powi(2)
+                + ((fit.ln_nu - c.ln_nu) / prior.nu_sd).powi(2));
         if free_slope {
             nll += 0.5 * ((fit.slope - c.slope) / prior.sd).powi(2);
         }
-        let far = fit.ln_far.exp();
+        let (far, dof) = (fit.ln_far.exp(), fit.ln_nu.exp());
+        let ln_norm = stats::t_ln_norm(dof);
         let mut ln_ks = [0.0; SPREADS_AT_MOST];
         let mut inv_ks = [0.0; SPREADS_AT_MOST];
-        for (s, &(n_below, below_dof)) in below.iter().enumerate() {
+        for (s, &n_below) in below.iter().enumerate() {
             ln_ks[s] = fit.ln_k + fit.slope * (s as f64 - prior.spread);
             inv_ks[s] = (-ln_ks[s]).exp();
             if n_below > 0.0 {
-                let under = 1.0 - stats::t_survival((Z0 - fit.delta) * inv_ks[s], below_dof);
+                let under = 1.0 - stats::t_survival((Z0 - fit.delta) * inv_ks[s], dof);
                 nll -= n_below * ((1.0 - far) * under).max(1e-300).ln();
             }
         }
         let far_density = far / (Z_FAR - Z0);
         let (ln_near, ln_far_density) = ((1.0 - far).ln(), far_density.ln());
         for p in tail {
-            let (z, dof) = (f64::from(p.z), f64::from(p.dof));
+            let z = f64::from(p.z);
             let spread = usize::from(p.spread);
             let (ln_k, x) = (ln_ks[spread], (z - fit.delta) * inv_ks[spread]);
             nll -= if p.killed {
@@ -310,9 +345,7 @@ impl Record {
                     .max(1e-300)
                     .ln()
             } else {
-                let ln_body = ln_near + f64::from(p.ln_norm)
-                    - 0.5 * (dof + 1.0) * (x * x / dof).ln_1p()
-                    - ln_k;
+                let ln_body = ln_near + ln_norm - 0.5 * (dof + 1.0) * (x * x / dof).ln_1p() - ln_k;
                 // Where the body's density dwarfs the far-out one (most
                 // peaks), the mixture is the body's.
                 if ln_body > ln_far_density + 12.0 {
@@ -326,8 +359,16 @@ impl Record {
     }
 
     /// The posterior mode by a coordinate-wise golden-section search from
-    /// `start`; the slope by spread group only if `free_slope`.
-    fn fit(&self, prior: &Prior, start: Fit, free_slope: bool) -> Fit {
+    /// `start` (else the prior's centre); the slope by spread group only if
+    /// `free_slope`.
+    fn fit(&self, prior: &Prior, start: Option<Fit>, free_slope: bool) -> Fit {
+        let mut prior = *prior;
+        if prior.own_nu && !self.points.is_empty() {
+            let sum: f64 = self.points.iter().map(|p| f64::from(p.ln_dof)).sum();
+            prior.centre.ln_nu = (sum / self.points.len() as f64).clamp(NU_BOUNDS.0, NU_BOUNDS.1);
+        }
+        let prior = &prior;
+        let start = start.unwrap_or(prior.centre);
         let tail: Vec<Point> = self
             .points
             .iter()
@@ -340,18 +381,13 @@ impl Record {
             .map(|p| usize::from(p.spread) + 1)
             .max()
             .unwrap_or(1);
-        let mut below = [(0.0f64, 0.0f64); SPREADS_AT_MOST];
+        let mut below = [0.0f64; SPREADS_AT_MOST];
         for p in self
             .points
             .iter()
             .filter(|p| !p.killed && f64::from(p.z) < Z0)
         {
-            let (n, dof) = &mut below[usize::from(p.spread)];
-            *n += 1.0;
-            *dof += f64::from(p.dof);
-        }
-        for (n, dof) in below.iter_mut() {
-            *dof = (*dof / n.max(1.0)).max(1.0);
+            below[usize::from(p.spread)] += 1.0;
         }
         let below = &below[..groups];
         let golden = |f: &dyn Fn(f64) -> f64, mut lo: f64, mut hi: f64| {
@@ -406,6 +442,7 @@ impl Record {
                 1.5,
                 (1e-5f64.ln(), 0.2f64.ln()),
             );
+            search(&mut fit, |f| &mut f.ln_nu, 1.5, NU_BOUNDS);
         }
         fit
     }
@@ -441,9 +478,7 @@ impl Tail {
 
     /// Fits the record afresh, towards `prior`.
     fn refit(&mut self, prior: &Prior) {
-        let fit = self
-            .record
-            .fit(prior, self.fit.unwrap_or(prior.centre), false);
+        let fit = self.record.fit(prior, self.fit, false);
         self.fit = Some(fit);
         self.shape = fit.shape_at(0.0);
     }
@@ -598,8 +633,7 @@ fn point(z_peak: Option<f64>, z_limit: f64, dof: f64, spread: usize) -> Option<P
     };
     (z.is_finite() && dof.is_finite()).then(|| Point {
         z: z.clamp(-50.0, 50.0) as f32,
-        dof: dof as f32,
-        ln_norm: stats::t_ln_norm(dof) as f32,
+        ln_dof: dof.max(1.0).ln() as f32,
         killed,
         spread: spread.min(SPREADS_AT_MOST - 1) as u8,
     })
@@ -638,7 +672,8 @@ impl<const SPREADS: usize, const DEPTHS: usize> Default for ClassTails<SPREADS, 
 
 impl<const SPREADS: usize, const DEPTHS: usize> ClassTails<SPREADS, DEPTHS> {
     /// Records a first attempt of spread group `spread` at ladder depth
-    /// `depth` (as [`point`] takes it).
+    /// `depth` (as [`point`] takes it), whose estimate had `dof` degrees of
+    /// freedom and predictive spread `sd_pred`.
     pub(super) fn record(
         &mut self,
         (spread, depth): (usize, usize),
@@ -704,9 +739,7 @@ impl<const SPREADS: usize, const DEPTHS: usize> ClassTails<SPREADS, DEPTHS> {
             spread: Self::MIDDLE,
             ..MODEL_PRIOR
         };
-        let fit = self
-            .pooled
-            .fit(&prior, self.pooled_fit.unwrap_or(prior.centre), true);
+        let fit = self.pooled.fit(&prior, self.pooled_fit, true);
         self.pooled_fit = Some(fit);
         self.at = std::array::from_fn(|s| fit.shape_at(s as f64 - Self::MIDDLE));
     }
@@ -724,6 +757,8 @@ impl<const SPREADS: usize, const DEPTHS: usize> ClassTails<SPREADS, DEPTHS> {
                 spread: 0.0,
                 sd: GROUP_SD.0,
                 far_sd: GROUP_SD.1,
+                nu_sd: GROUP_SD.2,
+                own_nu: false,
             },
             None => MODEL_PRIOR,
         }
@@ -756,8 +791,8 @@ mod tests {
     impl Tail {
         /// Records an attempt (as [`point`] takes it) alone, drawn
         /// towards `prior`.
-        fn record(&mut self, z_peak: Option<f64>, z_limit: f64, dof: f64, prior: &Prior) {
-            if let Some(point) = point(z_peak, z_limit, dof, 0) {
+        fn record(&mut self, z_peak: Option<f64>, z_limit: f64, prior: &Prior) {
+            if let Some(point) = point(z_peak, z_limit, 1e6, 0) {
                 self.push(point, prior, false);
             }
         }
@@ -777,7 +812,7 @@ mod tests {
 
     fn fill(tail: &mut Tail, n: usize, delta: f64, k: f64, z_limit: f64) {
         attempts(n, delta, k, z_limit, |peak| {
-            tail.record(peak, z_limit, 1e6, &MODEL_PRIOR)
+            tail.record(peak, z_limit, &MODEL_PRIOR)
         });
     }
 
@@ -795,6 +830,75 @@ mod tests {
         // What the model's 3 % point is said to risk.
         let p = tail.shape().survival(1.88, 1e6, SPREAD_PIVOT);
         assert!((p / 0.03 - 1.0).abs() < 0.2, "{p} from {:?}", tail.shape);
+    }
+
+    /// `n` standardized peaks of a t with `nu` degrees of freedom, on an
+    /// even grid of quantiles in a scrambled order (as [`attempts`]).
+    fn t_peaks(n: usize, nu: f64) -> impl Iterator<Item = f64> {
+        (0..n).map(move |i| {
+            let u = ((i * 7919) % n) as f64 / n as f64 + 0.5 / n as f64;
+            stats::t_quantile(u, nu)
+        })
+    }
+
+    #[test]
+    fn a_tail_heavier_than_its_estimates_say_is_learned() {
+        // The estimates say normal; the peaks follow a t with 5 degrees
+        // of freedom, with limits far enough out to see it.
+        let mut tail = Tail::default();
+        for z in t_peaks(2048, 5.0) {
+            tail.record((z <= 4.0).then_some(z), 4.0, &MODEL_PRIOR);
+        }
+        // The normal's 0.13 % beyond 3 sds is 3 % on that t.
+        let real = stats::t_survival(3.0, 5.0);
+        let said = tail.shape().survival(3.0, 1e6, SPREAD_PIVOT);
+        assert!(
+            (said / real - 1.0).abs() < 0.3,
+            "{said} against {real} from {:?}",
+            tail.shape
+        );
+    }
+
+    #[test]
+    fn a_fitted_tail_states_a_limit_the_same_whatever_its_estimates_count() {
+        // Half the attempts were priced with 5 degrees of freedom, half
+        // with 80; their peaks came from one t with 8, as a site's do.
+        let mut class = ClassTails::<1, 1>::default();
+        for (i, z) in t_peaks(2048, 8.0).enumerate() {
+            let dof = if i % 2 == 0 { 5.0 } else { 80.0 };
+            class.record((0, 0), (z <= 3.5).then_some(z), 3.5, dof, SPREAD_PIVOT);
+        }
+        // The body the class fitted (its restatement, which learns from
+        // the limits as they were stated while the record filled, aside).
+        let shape = class.unrestated((0, 0));
+        let real = stats::t_survival(2.5, 8.0);
+        let (few, many) = (
+            shape.survival(2.5, 5.0, SPREAD_PIVOT),
+            shape.survival(2.5, 80.0, SPREAD_PIVOT),
+        );
+        // Each estimate's own t would say 2.7 % and 0.7 %.
+        assert!((few / many - 1.0).abs() < 1e-9, "{few} against {many}");
+        assert!((few / real - 1.0).abs() < 0.3, "{few} against {real}");
+        let stated = class.of((0, 0));
+        assert_eq!(
+            stated.survival(2.5, 5.0, SPREAD_PIVOT),
+            stated.survival(2.5, 80.0, SPREAD_PIVOT)
+        );
+        // Limits are placed on the same body too.
+        let (z_few, z_many) = (
+            stated.z_for(0.01, 5.0, SPREAD_PIVOT),
+            stated.z_for(0.01, 80.0, SPREAD_PIVOT),
+        );
+        assert!((z_few - z_many).abs() < 1e-9, "{z_few} against {z_many}");
+    }
+
+    #[test]
+    fn before_any_fit_a_tail_is_each_estimates_own_t() {
+        let shape = ClassTails::<1, 1>::default().of((0, 0));
+        for dof in [4.0, 30.0] {
+            let said = shape.survival(2.5, dof, SPREAD_PIVOT);
+            assert!((said - stats::t_survival(2.5, dof)).abs() < 1e-12, "{said}");
+        }
     }
 
     #[test]
@@ -835,7 +939,7 @@ mod tests {
                     } else {
                         stats::normal_quantile(u)
                     };
-                    tail.record((z <= z_limit).then_some(z), z_limit, 1e6, &MODEL_PRIOR);
+                    tail.record((z <= z_limit).then_some(z), z_limit, &MODEL_PRIOR);
                 }
             }
         }
@@ -874,6 +978,7 @@ mod tests {
             delta: 0.2,
             k: 1.3,
             far: 0.004,
+            nu: 8.0,
             restate: Restate {
                 shift: 0.3,
                 slope: 0.7,
@@ -994,7 +1099,7 @@ mod tests {
                 let z = 0.5 + stats::normal_quantile(rng.random_range(1e-9..1.0));
                 let peak = (z <= 1.88).then_some(z);
                 class.record((0, group), peak, 1.88, 1e6, SPREAD_PIVOT);
-                tail.record(peak, 1.88, 1e6, &MODEL_PRIOR);
+                tail.record(peak, 1.88, &MODEL_PRIOR);
             }
         }
         let stated = |tail: &Shape| tail.survival(1.88, 1e6, SPREAD_PIVOT);
