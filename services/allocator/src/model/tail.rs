@@ -79,10 +79,10 @@ use super::ring::Ring;
 use super::stats;
 
 /// Attempts kept per group, and refit when an eighth of them is new.
-const KEEP: (usize, usize) = (1024, 8);
+const KEEP: (usize, usize) = (4096, 8);
 /// Attempts kept for a history class's pooled tail, and refit when half
 /// of them is new (its groups follow the site in between).
-const KEEP_POOLED: (usize, usize) = (2048, 2);
+const KEEP_POOLED: (usize, usize) = (8192, 2);
 /// While a history is replayed, records refit when half of them is new:
 /// nothing is served until the replay ends, and each is refitted then.
 const REPLAY_REFIT_SHARE: usize = 2;
