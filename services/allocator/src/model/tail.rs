@@ -802,12 +802,29 @@ mod tests {
     /// quantiles `delta + k·Φ⁻¹(u)` on an even grid of `u`, in a scrambled
     /// order, killed beyond `z_limit`.
     fn attempts(n: usize, delta: f64, k: f64, z_limit: f64, mut record: impl FnMut(Option<f64>)) {
-        for i in 0..n {
-            // 7919 is prime and does not divide n: each grid point once.
-            let u = ((i * 7919) % n) as f64 / n as f64 + 0.5 / n as f64;
+        for u in grid(n) {
             let z = delta + k * stats::normal_quantile(u);
             record((z <= z_limit).then_some(z));
         }
+    }
+
+    /// `n` probabilities on an even grid, `(i + ½) / n`, in a scrambled
+    /// order (7919 is prime and does not divide `n`: each point once).
+    fn grid(n: usize) -> impl Iterator<Item = f64> {
+        (0..n).map(move |i| ((i * 7919) % n) as f64 / n as f64 + 0.5 / n as f64)
+    }
+
+    /// A class fed by `feed` live, and one fed the same as a replay.
+    fn online_and_replayed<const S: usize, const D: usize>(
+        feed: impl Fn(&mut ClassTails<S, D>),
+    ) -> (ClassTails<S, D>, ClassTails<S, D>) {
+        let mut online = ClassTails::default();
+        feed(&mut online);
+        let mut replayed = ClassTails::default();
+        replayed.set_replaying(true);
+        feed(&mut replayed);
+        replayed.set_replaying(false);
+        (online, replayed)
     }
 
     fn fill(tail: &mut Tail, n: usize, delta: f64, k: f64, z_limit: f64) {
@@ -835,10 +852,7 @@ mod tests {
     /// `n` standardized peaks of a t with `nu` degrees of freedom, on an
     /// even grid of quantiles in a scrambled order (as [`attempts`]).
     fn t_peaks(n: usize, nu: f64) -> impl Iterator<Item = f64> {
-        (0..n).map(move |i| {
-            let u = ((i * 7919) % n) as f64 / n as f64 + 0.5 / n as f64;
-            stats::t_quantile(u, nu)
-        })
+        grid(n).map(move |u| stats::t_quantile(u, nu))
     }
 
     #[test]
@@ -930,10 +944,8 @@ mod tests {
         let mut tail = Tail::default();
         for round in 0..4 {
             for (j, z_limit) in [2.0, 2.6, 3.2].into_iter().enumerate() {
-                let n = 340;
-                for i in 0..n {
+                for (i, u) in grid(340).enumerate() {
                     let spike = (i + 97 * j + 31 * round) % 67 == 0;
-                    let u = ((i * 7919) % n) as f64 / n as f64 + 0.5 / n as f64;
                     let z = if spike {
                         20.0
                     } else {
@@ -1190,12 +1202,7 @@ mod tests {
                 }
             }
         };
-        let mut online = ClassTails::<3, 2>::default();
-        feed(&mut online);
-        let mut replayed = ClassTails::<3, 2>::default();
-        replayed.set_replaying(true);
-        feed(&mut replayed);
-        replayed.set_replaying(false);
+        let (online, replayed) = online_and_replayed(feed);
         for spread in 0..3 {
             for depth in 0..2 {
                 for z in [1.5, 1.88, 2.5] {
@@ -1227,12 +1234,7 @@ mod tests {
                 class.record((0, 0), peak, 2.0, 4.0 + i as f64, SPREAD_PIVOT);
             }
         };
-        let mut online = ClassTails::<1, 1>::default();
-        feed(&mut online);
-        let mut replayed = ClassTails::<1, 1>::default();
-        replayed.set_replaying(true);
-        feed(&mut replayed);
-        replayed.set_replaying(false);
+        let (online, replayed) = online_and_replayed(feed);
         for z in [1.5, 2.0, 3.0] {
             let live = online.of((0, 0)).survival(z, 9.0, SPREAD_PIVOT);
             assert_eq!(live, stats::t_survival(z, 9.0));
