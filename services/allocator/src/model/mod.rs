@@ -1029,7 +1029,7 @@ impl Model {
     /// The predictive spread of estimate `e` of class `class` as its
     /// group's tail realized it: what a limit's slack is priced with.
     fn effective_spread(&self, class: usize, e: &Estimate) -> f64 {
-        e.sd_pred * self.tail_of(class, e).map_or(1.0, |t| t.scale())
+        e.sd_pred * self.tail_of(class, e).map_or(1.0, |t| t.normal_scale())
     }
 
     /// The `q` quantile of the next `ln(peak)` for estimate `e` of class

@@ -25,7 +25,11 @@
 //! towards its estimates' own (the mean `ln` of their degrees of freedom,
 //! [`NU_SD`]) and kept within [`NU_BOUNDS`]; each group's is drawn towards
 //! its class's. Until a group or its class has a fit, the body is the
-//! estimate's own t.
+//! estimate's own t. The newsvendor, which chooses each limit's risk on a
+//! normal, is given the spread of the normal that puts its 3 % point where
+//! the learned body does ([`Shape::normal_scale`]): covering a heavy body's
+//! far tail costs more slack than its scale says, so it is given a lower
+//! quantile.
 //!
 //! Some peaks land far beyond any such shape: a build that spikes to twice
 //! its size, a version that jumped. No limit near the body covers them,
@@ -125,6 +129,9 @@ const NU_SD: f64 = 1.0;
 /// A tail weight stays within 4 – 10⁴: under 4 a t has no fourth moment,
 /// and limits far out on it would run away.
 const NU_BOUNDS: (f64, f64) = (1.386_294_361_119_890_6, 9.210_340_371_976_184);
+/// The body's risk at which its weight is read as a normal spread for the
+/// newsvendor ([`Shape::normal_scale`]): where limits mostly stand.
+const P_SPREAD: f64 = 0.03;
 /// Exact peaks below this standardized value count only as being below it.
 const Z0: f64 = 1.0;
 /// Far-out peaks (spikes, jumps) are spread evenly over `[Z0, Z_FAR]`.
@@ -192,8 +199,23 @@ impl Shape {
     }
 
     /// How much wider (> 1) or narrower the body is than the estimate says.
-    pub(super) fn scale(&self) -> f64 {
+    #[cfg(test)]
+    fn scale(&self) -> f64 {
         self.k
+    }
+
+    /// How much wider or narrower than the estimate says a normal must be
+    /// to put its [`P_SPREAD`] point where the body does: the spread the
+    /// newsvendor prices slack with. A learned body heavier than normal
+    /// covers its far tail at a high price, so it is given a lower
+    /// quantile, as a wider normal would be.
+    pub(super) fn normal_scale(&self) -> f64 {
+        if self.nu.is_finite() {
+            let z = stats::normal_quantile(1.0 - P_SPREAD);
+            self.k * stats::t_quantile(1.0 - P_SPREAD, self.nu) / z
+        } else {
+            self.k
+        }
     }
 
     /// The share of far-out peaks, which limits near the body cannot cover.
@@ -871,6 +893,39 @@ mod tests {
             "{said} against {real} from {:?}",
             tail.shape
         );
+    }
+
+    #[test]
+    fn a_heavy_body_is_priced_as_wide_as_its_limits_stand() {
+        // Two classes put their 3 % point at the same place: one's peaks
+        // on a t with 5 degrees of freedom, as its estimates say, the
+        // other's on a normal that much wider than its estimates say.
+        let wide = stats::t_quantile(0.97, 5.0) / stats::normal_quantile(0.97);
+        let mut heavy = ClassTails::<1, 1>::default();
+        for z in t_peaks(2048, 5.0) {
+            heavy.record((0, 0), (z <= 4.0).then_some(z), 4.0, 5.0, SPREAD_PIVOT);
+        }
+        let mut normal = ClassTails::<1, 1>::default();
+        attempts(2048, 0.0, wide, 4.0, |peak| {
+            normal.record((0, 0), peak, 4.0, 1e6, SPREAD_PIVOT)
+        });
+        let (heavy, normal) = (heavy.of((0, 0)), normal.of((0, 0)));
+        // Covering the heavy body's tail costs more than its scale says:
+        // the newsvendor is given a wider spread for it, and about the
+        // same for both. (A fit sees the upper half, where the body's
+        // offset and scale trade a little: hence 10 %.)
+        assert!(heavy.normal_scale() > 1.1 * heavy.scale(), "{heavy:?}");
+        assert!(
+            (normal.normal_scale() / normal.scale() - 1.0).abs() < 0.01,
+            "{normal:?}"
+        );
+        for shape in [heavy, normal] {
+            let priced = shape.normal_scale();
+            assert!(
+                (priced / wide - 1.0).abs() < 0.1,
+                "{priced} against {wide} from {shape:?}"
+            );
+        }
     }
 
     #[test]
