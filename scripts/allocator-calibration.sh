@@ -7,10 +7,17 @@
 #
 #   scripts/allocator-calibration.sh                          # as the model stands
 #   scripts/allocator-calibration.sh --set fallback_sigma=0.2 # a parameter changed in every run
+#   SETS=unseen scripts/allocator-calibration.sh              # the two sets no change was chosen on
 #
 # Arguments are passed to every `simulate` run. Each run's report is kept
-# in the directory printed at the end (or $OUT).
+# in the directory printed at the end (or $OUT). SETS=unseen runs, instead
+# of the four sets, two more of 13 (sparse seeds 71 and 91 on, dense seeds
+# 7 and 8): kept to check a change on runs it was not chosen on, once.
 set -euo pipefail
+case "${SETS:-}" in
+  "" | unseen) ;;
+  *) echo "SETS must be unset or 'unseen', not '$SETS'" >&2; exit 2 ;;
+esac
 cd "$(dirname "$0")/.."
 cargo build --release -p runyard-allocator --bin runyard-allocator
 bin="$PWD/target/release/runyard-allocator"
@@ -81,6 +88,12 @@ held|sparse-22-at-5|$sparse --seed 22 --target-oom 0.05
 $(structures new 31 5)
 $(structures fresh 51 6)
 "
+if [ "${SETS:-}" = unseen ]; then
+  runs="
+$(structures unseen-71 71 7)
+$(structures unseen-91 91 8)
+"
+fi
 
 extra=""
 for arg in "$@"; do
@@ -126,8 +139,8 @@ awk -F'\t' '
     if ($7 == "beyond") { by_bucket[$2]++; buckets[$2] = 1 } }
   END {
     printf "%-12s %8s %8s %8s\n", "set", "within", "chance", "beyond"
-    split("documented held new fresh", order, " ")
-    for (i = 1; i <= 4; i++) {
+    split("documented held new fresh unseen-71 unseen-91", order, " ")
+    for (i = 1; i <= 6; i++) {
       s = order[i]
       if (s in sets) printf "%-12s %8d %8d %8d\n", s, count[s, "within"], count[s, "chance"], count[s, "beyond"]
     }
