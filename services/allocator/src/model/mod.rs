@@ -57,9 +57,12 @@
 //!   placed (killed ones censored at their limit), its scale then set so
 //!   that their own limits would have been passed as often as they were,
 //!   and at least half the level's own predictive spread. It is their
-//!   record already, so no class tail is laid over it. A new variant set
-//!   of a calm package lands as far from it as variant sets sit apart,
-//!   however calm each is; `fallback_sigma` only covers the start;
+//!   record already, so no class tail is laid over it; the newsvendor
+//!   weighs its slack as that of the normal with the t's 3 % point (for
+//!   a t with 2.5 degrees of freedom, 1.75 times its scale). A new
+//!   variant set of a calm package lands as far from it as variant sets
+//!   sit apart, however calm each is; `fallback_sigma` only covers the
+//!   start;
 //! - **predictive** sd `√(σ² + Var μ)` (with `Var μ = σ²/n` for n effective
 //!   samples) and t degrees of freedom from the residual count plus the prior.
 //!
@@ -1027,9 +1030,16 @@ impl Model {
     }
 
     /// The predictive spread of estimate `e` of class `class` as its
-    /// group's tail realized it: what a limit's slack is priced with.
+    /// group's tail realized it, or (no class tail: a workload priced by
+    /// its landings, or `tail_calibration` off) as wide as the normal
+    /// with the estimate's own t's 3 % point: what a limit's slack is
+    /// priced with. A heavy t covers its far tail at a high price, so its
+    /// limits take more risk, as a wider normal's would.
     fn effective_spread(&self, class: usize, e: &Estimate) -> f64 {
-        e.sd_pred * self.tail_of(class, e).map_or(1.0, |t| t.normal_scale())
+        e.sd_pred
+            * self
+                .tail_of(class, e)
+                .map_or_else(|| tail::t_normal_scale(e.dof), |t| t.normal_scale())
     }
 
     /// The `q` quantile of the next `ln(peak)` for estimate `e` of class

@@ -211,8 +211,7 @@ impl Shape {
     /// quantile, as a wider normal would be.
     pub(super) fn normal_scale(&self) -> f64 {
         if self.nu.is_finite() {
-            let z = stats::normal_quantile(1.0 - P_SPREAD);
-            self.k * stats::t_quantile(1.0 - P_SPREAD, self.nu) / z
+            self.k * t_normal_scale(self.nu)
         } else {
             self.k
         }
@@ -222,6 +221,12 @@ impl Shape {
     pub(super) fn far(&self) -> f64 {
         self.far
     }
+}
+
+/// How much wider than its scale a normal must be to put its [`P_SPREAD`]
+/// point where a t of `dof` degrees of freedom does.
+pub(super) fn t_normal_scale(dof: f64) -> f64 {
+    stats::t_quantile(1.0 - P_SPREAD, dof) / stats::normal_quantile(1.0 - P_SPREAD)
 }
 
 /// A fit's parameters: the body's offset, its log scale factor at the

@@ -1831,3 +1831,46 @@ fn new_workloads_that_were_all_killed_are_priced_wider() {
         "{after:?} vs {prior:?}"
     );
 }
+
+#[test]
+fn a_workload_priced_by_its_own_heavy_t_is_given_a_lower_quantile() {
+    // New workloads of a known package priced by how far such builds
+    // landed: a t with 2.5 degrees of freedom, and one nearly normal, of
+    // the same scale. The slack of covering the heavy t's far tail is
+    // priced as that of the normal with the same 3 % point, so its limit
+    // takes more risk than the near-normal one's.
+    let model = Model::new(Params::default());
+    let estimate = |dof: f64| Estimate {
+        mu: (2.0 * GB as f64).ln(),
+        sd_pred: 0.2,
+        dof,
+        cores: None,
+        shrunk: false,
+        newcomer: false,
+        fallback: 1,
+        landed: true,
+    };
+    let class = class_of(false, 0);
+    let (heavy, normal) = (estimate(2.5), estimate(400.0));
+    let wide = stats::t_quantile(0.97, 2.5) / stats::normal_quantile(0.97);
+    let priced = model.effective_spread(class, &heavy);
+    assert!((priced / (0.2 * wide) - 1.0).abs() < 1e-9, "{priced}");
+    assert!(priced > 0.2 * 1.3, "{priced}");
+    let near = model.effective_spread(class, &normal);
+    assert!((near / 0.2 - 1.0).abs() < 0.01, "{near}");
+    // The quantile the newsvendor chooses at the same cost of a kill.
+    let q = |e: &Estimate| {
+        stats::normal_probability(stats::newsvendor_z(model.effective_spread(class, e), 2.0))
+    };
+    assert!(
+        q(&heavy) < q(&normal) - 0.005,
+        "{} {}",
+        q(&heavy),
+        q(&normal)
+    );
+    // And the risk the model states at the heavy one's limit is its t's.
+    let z = stats::t_quantile(q(&heavy), 2.5);
+    let limit = (heavy.mu + z * heavy.sd_pred).exp();
+    let stated = model.oom_probability(class, &heavy, limit);
+    assert!((stated / (1.0 - q(&heavy)) - 1.0).abs() < 0.01, "{stated}");
+}
